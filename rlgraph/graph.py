@@ -1,0 +1,143 @@
+"""Spec -> networkx DiGraph: the dataflow of one step plus the weight back edge.
+
+Node attributes: `kind`, `spec` (the node's pydantic spec), `group` (its group or None),
+`occupies` (the groups whose GPUs it holds while it runs), `uses_gpu`. Edge attribute
+`distance`: 0 for data within a step, `max_lag + 1` on edges leaving a weight-carrying node
+(param_update -> generate): generate of step t waits for param_update of t - max_lag - 1.
+Passes add their own attributes (`duration`, ...) to copies, never to this graph.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from rlgraph.errors import SpecError, did_you_mean
+from rlgraph.nodes import KINDS
+from rlgraph.spec import Spec
+
+
+def parse_edge(text: str, index: int) -> tuple[str, str]:
+    """`"a -> b"` -> ("a", "b")."""
+    parts = [p.strip() for p in text.split("->")]
+    if len(parts) != 2 or not all(parts):
+        raise SpecError(f"edge '{text}' is not of the form 'a -> b'", ("edges", index),
+                        hint='write e.g. "generate -> reward"')
+    return parts[0], parts[1]
+
+
+def _edges(spec: Spec) -> list[tuple[str, str, tuple]]:
+    """(src, dst, key of the YAML that declared it) for every data and back edge."""
+    if spec.edges is not None:
+        out = []
+        for i, text in enumerate(spec.edges):
+            src, dst = parse_edge(text, i)
+            for end in (src, dst):
+                if end not in spec.nodes:
+                    raise SpecError(f"edge '{text}' names unknown node '{end}'", ("edges", i),
+                                    hint=did_you_mean(end, spec.nodes) or
+                                    f"nodes: {', '.join(spec.nodes)}")
+            out.append((src, dst, ("edges", i)))
+        return out
+    out = []
+    for name, node in spec.nodes.items():
+        for src, dst in KINDS[node.kind].default_edges(name, node, spec.nodes):
+            for end, field in ((src, "src"), (dst, "dst")):
+                if end not in spec.nodes:
+                    raise SpecError(f"node '{name}' refers to unknown node '{end}'",
+                                    ("nodes", name, field),
+                                    hint=did_you_mean(end, spec.nodes) or
+                                    f"nodes: {', '.join(spec.nodes)}")
+            out.append((src, dst, ("nodes", name)))
+    return out
+
+
+def _check_groups(spec: Spec) -> dict[str, str]:
+    """task -> group; refuses unknown tasks, a task in two groups, a GPU task in none."""
+    owner: dict[str, str] = {}
+    for group, gspec in spec.groups.items():
+        for i, task in enumerate(gspec.tasks):
+            key = ("groups", group, "tasks", i)
+            if task not in spec.nodes:
+                raise SpecError(f"group '{group}' lists unknown task '{task}'", key,
+                                hint=did_you_mean(task, spec.nodes) or
+                                f"nodes: {', '.join(spec.nodes)}")
+            if task in owner:
+                raise SpecError(f"task '{task}' is in two groups: '{owner[task]}' and '{group}'",
+                                key, hint="a task runs in exactly one group")
+            if spec.nodes[task].kind == "param_update":
+                raise SpecError(f"'{task}' (param_update) cannot be a group's task", key,
+                                hint="it occupies the groups of its src and dst by itself")
+            owner[task] = group
+    for name, node in spec.nodes.items():
+        if KINDS[node.kind].uses_gpu and name not in owner:
+            raise SpecError(f"GPU task '{name}' is in no group", ("nodes", name),
+                            hint=f"add it to a group's tasks (groups: {', '.join(spec.groups)})"
+                            if spec.groups else "add groups: {name: {share: 1, tasks: [...]}}")
+    return owner
+
+
+def _occupies(spec: Spec, name: str, owner: dict[str, str]) -> tuple[str, ...]:
+    node = spec.nodes[name]
+    if KINDS[node.kind].carries_weights:
+        groups = [owner.get(node.src), owner.get(node.dst)]
+        return tuple(dict.fromkeys(g for g in groups if g))
+    return (owner[name],) if name in owner else ()
+
+
+def build_graph(spec: Spec) -> nx.DiGraph:
+    """The step's dataflow with groups and distances; refuses graphs that cannot run."""
+    owner = _check_groups(spec)
+    graph = nx.DiGraph(name=spec.name, max_lag=spec.schedule.max_lag)
+    for name, node in spec.nodes.items():
+        graph.add_node(name, kind=node.kind, spec=node, group=owner.get(name),
+                       occupies=_occupies(spec, name, owner), uses_gpu=KINDS[node.kind].uses_gpu)
+    for src, dst, key in _edges(spec):
+        if src == dst:
+            raise SpecError(f"edge {src} -> {dst} is a self-loop", key,
+                            hint="a node already waits for its own previous step")
+        back = KINDS[spec.nodes[src].kind].carries_weights
+        graph.add_edge(src, dst, distance=spec.schedule.max_lag + 1 if back else 0, key=key)
+    _refuse_deadlock(graph)
+    _refuse_dead_ends(spec, graph)
+    return graph
+
+
+def _refuse_deadlock(graph: nx.DiGraph) -> None:
+    """A cycle of data edges only (distance 0) can never start: name it."""
+    within_step = nx.DiGraph([(u, v) for u, v, d in graph.edges(data="distance") if d == 0])
+    try:
+        cycle = nx.find_cycle(within_step)
+    except nx.NetworkXNoCycle:
+        return
+    names = [u for u, _ in cycle] + [cycle[0][0]]
+    raise SpecError(f"deadlock: the cycle {' -> '.join(names)} has no step distance",
+                    graph.edges[cycle[-1]]["key"],
+                    hint="every cycle needs a param_update back edge; remove one of its edges")
+
+
+def _refuse_dead_ends(spec: Spec, graph: nx.DiGraph) -> None:
+    """Every node must feed `train`, or its work is never used."""
+    trains = [n for n, k in graph.nodes(data="kind") if k == "train"]
+    if not trains:
+        raise SpecError("the graph has no train node", ("nodes",),
+                        hint="add `train: {kind: train}`")
+    reaches = set(trains)
+    for t in trains:
+        reaches |= nx.ancestors(graph, t)
+    for name in graph:
+        if name not in reaches:
+                raise SpecError(f"node '{name}' cannot reach train: its output is never used",
+                            ("nodes", name), hint="add an edge from it towards train, or remove it")
+
+
+def data_edges(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """Edges within a step (distance 0), in insertion order."""
+    return [(u, v) for u, v, d in graph.edges(data="distance") if d == 0]
+
+
+def step_order(graph: nx.DiGraph) -> list[str]:
+    """A deterministic topological order of one step (back edges ignored)."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(graph)
+    dag.add_edges_from(data_edges(graph))
+    return list(nx.lexicographical_topological_sort(dag, key=list(graph).index))

@@ -1,0 +1,93 @@
+"""What every node kind shares: the spec fields common to all nodes, the cost override, the
+context a cost model reads, and the `NodeKind` record each kind module registers.
+
+A kind module (`rlgraph/nodes/<kind>.py`) defines its spec class, its cost model and its
+worker, and ends with `KIND = NodeKind(...)`; nothing outside `rlgraph/nodes/` changes when
+a kind is added. Kind modules import neither torch nor ray at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from rlgraph.presets import GPUPreset, ModelShape
+    from rlgraph.spec import Spec
+
+
+class StrictModel(BaseModel):
+    """A spec section: unknown keys are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CostOverride(StrictModel):
+    """`cost: {seconds: S}` (fixed per step) or `cost: {gpu_seconds: W}` (W / group GPUs)."""
+
+    seconds: float | None = Field(default=None, ge=0)
+    gpu_seconds: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CostOverride:
+        if (self.seconds is None) == (self.gpu_seconds is None):
+            raise ValueError("give exactly one of 'seconds' or 'gpu_seconds'")
+        return self
+
+
+class NodeSpec(StrictModel):
+    """Fields every node has; each kind subclasses it with `kind: Literal[...]`."""
+
+    kind: str
+    cost: CostOverride | None = None
+
+
+@dataclass
+class CostContext:
+    """What a cost model may read: the whole spec, the model's shape, the hardware, the group."""
+
+    spec: Spec
+    name: str
+    shape: ModelShape
+    gpu: GPUPreset
+    gpus: int  # GPUs (or CPU slots) of the node's group; 1 for a node in no group
+    colocated: frozenset[str] = frozenset()  # kinds sharing the node's group
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+EdgeList = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """A registered node kind: how it is specified, wired, costed and executed."""
+
+    name: str
+    spec: type[NodeSpec]
+    cost: Callable[[NodeSpec, CostContext], float]
+    uses_gpu: bool
+    default_edges: Callable[[str, NodeSpec, Mapping[str, NodeSpec]], EdgeList]  # edges it adds
+    carries_weights: bool = False  # out-edges are back edges of distance max_lag + 1
+    worker: str | None = None  # "module:attr" of the runtime worker, imported lazily
+    doc: str = ""
+
+
+def inputs_from_kinds(*kinds: str) -> Callable[[str, NodeSpec, Mapping[str, NodeSpec]], EdgeList]:
+    """Default wiring: an edge from every node of the first of `kinds` present in the graph."""
+
+    def edges(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:
+        for group in kinds:
+            sources = [n for n, s in nodes.items() if s.kind in group.split("|")]
+            if sources:
+                return [(src, name) for src in sources]
+        return []
+
+    return edges
+
+
+def no_inputs(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:
+    """Default wiring of a source node."""
+    return []

@@ -1,0 +1,25 @@
+"""`ref_logp`: log-probs under the frozen reference model, for the KL term."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from rlgraph.nodes.base import NodeKind, inputs_from_kinds
+from rlgraph.nodes.logp import forward_cost
+from rlgraph.nodes.parallel import ParallelNodeSpec
+
+
+class RefLogpSpec(ParallelNodeSpec):
+    """Forward pass of the frozen reference model."""
+
+    kind: Literal["ref_logp"] = "ref_logp"
+
+
+KIND = NodeKind(
+    name="ref_logp",
+    spec=RefLogpSpec,
+    cost=forward_cost,
+    uses_gpu=True,
+    default_edges=inputs_from_kinds("generate"),
+    doc="reference-model log-probs for the KL penalty",
+)

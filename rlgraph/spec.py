@@ -1,0 +1,382 @@
+"""graph.yaml as pydantic models, loaded with line numbers and `key=value` overrides.
+
+`load_spec(path, overrides)` returns a validated `Spec` whose `source` maps every key to
+its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`.
+Node sections are validated by their kind's own model from `rlgraph.nodes.KINDS`.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.base import StrictModel
+from rlgraph.presets import GPU_PRESETS, MODEL_PRESETS
+
+
+class ClusterSpec(StrictModel):
+    """`{nodes, gpus_per_node, gpu}` for GPUs, or `{local: true}` for CPU cores as slots."""
+
+    local: bool = False
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+    gpu: str = "H200"
+    cpus: int | None = Field(default=None, ge=1, description="local slots; default: all cores")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str) -> str:
+        if gpu not in GPU_PRESETS:
+            hint = did_you_mean(gpu, GPU_PRESETS) or f"known: {', '.join(GPU_PRESETS)}"
+            raise ValueError(f"unknown GPU '{gpu}' ({hint})")
+        return gpu
+
+    def slots(self) -> int:
+        """GPUs of the cluster, or CPU slots of a local one."""
+        if self.local:
+            return self.cpus or os.cpu_count() or 1
+        return self.nodes * self.gpus_per_node
+
+
+class ModelSpec(StrictModel):
+    """The policy: a named preset, an inline Hugging Face config, or a local path."""
+
+    preset: str | None = None
+    hf_config: dict[str, Any] | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [k for k in ("preset", "hf_config", "path") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of preset, hf_config or path, not {' and '.join(given)}")
+        if not given:
+            self.preset = "tiny"
+        if self.preset is not None and self.preset not in MODEL_PRESETS:
+            hint = did_you_mean(self.preset, MODEL_PRESETS) or f"known: {', '.join(MODEL_PRESETS)}"
+            raise ValueError(f"unknown model preset '{self.preset}' ({hint})")
+        return self
+
+
+class ResponseLength(StrictModel):
+    """Response length in tokens: the mean decides throughput, the max a synchronous batch."""
+
+    mean: float = Field(default=256, gt=0)
+    max: int = Field(default=512, ge=1)
+
+    @model_validator(mode="after")
+    def _mean_below_max(self) -> ResponseLength:
+        if self.mean > self.max:
+            raise ValueError(f"mean ({self.mean}) is larger than max ({self.max})")
+        return self
+
+
+class DataSpec(StrictModel):
+    """Batch shape per train step and where prompts come from."""
+
+    prompts_per_step: int = Field(default=8, ge=1)
+    samples_per_prompt: int = Field(default=4, ge=1)
+    prompt_len: int = Field(default=16, ge=1)
+    response_len: ResponseLength = Field(default_factory=ResponseLength)
+    task: str = Field(default="arithmetic", description="built-in task when no files are given")
+    train_files: list[str] | None = None
+    val_files: list[str] | None = None
+    seed: int = 0
+
+    @field_validator("response_len", mode="before")
+    @classmethod
+    def _scalar_length(cls, value: Any) -> Any:
+        return {"mean": value, "max": value} if isinstance(value, int | float) else value
+
+    def samples_per_step(self) -> int:
+        """Sequences trained on per step."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+class AlgorithmSpec(StrictModel):
+    """The RL objective (verl: algorithm.* and actor.*_loss settings)."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    kl_coef: float = Field(default=0.001, ge=0)
+    kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
+    clip: float = Field(default=0.2, gt=0)
+    is_truncation: float = Field(default=2.0, gt=0, description="decoupled-PPO weight cap")
+
+
+class GroupSpec(StrictModel):
+    """Tasks that share the group's GPUs in time, and the group's share of the cluster."""
+
+    share: float = Field(gt=0, le=1)
+    tasks: list[str] = Field(min_length=1)
+
+
+class ScheduleSpec(StrictModel):
+    """Lag bound, partial rollout and run length (seeds: generate_ahead_steps = max_lag)."""
+
+    max_lag: int = Field(default=1, ge=0)
+    partial_rollout: bool = False
+    steps: int = Field(default=100, ge=1)
+
+
+def _node_union() -> Any:
+    specs = tuple(kind.spec for kind in KINDS.values())
+    return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007
+
+
+NodeSpecs = _node_union()
+
+
+class Spec(StrictModel):
+    """A whole graph.yaml."""
+
+    name: str = "rlgraph"
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    groups: dict[str, GroupSpec] = Field(default_factory=dict)
+    nodes: dict[str, NodeSpecs] = Field(min_length=1)  # type: ignore[valid-type]
+    edges: list[str] | None = None
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+
+    _source: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _kind_defaults_to_name(cls, nodes: Any) -> Any:
+        """`logp: {}` means `logp: {kind: logp}`."""
+        if not isinstance(nodes, dict):
+            return nodes
+        filled = {}
+        for name, node in nodes.items():
+            node = {} if node is None else node
+            if isinstance(node, dict) and "kind" not in node and name in KINDS:
+                node = {"kind": name, **node}
+            filled[name] = node
+        return filled
+
+    @property
+    def source(self) -> SourceMap:
+        """Where each key was written (file, line, column) or which override set it."""
+        return self._source
+
+    def group_of(self, task: str) -> str | None:
+        """The group a task belongs to, or None."""
+        return next((g for g, spec in self.groups.items() if task in spec.tasks), None)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The spec as plain data, defaults included, ready for yaml.safe_dump."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that also records the line and column of every key."""
+
+
+def _walk(node: yaml.Node, path: Key, positions: dict[Key, tuple[int, int]], file: str) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _Constructor.construct_object(key_node, deep=True)
+            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            if key in out:
+                raise SpecError(
+                    f"key '{key}' appears twice (first on line {positions[(*path, key)][0]})",
+                    (*path, key),
+                    hint="keep one",
+                )
+            positions[(*path, key)] = where
+            out[key] = _walk(value_node, (*path, key), positions, file)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for i, item in enumerate(node.value):
+            positions[(*path, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
+            items.append(_walk(item, (*path, i), positions, file))
+        return items
+    return _Constructor.construct_object(node, deep=True)
+
+
+_Constructor = yaml.SafeLoader("")
+
+
+def parse_yaml(text: str, path: str = "graph.yaml") -> tuple[dict[str, Any], SourceMap]:
+    """YAML text -> (plain data, source map); syntax errors name the line."""
+    source = SourceMap(path=path)
+    try:
+        root = yaml.compose(text, Loader=_LineLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        raise _located(SpecError(f"invalid YAML: {exc.problem or exc.context}"), where) from None
+    if root is None:
+        raise _located(SpecError("the file is empty", hint="start from graphs/quickstart.yaml"),
+                       f"{path}:1:1")
+    if not isinstance(root, yaml.MappingNode):
+        raise _located(SpecError("the top level must be a mapping of keys (name:, nodes:, ...)"),
+                       f"{path}:1:1")
+    try:
+        data = _walk(root, (), source.positions, path)
+    except SpecError as err:
+        err.source = source
+        raise
+    return data, source
+
+
+def _located(err: SpecError, where: str) -> SpecError:
+    """Pin an error to a literal `file:line:col` (for errors before any key exists)."""
+    err.source = SourceMap(path=where, positions={(): (0, 0)})
+    err.render = lambda source=None: f"{where}: {err.message}" + (  # type: ignore[method-assign]
+        f" ({err.hint})" if err.hint else ""
+    )
+    return err
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: SourceMap) -> None:
+    """Apply verl-style `a.b.c=value` overrides (value parsed as YAML) in place."""
+    for text in overrides:
+        if "=" not in text:
+            raise SpecError(
+                f"override '{text}' has no '='", hint="write key.path=value, e.g. schedule.max_lag=2"
+            )
+        dotted, _, raw = text.partition("=")
+        keys = [k for k in dotted.lstrip("+").split(".") if k]
+        if not keys:
+            raise SpecError(f"override '{text}' names no key", hint="e.g. schedule.max_lag=2")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        target = data
+        for i, key in enumerate(keys[:-1]):
+            nxt = target.setdefault(key, {})
+            if not isinstance(nxt, dict):
+                raise SpecError(
+                    f"override '{text}': '{'.'.join(keys[: i + 1])}' is not a mapping",
+                    tuple(keys[: i + 1]),
+                )
+            target = nxt
+        target[keys[-1]] = value
+        source.overrides[tuple(keys)] = text
+
+
+# ---------------------------------------------------------------- validation errors
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional / Annotated down to the class or container inside."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else annotation
+    return annotation
+
+
+def _model_at(path: Key, raw: Any) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at `path` (for key hints)."""
+    cls: Any = Spec
+    node: Any = raw
+    keys = list(path)
+    while keys:
+        key = keys.pop(0)
+        node = node.get(key) if isinstance(node, dict) else None
+        field = cls.model_fields.get(key) if isinstance(cls, type) else None
+        if field is None:
+            return None
+        ann = _unwrap(field.annotation)
+        if typing.get_origin(ann) is dict:
+            if not keys:
+                return None
+            item_key = keys.pop(0)
+            node = node.get(item_key) if isinstance(node, dict) else None
+            ann = _unwrap(typing.get_args(ann)[1])
+            if typing.get_origin(ann) in (Union, types.UnionType):
+                kind = node.get("kind") if isinstance(node, dict) else None
+                ann = KINDS[kind].spec if kind in KINDS else None
+        cls = ann
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> Key:
+    """Drop the tag pydantic inserts for discriminated unions: nodes.gen.generate.tp."""
+    loc = tuple(loc)
+    if len(loc) >= 3 and loc[0] == "nodes" and loc[2] in KINDS:
+        loc = loc[:2] + loc[3:]
+    return tuple(k for k in loc if not (isinstance(k, str) and k.startswith("function-")))
+
+
+def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
+    """The first pydantic error as a SpecError with a key and a hint."""
+    err = exc.errors(include_url=False)[0]
+    key = _clean_loc(err["loc"])
+    kind, msg = err["type"], err["msg"]
+    hint = None
+    if kind == "extra_forbidden":
+        model = _model_at(key[:-1], raw)
+        allowed = list(model.model_fields) if model else []
+        hint = did_you_mean(key[-1], allowed) or (
+            f"allowed here: {', '.join(allowed)}" if allowed else None
+        )
+        msg = f"unknown key '{key[-1]}'"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        tag = err.get("ctx", {}).get("tag", "")
+        hint = did_you_mean(tag, KINDS) or f"kinds: {', '.join(KINDS)}"
+        msg = f"unknown node kind '{tag}'" if tag else "node has no 'kind'"
+        key = (*key, "kind")
+    elif kind == "missing":
+        msg = f"required key '{key[-1]}' is missing"
+    elif kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    return SpecError(msg, key, hint)
+
+
+def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
+    """Plain data -> Spec, or the first problem as a located SpecError."""
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        err = _first_error(exc, data)
+        err.source = source
+        raise err from None
+    spec._source = source
+    return spec
+
+
+def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Spec:
+    """Read, override and validate a graph.yaml."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise _located(SpecError(f"cannot read the graph: {exc.strerror}"), str(file)) from None
+    data, source = parse_yaml(text, str(file))
+    try:
+        apply_overrides(data, overrides, source)
+    except SpecError as err:
+        err.source = source
+        raise
+    return validate_spec(data, source)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of graph.yaml, for editors' YAML completion."""
+    schema = Spec.model_json_schema()
+    schema["title"] = "rlgraph graph.yaml"
+    return schema
