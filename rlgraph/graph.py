@@ -105,6 +105,8 @@ def build_graph(spec: Spec) -> nx.DiGraph:
 def _refuse_deadlock(graph: nx.DiGraph) -> None:
     """A cycle of data edges only (distance 0) can never start: name it."""
     within_step = nx.DiGraph([(u, v) for u, v, d in graph.edges(data="distance") if d == 0])
+    if nx.is_directed_acyclic_graph(within_step):  # linear; find_cycle is slow on big graphs
+        return
     try:
         cycle = nx.find_cycle(within_step)
     except nx.NetworkXNoCycle:

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
@@ -47,12 +54,21 @@ class ClusterSpec(StrictModel):
         return self.nodes * self.gpus_per_node
 
 
+class WarmStartSpec(StrictModel):
+    """Supervised steps on the training prompts' answers before RL; the result is version 0."""
+
+    steps: int = Field(default=0, ge=0, description="0: RL from the initial weights")
+    lr: float = Field(default=3e-3, gt=0)
+    batch_size: int = Field(default=64, ge=1)
+
+
 class ModelSpec(StrictModel):
     """The policy: a named preset, an inline Hugging Face config, or a local path."""
 
     preset: str | None = None
     hf_config: dict[str, Any] | None = None
     path: str | None = None
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -110,6 +126,7 @@ class AlgorithmSpec(StrictModel):
     kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
     clip: float = Field(default=0.2, gt=0)
     is_truncation: float = Field(default=2.0, gt=0, description="decoupled-PPO weight cap")
+    norm_adv_by_std: bool = Field(default=True, description="GRPO: divide by the group's std")
 
 
 class GroupSpec(StrictModel):
@@ -192,11 +209,10 @@ def _walk(node: yaml.Node, path: Key, positions: dict[Key, tuple[int, int]], fil
             key = _Constructor.construct_object(key_node, deep=True)
             where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             if key in out:
-                raise SpecError(
-                    f"key '{key}' appears twice (first on line {positions[(*path, key)][0]})",
-                    (*path, key),
-                    hint="keep one",
-                )
+                first = positions[(*path, key)][0]
+                positions[(*path, key)] = where  # point at the second one
+                raise SpecError(f"key '{key}' appears twice (first on line {first})",
+                                (*path, key), hint="keep one")
             positions[(*path, key)] = where
             out[key] = _walk(value_node, (*path, key), positions, file)
         return out
@@ -220,19 +236,35 @@ def parse_yaml(text: str, path: str = "graph.yaml") -> tuple[dict[str, Any], Sou
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        raise _located(SpecError(f"invalid YAML: {exc.problem or exc.context}"), where) from None
+        problem = str(exc.problem or exc.context)
+        raise _located(SpecError(f"invalid YAML: {problem}", hint=_yaml_hint(problem)),
+                       where) from None
     if root is None:
         raise _located(SpecError("the file is empty", hint="start from graphs/quickstart.yaml"),
                        f"{path}:1:1")
     if not isinstance(root, yaml.MappingNode):
+        mark = root.start_mark
         raise _located(SpecError("the top level must be a mapping of keys (name:, nodes:, ...)"),
-                       f"{path}:1:1")
+                       f"{path}:{mark.line + 1}:{mark.column + 1}")
     try:
         data = _walk(root, (), source.positions, path)
     except SpecError as err:
         err.source = source
         raise
     return data, source
+
+
+def _yaml_hint(problem: str) -> str | None:
+    """What usually causes PyYAML's problem, in words."""
+    if "'\\t'" in problem or "\t" in problem:
+        return "indent with spaces, not tabs"
+    if "expected ',' or '}'" in problem or "expected ',' or ']'" in problem:
+        return "a { or [ opened before this line is not closed"
+    if "<block end>" in problem or "mapping values are not allowed" in problem:
+        return "check the indentation of this line and the one before"
+    if "could not find expected ':'" in problem:
+        return "a key needs a colon: key: value"
+    return None
 
 
 def _located(err: SpecError, where: str) -> SpecError:
@@ -251,13 +283,14 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
     """Apply verl-style `a.b.c=value` overrides (value parsed as YAML) in place."""
     for text in overrides:
         if "=" not in text:
-            raise SpecError(
-                f"override '{text}' has no '='", hint="write key.path=value, e.g. schedule.max_lag=2"
-            )
+            raise _located(SpecError(f"override '{text}' has no '='",
+                                     hint="write key.path=value, e.g. schedule.max_lag=2"),
+                           f"<override {text}>")
         dotted, _, raw = text.partition("=")
         keys = [k for k in dotted.lstrip("+").split(".") if k]
         if not keys:
-            raise SpecError(f"override '{text}' names no key", hint="e.g. schedule.max_lag=2")
+            raise _located(SpecError(f"override '{text}' names no key",
+                                     hint="e.g. schedule.max_lag=2"), f"<override {text}>")
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -322,18 +355,59 @@ def _clean_loc(loc: tuple[Any, ...]) -> Key:
     return tuple(k for k in loc if not (isinstance(k, str) and k.startswith("function-")))
 
 
+# Words of the seed systems' configs (verl, dots.rl async-rl, AReaL) and their rlgraph key.
+SEED_WORDS: dict[str, str] = {
+    "generate_ahead_steps": "schedule.max_lag",
+    "staleness_threshold": "schedule.max_lag",
+    "max_head_offpolicyness": "schedule.max_lag",
+    "sperated_node_tasks": "groups.<name>.tasks",
+    "sperated_node_ratios": "groups.<name>.share",
+    "hybrid_engine": "one group holding every task with share 1",
+    "param_update_preduce_bucket_size_mb": "bucket_mb.produce of the param_update node",
+    "param_update_consume_bucket_size_mb": "bucket_mb.consume of the param_update node",
+    "train_batch_size": "data.prompts_per_step",
+    "n": "data.samples_per_prompt",
+    "max_prompt_length": "data.prompt_len",
+    "max_response_length": "data.response_len.max",
+    "tensor_model_parallel_size": "tp of the node",
+    "pipeline_model_parallel_size": "pp of the node",
+    "expert_model_parallel_size": "ep of the node",
+    "n_gpus_per_node": "cluster.gpus_per_node",
+    "nnodes": "cluster.nodes",
+    "partial_rollout": "schedule.partial_rollout",
+}
+
+
+def _unknown_key_hint(key: Key, raw: dict[str, Any]) -> str | None:
+    """did-you-mean among the keys allowed there, the seed vocabulary, or the allowed keys."""
+    model = _model_at(key[:-1], raw)
+    allowed = list(model.model_fields) if model else []
+    word = str(key[-1])
+    if word in SEED_WORDS and SEED_WORDS[word] not in allowed:
+        return f"in rlgraph, {word} is {SEED_WORDS[word]}"
+    return did_you_mean(word, allowed) or (
+        f"allowed here: {', '.join(allowed)}" if allowed else None)
+
+
+def _you_wrote(value: Any) -> str | None:
+    """`you wrote 'half'` for a scalar the user typed (None for mappings and lists)."""
+    if isinstance(value, dict | list) or value is None:
+        return None
+    return f"you wrote {value!r}"
+
+
 def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
-    """The first pydantic error as a SpecError with a key and a hint."""
-    err = exc.errors(include_url=False)[0]
+    """The first pydantic error as a SpecError with a key and a hint.
+
+    An unknown key goes first: a misspelt key also makes its real key look missing.
+    """
+    errors = exc.errors(include_url=False)
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     key = _clean_loc(err["loc"])
     kind, msg = err["type"], err["msg"]
     hint = None
     if kind == "extra_forbidden":
-        model = _model_at(key[:-1], raw)
-        allowed = list(model.model_fields) if model else []
-        hint = did_you_mean(key[-1], allowed) or (
-            f"allowed here: {', '.join(allowed)}" if allowed else None
-        )
+        hint = _unknown_key_hint(key, raw)
         msg = f"unknown key '{key[-1]}'"
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
         tag = err.get("ctx", {}).get("tag", "")
@@ -344,6 +418,10 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
         msg = f"required key '{key[-1]}' is missing"
     elif kind == "value_error":
         msg = msg.removeprefix("Value error, ")
+    elif kind == "dict_type":
+        hint = "write a mapping (name: value, one per line), not a list or a scalar"
+    else:
+        hint = _you_wrote(err.get("input"))
     return SpecError(msg, key, hint)
 
 

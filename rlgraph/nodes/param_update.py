@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, EdgeList, NodeKind, NodeSpec, StrictModel
+from rlgraph.presets import COSTS
 
 
 class BucketSizes(StrictModel):
@@ -28,11 +30,29 @@ class ParamUpdateSpec(NodeSpec):
 
 
 def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """bf16 weight bytes over the link, pipelined by buckets (one bucket of fill latency)."""
+    """bf16 weights over the link (NVLink within a node, the network across nodes, the Ray
+    object store, or a memory copy on a local CPU cluster), pipelined by buckets: one produce
+    bucket to gather before the first send, one consume bucket to load after the last, and a
+    fixed overhead per bucket. Reads ctx.extra["local"] and ctx.extra["cross_node"]."""
+    gpu = ctx.gpu
     weight_bytes = 2 * ctx.shape.params
-    link = ctx.gpu.nvlink_bytes_per_s
-    bucket = node.bucket_mb.produce * 1e6
-    return weight_bytes / link + min(bucket, weight_bytes) / link
+    local = bool(ctx.extra.get("local"))
+    if local:
+        link, via = gpu.host_bytes_per_s, "memory copy"
+    elif node.transport == "object_store":
+        link, via = COSTS.object_store_bytes_per_s, "Ray object store"
+    elif ctx.extra.get("cross_node"):
+        link, via = gpu.network_bytes_per_s, "network"
+    else:
+        link, via = gpu.nvlink_bytes_per_s, "NVLink"
+    produce = min(node.bucket_mb.produce * 1e6, weight_bytes)
+    consume = min(node.bucket_mb.consume * 1e6, weight_bytes)
+    buckets = math.ceil(weight_bytes / produce) + math.ceil(weight_bytes / consume)
+    gather = gpu.host_bytes_per_s if local else gpu.nvlink_bytes_per_s
+    fill_drain = produce / gather + consume / gpu.hbm_bytes_per_s
+    ctx.extra["detail"] = (f"{weight_bytes / 1e9:.3g} GB over {via} at {link / 1e9:.3g} GB/s + "
+                           f"{buckets} buckets x {COSTS.bucket_overhead_s * 1e3:.3g} ms")
+    return weight_bytes / link + fill_drain + buckets * COSTS.bucket_overhead_s
 
 
 def param_update_edges(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:

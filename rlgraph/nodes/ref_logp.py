@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from rlgraph.nodes.base import NodeKind, inputs_from_kinds
-from rlgraph.nodes.logp import forward_cost
+from rlgraph.nodes.logp import LogpWorker, forward_cost
 from rlgraph.nodes.parallel import ParallelNodeSpec
 
 
@@ -21,5 +21,12 @@ KIND = NodeKind(
     cost=forward_cost,
     uses_gpu=True,
     default_edges=inputs_from_kinds("generate"),
+    worker="rlgraph.nodes.ref_logp:RefLogpWorker",
     doc="reference-model log-probs for the KL penalty",
 )
+
+
+class RefLogpWorker(LogpWorker):
+    """Adds `ref_logp`: log-probs under the frozen version-0 reference, for the KL term."""
+
+    model_attr, key = "reference", "ref_logp"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.presets import COSTS
+
+if TYPE_CHECKING:
+    from rlgraph.batch import Batch
+    from rlgraph.workspace import Workspace
 
 
 class RewardSpec(NodeSpec):
@@ -18,9 +23,11 @@ class RewardSpec(NodeSpec):
 
 
 def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: about 50 microseconds per sample on one CPU core."""
-    data = ctx.spec.data
-    return 50e-6 * data.prompts_per_step * data.samples_per_prompt / node.workers
+    """A rule-based verifier: reward_seconds_per_sample per sample, over `workers` processes."""
+    samples = ctx.spec.data.samples_per_step()
+    ctx.extra["detail"] = (f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us "
+                           f"/ {node.workers} worker(s)")
+    return COSTS.reward_seconds_per_sample * samples / node.workers
 
 
 KIND = NodeKind(
@@ -29,5 +36,33 @@ KIND = NodeKind(
     cost=reward_cost,
     uses_gpu=False,
     default_edges=inputs_from_kinds("generate"),
+    worker="rlgraph.nodes.reward:RewardWorker",
     doc="score responses",
 )
+
+
+class RewardWorker:
+    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample.
+    A function that raises or returns a non-number stops the run naming fn and sample."""
+
+    def __init__(self, name: str, node: RewardSpec, workspace: Workspace):
+        from rlgraph.rewards import DEFAULT_FN, load_reward_fn
+
+        self.name, self.node, self.ws = name, node, workspace
+        self.fn_name = node.fn or DEFAULT_FN
+        self.fn = load_reward_fn(node.fn, ("nodes", name, "fn"), workspace.base_dir)
+
+    def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
+        """Score every response of the batch of `step`."""
+        import torch
+
+        from rlgraph.batch import check_step, merge
+        from rlgraph.rewards import score_samples
+
+        batch = merge(inputs)
+        check_step(batch, step, self.name)
+        scores = score_samples(self.fn, self.fn_name, batch["data_source"],
+                               batch["response_text"], batch["ground_truth"],
+                               batch["extra_info"], batch["prompt_uid"])
+        batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        return batch

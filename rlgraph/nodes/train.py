@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.logp import pipeline_bubble
 from rlgraph.nodes.parallel import ParallelNodeSpec
+from rlgraph.presets import COSTS
+
+if TYPE_CHECKING:
+    from rlgraph.batch import Batch
+    from rlgraph.workspace import Workspace
 
 
 class TrainSpec(ParallelNodeSpec):
@@ -16,15 +22,24 @@ class TrainSpec(ParallelNodeSpec):
     kind: Literal["train"] = "train"
     lr: float = Field(default=1e-6, gt=0)
     grad_clip: float = Field(default=1.0, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    micro_batch: int | None = Field(default=None, ge=1,
+                                    description="sequences per forward/backward (accumulated)")
+    mini_batches: int = Field(default=1, ge=1, description="optimizer updates per epoch "
+                              "(verl: train batch / ppo_mini_batch_size)")
+    epochs: int = Field(default=1, ge=1, description="passes over the batch (verl: ppo_epochs)")
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Forward + backward over every token: 6 * N * tokens FLOPs, compute-bound."""
+    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
+    compute-bound at train_mfu of the group's peak (times the pipeline bubble when pp > 1)."""
     data = ctx.spec.data
-    tokens = data.prompts_per_step * data.samples_per_prompt * (
-        data.prompt_len + data.response_len.mean
-    )
-    return 6 * ctx.shape.active_params * tokens / (ctx.gpu.bf16_flops * ctx.gpus)
+    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    flops = 6 * ctx.shape.active_params * tokens
+    peak = ctx.gpu.bf16_flops * COSTS.train_mfu * ctx.gpus
+    ctx.extra["detail"] = (f"6 x {ctx.shape.active_params:.3g} params x {tokens:.3g} tokens at "
+                           f"{COSTS.train_mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
+    return flops / peak * pipeline_bubble(node, ctx)
 
 
 KIND = NodeKind(
@@ -33,5 +48,106 @@ KIND = NodeKind(
     cost=train_cost,
     uses_gpu=True,
     default_edges=inputs_from_kinds("reward|logp|ref_logp", "generate"),
+    worker="rlgraph.nodes.train:TrainWorker",
     doc="one optimizer step of the policy",
 )
+
+
+class TrainWorker:
+    """One train step on the batch of `step`: advantages (GRPO or whitened), then
+    `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (token-mean,
+    micro-batches accumulated, gradient clipped). Returns the metrics, including the lag of
+    every trained token, and the new policy version (one version per train step)."""
+
+    def __init__(self, name: str, node: TrainSpec, workspace: Workspace):
+        self.name, self.node, self.ws = name, node, workspace
+
+    def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
+        """Train on the batch of `step`; policy_version becomes step's version + 1."""
+        import torch
+
+        from rlgraph.algorithms import batch_advantages, grpo_advantages
+        from rlgraph.batch import check_step, merge
+        from rlgraph.sampling import token_logp
+
+        batch = merge(inputs)
+        check_step(batch, step, self.name)
+        if "rewards" not in batch:
+            raise ValueError(f"{self.name}: the batch has no 'rewards'; wire a reward node "
+                             "into train")
+        algo, ws = self.ws.spec.algorithm, self.ws
+        rewards = batch["rewards"]
+        if algo.name == "grpo":
+            adv = grpo_advantages(rewards, batch["group"], norm_std=algo.norm_adv_by_std)
+        else:
+            adv = batch_advantages(rewards)
+        device = next(ws.policy.parameters()).device
+        t = {k: batch[k].to(device) for k in ("sequences", "attention_mask", "behavior_logp")}
+        t["mask"], t["adv"] = batch["response_mask"].float().to(device), adv.to(device)
+        if "ref_logp" in batch:
+            t["ref_logp"] = batch["ref_logp"].to(device)
+        with ws.lock:
+            if "old_logp" in batch:
+                t["old_logp"] = batch["old_logp"].to(device)
+            else:  # no logp node: the proximal policy is the one this step starts from
+                with torch.no_grad():
+                    t["old_logp"] = token_logp(ws.policy, t["sequences"], t["attention_mask"],
+                                               batch["prompt_len"], batch["temperature"])
+            rows = len(rewards)
+            size = -(-rows // self.node.mini_batches)
+            updates = [self._update(t, slice(lo, lo + size), batch)
+                       for _ in range(self.node.epochs) for lo in range(0, rows, size)]
+            ws.policy_version += 1
+            version = ws.policy_version
+        valid = batch["response_mask"].bool()
+        lag = (step - batch["token_version"][valid]).float()
+        metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
+        metrics.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "lag/max": float(lag.max()) if lag.numel() else 0.0,
+            "lag/mean": float(lag.mean()) if lag.numel() else 0.0,
+            "actor/entropy": float(-(batch["behavior_logp"][valid]).mean()) if valid.any()
+            else 0.0,
+            "response/length_mean": float(batch["response_mask"].sum(1).float().mean()),
+            "samples": float(rows),
+            "tokens": float(batch["attention_mask"].sum()),
+            "policy/version": float(version),
+        })
+        uids = list(dict.fromkeys(batch["prompt_uid"]))
+        return {"step": step, "policy_version": version, "metrics": metrics,
+                "trained_uids": uids}
+
+    def _update(self, t: dict, rows: slice, batch: Batch) -> dict[str, float]:
+        """One optimizer update on `rows`, accumulated over micro-batches; its figures."""
+        import torch
+
+        from rlgraph.algorithms import policy_loss
+        from rlgraph.sampling import token_logp
+
+        algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
+        tokens = t["mask"][rows].sum().clamp(min=1)
+        optimizer.zero_grad(set_to_none=True)
+        figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
+                   "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
+        start, stop = rows.start, min(rows.stop, len(t["mask"]))
+        size = self.node.micro_batch or stop - start
+        for lo in range(start, stop, size):
+            sl = slice(lo, min(lo + size, stop))
+            logp = token_logp(policy, t["sequences"][sl], t["attention_mask"][sl],
+                              batch["prompt_len"], batch["temperature"])
+            terms = policy_loss(logp, t["old_logp"][sl], t["behavior_logp"][sl], t["adv"][sl],
+                                t["mask"][sl], algo.clip, algo.is_truncation,
+                                t["ref_logp"][sl] if "ref_logp" in t else None,
+                                algo.kl_coef, algo.kl_type, normaliser=tokens)
+            terms.loss.backward()
+            share = float(t["mask"][sl].sum() / tokens)
+            figures["loss/policy"] += share * terms.policy_loss
+            figures["loss/kl"] += share * terms.kl
+            figures["actor/clip_frac"] += share * terms.clip_frac
+            figures["actor/is_weight_mean"] += share * terms.is_weight_mean
+            figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip)
+        optimizer.step()
+        figures["actor/grad_norm"] = float(grad_norm)
+        return figures

@@ -1,0 +1,221 @@
+"""The compiler: graph.yaml -> placement, costs, proven lag bound and overlapped schedule.
+
+`compile_plan(spec, calibration=None)` runs the passes, each a pure function of the spec
+and what the passes before it returned:
+
+1. `graph.build_graph`       dataflow of one step + the param_update back edge;
+2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
+3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
+4. `lag.prove_lag`           the off-policy bound, per pair and per edge;
+5. `bound.schedule_bound`    max(cycle ratio, group load), exact;
+6. `schedule.steady_state`   discrete-event simulation -> period, events; the same for
+                             max_lag 0..max_lag (smallest lag reaching the best period) and
+                             for the colocated synchronous baseline (speedup_vs_sync).
+
+It imports neither torch nor ray, so `rlgraph compile` runs anywhere in well under a second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+
+from rlgraph.compiler.bound import Bound, schedule_bound
+from rlgraph.compiler.calibrate import as_calibration, load_calibration
+from rlgraph.compiler.cost import NodeCost, calibration_scale, node_costs
+from rlgraph.compiler.lag import (
+    BEST_PERIOD_TOLERANCE,
+    lag_messages,
+    prove_lag,
+    smallest_lag_for_best_period,
+)
+from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.schedule import (
+    LowestStepFirst,
+    TaskState,
+    simulate,
+    steady_state,
+    utilization,
+)
+from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.errors import SpecError
+from rlgraph.graph import build_graph, data_edges
+from rlgraph.spec import GroupSpec, Spec
+
+EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
+SYNC_GROUP = "colocated"
+
+__all__ = [
+    "LowestStepFirst", "TaskState", "compile_plan", "load_calibration", "simulate",
+    "steady_state", "sync_graph", "sync_spec",
+]
+
+
+def sync_spec(spec: Spec) -> Spec:
+    """The colocated synchronous baseline (verl's hybrid engine): every grouped task in one
+    group on all GPUs, max_lag 0, no partial rollout."""
+    tasks = [t for g in spec.groups.values() for t in g.tasks]
+    groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
+    schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
+    return spec.model_copy(update={"groups": groups, "schedule": schedule})
+
+
+def _is_sync(spec: Spec) -> bool:
+    groups = list(spec.groups.values())
+    return (spec.schedule.max_lag == 0 and not spec.schedule.partial_rollout
+            and len(groups) == 1 and groups[0].share >= 1 - 1e-9)
+
+
+def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
+    """`build_graph(sync_spec(spec))` without re-validating: grouped nodes move to the one
+    group, back edges get distance 1 (max_lag 0)."""
+    sync = graph.copy()
+    sync.graph["max_lag"] = 0
+    for _, attrs in sync.nodes(data=True):
+        attrs["group"] = SYNC_GROUP if attrs["group"] else None
+        attrs["occupies"] = (SYNC_GROUP,) if attrs["occupies"] else ()
+    for _, _, attrs in sync.edges(data=True):
+        attrs["distance"] = 1 if attrs["distance"] else 0
+    return sync
+
+
+def _sync_period(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]) -> float:
+    base = sync_spec(spec)
+    graph = sync_graph(graph)
+    placement = place(base, strict=False)
+    sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
+    tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))
+    return steady_state(tg).period
+
+
+def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement,
+                             costs: dict[str, NodeCost]) -> TimedGraph:
+    """The plan at max_lag 0 with partial rollout on: the rollout cache must drop every
+    unfinished sample, so generate decodes like a synchronous batch."""
+    schedule = spec.schedule.model_copy(update={"partial_rollout": False})
+    plain = spec.model_copy(update={"schedule": schedule})
+    plain_costs, _ = node_costs(plain, graph, placement, scale=calibration_scale(costs))
+    seconds = {n: (costs[n] if costs[n].source == "override" else plain_costs[n]).seconds
+               for n in costs}
+    return timed_graph(graph, seconds, list(placement.groups)).with_lag(0)
+
+
+def _lag_sweep(tg: TimedGraph, period: float, at_zero: TimedGraph | None = None
+               ) -> dict[int, float | None]:
+    """Period for max_lag 0..tg.max_lag; None where the bound alone rules a lag out."""
+    periods: dict[int, float | None] = {tg.max_lag: period}
+    for lag in range(tg.max_lag):
+        variant = at_zero if lag == 0 and at_zero is not None else tg.with_lag(lag)
+        if schedule_bound(variant).seconds > period * (1 + BEST_PERIOD_TOLERANCE) + 1e-12:
+            periods[lag] = None
+        else:
+            periods[lag] = steady_state(variant).period
+    return dict(sorted(periods.items()))
+
+
+def describe_bottleneck(tg: TimedGraph, bound: Bound, period: float,
+                        util: dict[str, float]) -> str:
+    """What bounds the period, in words, and which group idles most."""
+    if period <= 0:
+        return "every node costs 0 s: nothing bounds the period"
+    names, dur = tg.names, tg.duration
+    binding_group = None
+    if bound.binding == "group":
+        binding_group = tg.groups[bound.group]
+        tasks = sorted((i for i in range(tg.n) if bound.group in tg.occupies[i]),
+                       key=lambda i: -dur[i])
+        if dur[tasks[0]] >= 0.5 * bound.group_load:
+            text = f"{names[tasks[0]]} on {binding_group} bounds the period"
+        else:
+            busy = [names[i] for i in tasks if dur[i] > 0]
+            more = f" + {len(busy) - 3} more" if len(busy) > 4 else ""
+            text = f"{' + '.join(busy[:3] if more else busy)}{more} on {binding_group} " \
+                   f"bound the period"
+    elif len(bound.cycle) == 2:
+        i = bound.cycle[0]
+        where = f"on {tg.groups[tg.occupies[i][0]]}" if tg.occupies[i] else "in no group"
+        text = f"{names[i]} ({where}, one step at a time) bounds the period"
+    else:
+        path = " -> ".join(names[i] for i in bound.cycle)
+        text = (f"the cycle {path} ({bound.cycle_distance} step(s) of distance) bounds the "
+                f"period")
+    idle = sorted(((1 - u, g) for g, u in util.items() if g != binding_group), reverse=True)
+    if idle and idle[0][0] >= 0.005:
+        text += f"; {idle[0][1]} idles {idle[0][0]:.0%}"
+    if bound.seconds > 0 and period > bound.seconds * 1.01:
+        text += (f"; the schedule runs {period / bound.seconds - 1:.0%} above the bound "
+                 f"(tasks wait for busy groups)")
+    return text
+
+
+def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
+    """The plan dict (see the team brief): placement, costs, lag, schedule, channels, messages.
+
+    `calibration`: seconds per node (`load_calibration`), measured event dicts, a trace path
+    or None. A SpecError raised by a pass carries the spec's source map (file:line:col)."""
+    try:
+        return _compile(spec, calibration)
+    except SpecError as err:
+        err.source = err.source or spec.source
+        raise
+
+
+def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+    graph = build_graph(spec)
+    placement: Placement = place(spec)
+    measured = as_calibration(calibration)
+    costs, messages = node_costs(spec, graph, placement, measured)
+    messages = placement.messages + messages
+    proof = prove_lag(graph, spec.schedule.partial_rollout)
+    tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
+    bound = schedule_bound(tg)
+    steady = steady_state(tg)
+    period = steady.period
+    at_zero = (_without_partial_rollout(spec, graph, placement, costs)
+               if spec.schedule.partial_rollout and spec.schedule.max_lag > 0 else None)
+    periods = _lag_sweep(tg, period, at_zero)
+    evaluated = {lag: p for lag, p in periods.items() if p is not None}
+    smallest = smallest_lag_for_best_period(evaluated)
+    messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest, evaluated)
+    more = schedule_bound(tg.with_lag(tg.max_lag + 1)).seconds
+    if period > 0 and more < period * 0.95:
+        messages.append(f"max_lag {tg.max_lag + 1} could lower the period toward {more:.4g} s "
+                        f"({more / period - 1:+.0%}, by the bound)")
+    sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)
+    util = utilization(tg, period)
+    if not steady.exact:
+        messages.append(f"the schedule did not settle into a periodic regime within "
+                        f"{steady.sim.steps} steps; period_s is a long-run average")
+    if measured:
+        used = sorted(set(measured) & set(costs))
+        messages.append(f"calibrated {len(used)} node(s) from measured times: {', '.join(used)}")
+    return {
+        "name": spec.name,
+        "spec": spec.to_yaml_dict(),
+        "placement": placement.to_dict(),
+        "costs": {n: c.to_dict() for n, c in costs.items()},
+        "lag": {
+            "max_policy_lag": proof.max_policy_lag,
+            "per_edge": proof.per_edge,
+            "token_version_span": proof.token_version_span,
+            "smallest_max_lag_for_best_period": smallest,
+            "periods_by_max_lag": {str(k): v for k, v in periods.items()},
+            "note": proof.note,
+        },
+        "schedule": {
+            "period_s": period,
+            "bound_s": bound.seconds,
+            "sync_period_s": sync,
+            "speedup_vs_sync": sync / period if period > 0 else 1.0,
+            "utilization": util,
+            "idle": {g: 1 - u for g, u in util.items()},
+            "bottleneck": describe_bottleneck(tg, bound, period, util),
+            "policy": LowestStepFirst.name,
+            "steps_simulated": steady.sim.steps,
+            "cyclicity": steady.cyclicity,
+            "events": steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
+        },
+        "channels": {f"{u}->{v}": spec.schedule.max_lag + 1 for u, v in data_edges(graph)},
+        "messages": messages,
+    }

@@ -1,0 +1,91 @@
+"""Calibration: node seconds per step measured by a run, to replace the modelled costs.
+
+`rlgraph run` writes `trace.json` (Chrome trace: spans `{"ph": "X", "dur": us, "args":
+{node, step, group, occupies}}`). A node that occupies two groups (param_update) appears once
+per group lane; it is counted once per step. Per node the figure is the median over its
+steps, without the first step (warm-up: compilation, caches, allocator) when there are at
+least three.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlgraph.errors import RLGraphError
+
+WARMUP_MIN_STEPS = 3  # drop the first step only when at least this many were measured
+
+
+class CalibrationError(RLGraphError):
+    """A trace that cannot calibrate a plan: missing, unreadable or without spans."""
+
+
+def calibration_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Median seconds per step of each node from event dicts `{node, step, start, end}`."""
+    per_node: dict[str, dict[int, float]] = {}
+    for event in events:
+        node, step = event.get("node"), event.get("step")
+        if node is None or step is None:
+            continue
+        per_node.setdefault(str(node), {})[int(step)] = float(event["end"]) - float(
+            event["start"])
+    out = {}
+    for node, steps in per_node.items():
+        ordered = [steps[s] for s in sorted(steps)]
+        if len(ordered) >= WARMUP_MIN_STEPS:
+            ordered = ordered[1:]
+        out[node] = statistics.median(ordered)
+    return out
+
+
+def events_of_trace(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Event dicts (seconds) of a Chrome trace's complete ("X") spans."""
+    events = []
+    for span in trace.get("traceEvents", []):
+        if span.get("ph") != "X":
+            continue
+        args = span.get("args") or {}
+        start = float(span.get("ts", 0)) / 1e6
+        events.append({"node": args.get("node", span.get("name")), "step": args.get("step"),
+                       "start": start, "end": start + float(span.get("dur", 0)) / 1e6})
+    return events
+
+
+def load_calibration(path: str | Path) -> dict[str, float]:
+    """Median measured seconds per step of each node, from a trace.json or a run directory."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "trace.json"
+    try:
+        trace = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CalibrationError(f"{file}: no such file (give a run dir or its trace.json)"
+                               ) from None
+    except OSError as exc:
+        raise CalibrationError(f"{file}: cannot read it: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{file}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+                               ) from None
+    calibration = calibration_from_events(events_of_trace(trace if isinstance(trace, dict)
+                                                          else {"traceEvents": trace}))
+    if not calibration:
+        raise CalibrationError(f"{file}: the trace has no node spans (args.node, args.step) "
+                               f"to calibrate with")
+    return calibration
+
+
+def as_calibration(value: Mapping[str, float] | Iterable[Mapping[str, Any]] | str | Path | None
+                   ) -> dict[str, float] | None:
+    """Accept seconds per node, event dicts (as `rlgraph.timeline.events_from_trace` gives),
+    or a path; return seconds per node."""
+    if value is None:
+        return None
+    if isinstance(value, str | Path):
+        return load_calibration(value)
+    if isinstance(value, Mapping):
+        return {str(k): float(v) for k, v in value.items()}
+    return calibration_from_events(value)

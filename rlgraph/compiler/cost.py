@@ -1,0 +1,128 @@
+"""Cost pass: seconds per step of every node, dispatched to its kind's cost model.
+
+Order of precedence: a measured calibration (source "calibrated"), then the node's
+`cost: {seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"),
+then the kind's analytic model (`rlgraph/nodes/<kind>.py`, constants in `rlgraph/presets.py`;
+source "model"). A group that holds both a train and a generate node pays the colocation
+switch on its generate node every step: train states and rollout weights go to host memory
+and come back (bytes over PCIe), as verl's hybrid engine does with offload / sleep mode.
+Local CPU clusters pay no switch: train and generate already share host memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from rlgraph.compiler.model import shape_of
+from rlgraph.compiler.placement import Placement
+from rlgraph.errors import SpecError
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.base import CostContext
+from rlgraph.presets import COSTS, ModelShape
+from rlgraph.spec import Spec
+
+
+@dataclass
+class NodeCost:
+    """Seconds one step of a node takes, where the figure comes from, and how it was made."""
+
+    seconds: float
+    source: str  # "model" | "override" | "calibrated"
+    detail: str
+    modelled: float  # what the analytic model (or the override) says, before calibration
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's `costs[node]` entry."""
+        return {"seconds": self.seconds, "source": self.source, "detail": self.detail}
+
+
+def switch_seconds(spec: Spec, placement: Placement, group: str, shape: ModelShape) -> float:
+    """Per-step offload + reload of train states and rollout weights in a colocated group."""
+    if placement.local:
+        return 0.0
+    gpus = placement.gpus_of(group)
+    tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
+    tp = max((getattr(n, "tp", 1) for n in tasks if n.kind == "generate"), default=1)
+    per_gpu = COSTS.train_state_bytes_per_param * shape.params / gpus + 2 * shape.params / tp
+    return 2 * per_gpu / placement.preset.host_bytes_per_s
+
+
+def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:
+    """generate node -> its group, for groups that also hold a train node (one per group)."""
+    out = {}
+    for name, group in placement.groups.items():
+        kinds = {spec.nodes[t].kind: t for t in reversed(group.tasks)}
+        if "train" in kinds and "generate" in kinds:
+            out[kinds["generate"]] = name
+    return out
+
+
+def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
+             shape: ModelShape, kinds: dict[str, frozenset[str]]) -> CostContext:
+    attrs = graph.nodes[name]
+    occupies = attrs["occupies"]
+    home = attrs["group"] or (occupies[0] if occupies else None)
+    colocated = kinds.get(home, frozenset())
+    hosts = set().union(*(placement.groups[g].nodes() for g in occupies)) if occupies else set()
+    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies}
+    return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
+                       gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
+
+
+def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
+               calibration: dict[str, float] | None = None,
+               scale: dict[str, float] | None = None) -> tuple[dict[str, NodeCost], list[str]]:
+    """Seconds per step of every node and advice; `scale` multiplies modelled costs (used to
+    carry a calibration over to the synchronous baseline)."""
+    shape = shape_of(spec)
+    switches = _colocated_switch_groups(spec, placement)
+    kinds = {g: frozenset(spec.nodes[t].kind for t in group.tasks)
+             for g, group in placement.groups.items()}
+    costs: dict[str, NodeCost] = {}
+    messages: list[str] = []
+    for name in graph:
+        node = spec.nodes[name]
+        ctx = _context(spec, graph, placement, name, shape, kinds)
+        if node.cost is not None and node.cost.seconds is not None:
+            seconds, source = node.cost.seconds, "override"
+            detail = f"cost.seconds {seconds:g}"
+        elif node.cost is not None:
+            seconds, source = node.cost.gpu_seconds / ctx.gpus, "override"
+            detail = f"cost.gpu_seconds {node.cost.gpu_seconds:g} / {ctx.gpus} GPUs"
+        else:
+            seconds, source = float(KINDS[node.kind].cost(node, ctx)), "model"
+            detail = str(ctx.extra.get("detail") or KINDS[node.kind].doc)
+            if ctx.extra.get("note"):
+                messages.append(str(ctx.extra["note"]))
+            if name in switches:
+                switch = switch_seconds(spec, placement, switches[name], shape)
+                seconds += switch
+                detail += (f" + colocation switch {switch:.3g} s (train states and weights "
+                           f"offloaded and reloaded over PCIe)")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise SpecError(f"the cost of '{name}' is not a finite time ({seconds})",
+                            ("nodes", name), hint="give cost: {seconds: S}")
+        modelled = seconds
+        if calibration and name in calibration:
+            seconds, source = float(calibration[name]), "calibrated"
+            detail = f"measured median {seconds:.4g} s per step (model: {modelled:.4g} s)"
+        elif scale and name in scale:
+            seconds, source = seconds * scale[name], "calibrated"
+            detail = f"model {modelled:.4g} s x measured/model ratio {scale[name]:.3g}"
+        costs[name] = NodeCost(seconds, source, detail, modelled)
+    if calibration:
+        unknown = sorted(set(calibration) - set(graph))
+        if unknown:
+            messages.append(f"calibration: the trace has nodes this graph does not: "
+                            f"{', '.join(unknown)} (ignored)")
+    return costs, messages
+
+
+def calibration_scale(costs: dict[str, NodeCost]) -> dict[str, float]:
+    """measured / modelled per calibrated node, to carry a calibration to another plan."""
+    return {n: c.seconds / c.modelled for n, c in costs.items()
+            if c.source == "calibrated" and c.modelled > 0}

@@ -1,0 +1,123 @@
+"""Lag pass: the off-policy bound proven from the graph (DESIGN.md, "Versions and lag").
+
+Train step t produces version t + 1. A weight-carrying node P (param_update) fed within the
+step by train node T runs P(s) after T(s), so it carries version s + 1; its back edge to a
+generate G has distance D, so G(t) starts only after P(t - D) and holds a version >= t - D + 1.
+A token sampled by G(t) and trained on by T(t) therefore has lag t - version <= D - 1. With
+several routes T -> P -> G the newest wins (the smallest D); a train node fed by a generate
+that receives no weights from it has no bound, and the graph is refused. With DESIGN's
+distance D = max_lag + 1 the proven bound is max_lag.
+
+With partial rollout a sample's tokens may come from several versions: an unfinished sample
+is kept in the rollout cache and resumed by a later generate step with newer weights, and
+the cache drops any sample whose oldest token would exceed max_lag when trained on, so every
+token of a sample is within the same bound and `token_version_span` (newest minus oldest
+version within one sample) is at most max_policy_lag; without partial rollout it is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from rlgraph.errors import SpecError
+from rlgraph.graph import data_edges, step_order
+
+BEST_PERIOD_TOLERANCE = 0.005  # a lag "reaches the best period" within 0.5%
+
+
+@dataclass
+class LagProof:
+    """The proven bound, per train/generate pair and per edge, with the route that proves it."""
+
+    max_policy_lag: int
+    pairs: dict[tuple[str, str], tuple[int, str, int]]  # (train, generate) -> (lag, via, D)
+    per_edge: dict[str, int]
+    token_version_span: int
+    note: str
+    messages: list[str] = field(default_factory=list)
+
+
+def _reach(order: list[str], links: dict[str, list[str]], keep: set[str]) -> dict[str, set[str]]:
+    """For each node, the nodes of `keep` among itself and everything `links` lead back to,
+    filled in `order` (each node's links come earlier in it)."""
+    out: dict[str, set[str]] = {}
+    for node in order:
+        found = {node} & keep
+        for other in links[node]:
+            found |= out[other]
+        out[node] = found
+    return out
+
+
+def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
+    """The largest lag of any token at any train node, proven from the graph's edges."""
+    kinds = dict(graph.nodes(data="kind"))
+    order = step_order(graph)
+    preds: dict[str, list[str]] = {n: [] for n in order}
+    succs: dict[str, list[str]] = {n: [] for n in order}
+    for u, v in data_edges(graph):
+        preds[v].append(u)
+        succs[u].append(v)
+    trains = {n for n, k in kinds.items() if k == "train"}
+    gens = {n for n, k in kinds.items() if k == "generate"}
+    gens_up = _reach(order, preds, gens)  # generates whose data reaches a node within a step
+    trains_up = _reach(order, preds, trains)  # trains whose output reaches a node
+    trains_down = _reach(order[::-1], succs, trains)  # trains a node's output reaches
+    back_into: dict[str, list[tuple[str, int]]] = {}
+    for u, v, d in graph.edges(data="distance"):
+        if d:
+            back_into.setdefault(v, []).append((u, d))
+    position = {n: i for i, n in enumerate(order)}
+    pairs: dict[tuple[str, str], tuple[int, str, int]] = {}
+    for train in sorted(trains, key=position.get):
+        for gen in sorted(gens_up[train], key=position.get):
+            routes = [(d - 1, u, d) for u, d in back_into.get(gen, []) if train in trains_up[u]]
+            if not routes:
+                raise SpecError(
+                    f"'{gen}' never receives weights from '{train}', so the lag of the tokens "
+                    f"'{train}' trains on grows without bound", ("nodes", gen),
+                    hint=f"add a param_update node with src: {train}, dst: {gen}")
+            pairs[(train, gen)] = min(routes)
+    max_lag = max((lag for lag, _, _ in pairs.values()), default=0)
+    per_edge: dict[str, int] = {}
+    for u, v, d in graph.edges(data="distance"):
+        if d:
+            per_edge[f"{u}->{v}"] = d - 1
+            continue
+        lags = [pairs[(t, g)][0] for t in trains_down[v] for g in gens_up[u] if (t, g) in pairs]
+        per_edge[f"{u}->{v}"] = max(lags, default=0)
+    messages = []
+    if partial_rollout and max_lag == 0:
+        messages.append("partial_rollout with max_lag 0 must drop every unfinished sample at "
+                        "each step (no version may differ); use max_lag >= 1")
+    return LagProof(max_lag, pairs, per_edge, max_lag if partial_rollout else 0,
+                    _note(pairs, max_lag), messages)
+
+
+def _note(pairs: Mapping[tuple[str, str], tuple[int, str, int]], max_lag: int) -> str:
+    if not pairs:
+        return "no train node reads sampled tokens"
+    (train, gen), (lag, via, dist) = max(pairs.items(), key=lambda kv: kv[1][0])
+    version = "t" if dist == 1 else f"t-{dist - 1}"
+    return (f"lag <= {max_lag}: {gen}(t) waits for {via}(t-{dist}), which carries version "
+            f"{version} from {train}(t-{dist}); so {train}(t) trains on tokens at most {lag} "
+            f"version(s) old")
+
+
+def smallest_lag_for_best_period(periods: Mapping[int, float],
+                                 tolerance: float = BEST_PERIOD_TOLERANCE) -> int:
+    """The smallest max_lag whose period is within `tolerance` of the best one evaluated."""
+    best = min(periods.values())
+    return min(lag for lag, p in periods.items() if p <= best * (1 + tolerance) + 1e-12)
+
+
+def lag_messages(user_lag: int, smallest: int, periods: Mapping[int, float]) -> list[str]:
+    """Advice when the user's max_lag is larger than the period needs."""
+    if smallest >= user_lag:
+        return []
+    return [f"max_lag {user_lag} buys nothing over {smallest}: the period is "
+            f"{periods[smallest]:.4g} s with max_lag {smallest} and {periods[user_lag]:.4g} s "
+            f"with {user_lag}; the smaller lag keeps training closer to on-policy"]

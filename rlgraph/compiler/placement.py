@@ -1,0 +1,230 @@
+"""Placement pass: group shares -> whole GPUs (or local CPU slots) -> `[node, gpu]` devices.
+
+Shares become GPU counts by the largest-remainder method over the cluster's slots. Groups are
+laid out largest first: a group larger than one node takes whole free nodes (its remainder
+packs like a small group), smaller groups pack inside one node (best fit) and split across
+nodes only when fragmentation leaves no node with room. Then every rule a run would trip
+over later is checked here, naming the graph.yaml key: shares over 1, a group with no GPU,
+tp / pp / ep not dividing a group, a batch not divisible by the data-parallel size, and a
+model that cannot fit (train: weights + grads + Adam states sharded over the group; generate:
+weights / tp + the KV cache of one full-length sequence; longer batches decode in waves).
+A local CPU cluster gives every group at least one slot (slots are then shared) and skips
+the memory checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgraph.compiler.model import shape_of
+from rlgraph.errors import SpecError
+from rlgraph.presets import COSTS, GPU_PRESETS, GPUPreset
+from rlgraph.spec import Spec
+
+SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
+
+
+@dataclass
+class GroupPlacement:
+    """One group's tasks, its share and the devices it got."""
+
+    name: str
+    tasks: list[str]
+    share: float
+    gpus: int
+    devices: list[tuple[int, int]]
+
+    def nodes(self) -> set[int]:
+        """Cluster nodes (machines) the group's devices sit on."""
+        return {node for node, _ in self.devices}
+
+
+@dataclass
+class Placement:
+    """Where every group runs; `gpu` is the preset the cost models read ("cpu" when local)."""
+
+    local: bool
+    slots: int
+    gpu: str
+    groups: dict[str, GroupPlacement]
+    shared_slots: bool = False
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def preset(self) -> GPUPreset:
+        """The hardware preset of the devices."""
+        return GPU_PRESETS[self.gpu]
+
+    def gpus_of(self, group: str | None) -> int:
+        """GPUs (slots) of a group; 1 for a node in no group."""
+        return self.groups[group].gpus if group in self.groups else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's `placement` section."""
+        return {
+            "local": self.local, "slots": self.slots, "gpu": self.gpu,
+            "shared_slots": self.shared_slots,
+            "groups": [{"name": g.name, "tasks": list(g.tasks), "share": g.share, "gpus": g.gpus,
+                        "devices": [list(d) for d in g.devices]} for g in self.groups.values()],
+        }
+
+
+def largest_remainder(shares: dict[str, float], slots: int) -> dict[str, int]:
+    """Whole slots per group: floors of share * slots, the rest to the largest remainders."""
+    quotas = {g: s * slots for g, s in shares.items()}
+    counts = {g: math.floor(q + SHARE_TOLERANCE) for g, q in quotas.items()}
+    total = min(slots, math.floor(sum(shares.values()) * slots + SHARE_TOLERANCE))
+    order = sorted(quotas, key=lambda g: (-(quotas[g] - counts[g]), list(shares).index(g)))
+    for g in order[: max(0, total - sum(counts.values()))]:
+        counts[g] += 1
+    return counts
+
+
+def _check_shares(spec: Spec) -> None:
+    total = 0.0
+    for name, group in spec.groups.items():
+        total += group.share
+        if total > 1 + SHARE_TOLERANCE:
+            shares = " + ".join(f"{g.share:g}" for g in spec.groups.values())
+            raise SpecError(f"group shares sum to {sum(g.share for g in spec.groups.values()):g}"
+                            f" ({shares}), more than the whole cluster",
+                            ("groups", name, "share"),
+                            hint=f"lower it to at most {max(0.0, 1 - total + group.share):g}")
+
+
+def _lay_out(counts: dict[str, int], per_node: int, nodes: int) -> tuple[dict, list[str]]:
+    """Devices per group: big groups on whole nodes, the rest best-fit inside nodes."""
+    free = {n: list(range(per_node)) for n in range(nodes)}
+    devices: dict[str, list[tuple[int, int]]] = {g: [] for g in counts}
+    notes: list[str] = []
+    rest: dict[str, int] = {}
+    for g in sorted(counts, key=lambda g: -counts[g]):
+        whole = counts[g] // per_node
+        for n in [n for n in free if len(free[n]) == per_node][:whole]:
+            devices[g] += [(n, i) for i in free.pop(n)]
+        rest[g] = counts[g] - len(devices[g])
+    for g in sorted(rest, key=lambda g: -rest[g]):
+        need = rest[g]
+        if not need:
+            continue
+        fits = [n for n in free if len(free[n]) >= need]
+        if fits:
+            n = min(fits, key=lambda n: (len(free[n]), n))
+            devices[g] += [(n, i) for i in free[n][:need]]
+            free[n] = free[n][need:]
+            continue
+        for n in sorted(free, key=lambda n: (-len(free[n]), n)):
+            take = free[n][:need]
+            devices[g] += [(n, i) for i in take]
+            free[n] = free[n][len(take):]
+            need -= len(take)
+            if not need:
+                break
+        notes.append(f"group '{g}' is split across nodes by fragmentation; shares that are "
+                     f"multiples of 1/{nodes * per_node} per node keep each group inside one")
+    return {g: sorted(d) for g, d in devices.items()}, notes
+
+
+def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
+    """tp / pp / ep divide the group's GPUs; the batch divides over the data-parallel size."""
+    batch = spec.data.samples_per_step()
+    for task in group.tasks:
+        node = spec.nodes[task]
+        for size in ("tp", "pp", "ep"):
+            value = getattr(node, size, 1)
+            if value > 1 and group.gpus % value:
+                divisors = [d for d in range(1, group.gpus + 1) if group.gpus % d == 0]
+                raise SpecError(f"{size} {value} does not divide the {group.gpus} GPUs of group "
+                                f"'{group.name}'", ("nodes", task, size),
+                                hint=f"use one of {', '.join(map(str, divisors))}, or change "
+                                f"groups.{group.name}.share")
+        if not hasattr(node, "model_parallel"):
+            continue
+        mp = node.model_parallel()
+        if group.gpus % mp:
+            raise SpecError(f"tp x pp = {mp} does not divide the {group.gpus} GPUs of group "
+                            f"'{group.name}'", ("nodes", task, "tp"),
+                            hint="make tp x pp a divisor of the group's GPUs")
+        dp = group.gpus // mp
+        if batch % dp:
+            prompts = dp // math.gcd(dp, spec.data.samples_per_prompt)
+            raise SpecError(f"{batch} samples per step (prompts_per_step x samples_per_prompt) "
+                            f"do not split over the {dp} data-parallel replicas of '{task}' in "
+                            f"group '{group.name}'", ("data", "prompts_per_step"),
+                            hint=f"use a multiple of {prompts} prompts, or change "
+                            f"groups.{group.name}.share")
+
+
+def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
+    """Train states sharded over the group, generate weights / tp + one sequence's KV cache."""
+    shape = shape_of(spec)
+    usable = gpu.memory_bytes * COSTS.usable_memory_fraction
+    for task in group.tasks:
+        node = spec.nodes[task]
+        if node.kind == "train":
+            need = COSTS.train_state_bytes_per_param * shape.params / group.gpus
+            if need > usable:
+                least = math.ceil(COSTS.train_state_bytes_per_param * shape.params / usable)
+                raise SpecError(
+                    f"'{task}' needs {need / 1e9:.1f} GB per GPU for weights, grads and Adam "
+                    f"states ({COSTS.train_state_bytes_per_param:g} B/param sharded over "
+                    f"{group.gpus} GPUs); a {gpu.name} has {usable / 1e9:.0f} GB usable",
+                    ("groups", group.name, "share"),
+                    hint=f"give group '{group.name}' at least {least} GPUs")
+        elif node.kind == "generate":
+            data = spec.data
+            weights = 2 * shape.params / node.tp
+            kv = shape.kv_bytes_per_token() / node.tp * (data.prompt_len + data.response_len.max)
+            if weights + kv > usable:
+                raise SpecError(
+                    f"'{task}' needs {(weights + kv) / 1e9:.1f} GB per GPU for weights / tp and "
+                    f"the KV cache of one {data.prompt_len + data.response_len.max}-token "
+                    f"sequence; a {gpu.name} has {usable / 1e9:.0f} GB usable",
+                    ("nodes", task, "tp"), hint="raise tp (it must divide the group's GPUs)")
+
+
+def place(spec: Spec, strict: bool = True) -> Placement:
+    """Placement of every group; `strict=False` skips the checks (for the sync baseline)."""
+    cluster = spec.cluster
+    if strict:
+        _check_shares(spec)
+    slots = cluster.slots()
+    shares = {g: s.share for g, s in spec.groups.items()}
+    counts = largest_remainder(shares, slots)
+    messages: list[str] = []
+    shared = False
+    if cluster.local:
+        devices = {}
+        cursor = 0
+        for g, n in counts.items():
+            n = max(1, n)
+            counts[g] = n
+            devices[g] = [(0, (cursor + i) % slots) for i in range(n)]
+            cursor += n
+        if cursor > slots:
+            shared = True
+            messages.append(f"local CPU: {len(counts)} groups need {cursor} slots but the "
+                            f"machine has {slots}; groups share slots, so the predicted period "
+                            f"is optimistic")
+        devices = {g: sorted(set(d)) for g, d in devices.items()}
+    else:
+        if strict:
+            for g, n in counts.items():
+                if n == 0:
+                    raise SpecError(f"share {shares[g]:g} of {slots} GPUs rounds to 0 GPUs",
+                                    ("groups", g, "share"),
+                                    hint=f"raise it to at least {1 / slots:.4g} (one GPU)")
+        devices, notes = _lay_out(counts, cluster.gpus_per_node, cluster.nodes)
+        messages += notes
+    groups = {g: GroupPlacement(g, list(s.tasks), s.share, counts[g], devices[g])
+              for g, s in spec.groups.items()}
+    placement = Placement(cluster.local, slots, "cpu" if cluster.local else cluster.gpu, groups,
+                          shared, messages)
+    if strict:
+        for group in groups.values():
+            _check_parallel(spec, group)
+            if not cluster.local:
+                _check_memory(spec, group, placement.preset)
+    return placement

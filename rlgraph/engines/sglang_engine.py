@@ -1,0 +1,176 @@
+"""`engine: sglang`: the generate node over sglang's offline `Engine` (in-process, no HTTP).
+
+Written against sglang's offline Engine API (`sglang.Engine`, python/sglang/srt/entrypoints/
+engine.py): `generate(input_ids=..., sampling_params=..., return_logprob=True)`,
+`init_weights_update_group` + `update_weights_from_distributed` (NCCL broadcast from the trainer,
+one tensor per name, in order), `update_weights_from_tensor` (tensors on this GPU, handed over
+by CUDA IPC), `release_memory_occupation` / `resume_memory_occupation` (colocated train and
+generate), and pause / continue generation through its tokenizer manager (partial rollout:
+`mode="retract"` returns running requests to the queue, KV recomputed on continue).
+
+Two ways to move weights in: sglang's own group (`join_weight_group` + `load_from_trainer`, the
+trainer broadcasts each tensor), or rlgraph's bucketed `WeightReceiver` in this actor, staged
+into its dual buffer and handed to sglang with `load_from_receiver` (no second NCCL group).
+
+sglang is optional (`pip install rlgraph[sglang]`) and needs a CUDA GPU; constructing the
+adapter without it raises MissingDependencyError. Importing this module never imports sglang.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rlgraph.errors import MissingDependencyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rlgraph.runtime.nccl_sync import WeightReceiver
+
+
+def require_sglang() -> Any:
+    """Import sglang or raise MissingDependencyError saying how to get it."""
+    try:
+        return importlib.import_module("sglang")
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"engine: sglang needs the sglang package, which is not installed ({err}); "
+            "install it with `pip install rlgraph[sglang]` on a CUDA machine, or use "
+            "engine: native") from err
+
+
+class SGLangEngine:
+    """One sglang Engine (one generate replica, `tp` GPUs) with rlgraph's generate contract."""
+
+    def __init__(self, model_path: str, *, tp: int = 1, dtype: str = "bfloat16",
+                 mem_fraction_static: float = 0.8, enable_memory_saver: bool = True,
+                 seed: int = 0, **server_args: Any):
+        sgl = require_sglang()
+        self.engine = sgl.Engine(
+            model_path=model_path, tp_size=tp, dtype=dtype,
+            mem_fraction_static=mem_fraction_static,
+            enable_memory_saver=enable_memory_saver, random_seed=seed, **server_args)
+        self.policy_version = 0
+        self._group: str | None = None
+
+    # ---------------------------------------------------------------- generate
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop_token_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """Sample one response per prompt (token ids in, token ids + log-probs out).
+
+        Each result: {"tokens", "logprobs", "version", "finish_reason"}; finish_reason is
+        sglang's ("stop", "length", or "abort" for a request cut off by `pause("abort")`).
+        """
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                  "top_p": top_p}
+        if stop_token_ids is not None:
+            params["stop_token_ids"] = list(stop_token_ids)
+        outs = self.engine.generate(input_ids=[list(p) for p in prompts],
+                                    sampling_params=params, return_logprob=True)
+        return [self._result(o) for o in (outs if isinstance(outs, list) else [outs])]
+
+    def _result(self, out: dict[str, Any]) -> dict[str, Any]:
+        meta = out.get("meta_info", {})
+        # output_token_logprobs: [(logprob, token_id, text-or-None), ...]
+        pairs = meta.get("output_token_logprobs") or []
+        tokens = out.get("output_ids") or [int(p[1]) for p in pairs]
+        reason = meta.get("finish_reason")
+        if isinstance(reason, dict):
+            reason = reason.get("type")
+        return {"tokens": list(tokens), "logprobs": [float(p[0]) for p in pairs],
+                "version": self.policy_version, "finish_reason": reason}
+
+    # ---------------------------------------------------------------- pause / continue
+
+    def pause(self, mode: str = "retract") -> None:
+        """Stop generating: "abort" returns running requests cut off, "retract" requeues them
+        (KV recomputed under the new weights on continue), "in_place" keeps their KV."""
+        engine = self.engine
+        if hasattr(engine, "pause_generation"):
+            engine.pause_generation(mode=mode)
+            return
+        io = importlib.import_module("sglang.srt.managers.io_struct")
+        tm = engine.tokenizer_manager
+        engine.loop.run_until_complete(tm.pause_generation(io.PauseGenerationReqInput(mode=mode)))
+
+    def resume(self) -> None:
+        """Continue generating after `pause`."""
+        engine = self.engine
+        if hasattr(engine, "continue_generation"):
+            engine.continue_generation()
+            return
+        io = importlib.import_module("sglang.srt.managers.io_struct")
+        tm = engine.tokenizer_manager
+        engine.loop.run_until_complete(tm.continue_generation(io.ContinueGenerationReqInput()))
+
+    # ---------------------------------------------------------------- memory
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Free weights and KV cache (e.g. while train runs on these GPUs); `tags` narrows it
+        to "weights" or "kv_cache"."""
+        self.engine.release_memory_occupation(tags=tags)
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take the memory back (same virtual addresses, so captured graphs stay valid)."""
+        self.engine.resume_memory_occupation(tags=tags)
+
+    # ---------------------------------------------------------------- weights
+
+    def join_weight_group(self, master_address: str, master_port: int, rank_offset: int,
+                          world_size: int, group_name: str = "rlgraph_weights",
+                          backend: str = "nccl") -> None:
+        """Join the trainer's broadcast group (the trainer is rank 0; this engine's TP ranks
+        take `rank_offset ..`)."""
+        ok, msg = _ok(self.engine.init_weights_update_group(
+            master_address, master_port, rank_offset, world_size, group_name, backend))
+        if not ok:
+            raise RuntimeError(f"sglang refused the weight group: {msg}")
+        self._group = group_name
+
+    def load_from_trainer(self, specs: Sequence[tuple[str, str, Sequence[int]]],
+                          version: int) -> None:
+        """Receive tensors `specs` = [(name, dtype, shape)] that the trainer now broadcasts, in
+        that order, over the group of `join_weight_group`; then `version` is live."""
+        if self._group is None:
+            raise RuntimeError("load_from_trainer() before join_weight_group()")
+        names, dtypes, shapes = zip(*[(n, d, list(s)) for n, d, s in specs])
+        ok, msg = _ok(self.engine.update_weights_from_distributed(
+            names=list(names), dtypes=list(dtypes), shapes=list(shapes),
+            group_name=self._group, flush_cache=True))
+        if not ok:
+            raise RuntimeError(f"sglang failed to load weights version {version}: {msg}")
+        self.policy_version = version
+
+    def load_tensors(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load tensors that live on this GPU (CUDA IPC into sglang's scheduler)."""
+        ok, msg = _ok(self.engine.update_weights_from_tensor(list(named), flush_cache=True))
+        if not ok:
+            raise RuntimeError(f"sglang failed to load weights version {version}: {msg}")
+        self.policy_version = version
+
+    def load_from_receiver(self, receiver: WeightReceiver) -> int:
+        """Hand the version a dual-buffer `WeightReceiver` staged to sglang; returns it."""
+        staged = receiver.staged_tensors()
+        version = receiver.pending_version
+        if version is None:
+            raise RuntimeError("no staged version: call receiver.receive() first")
+        self.load_tensors(staged.items(), version)
+        receiver.mark_committed()
+        return version
+
+    def shutdown(self) -> None:
+        """Stop sglang's scheduler and detokenizer processes."""
+        self.engine.shutdown()
+
+
+def _ok(result: Any) -> tuple[bool, str]:
+    """sglang answers (success, message) tuples, or a dict with those keys, by version."""
+    if isinstance(result, tuple) and result:
+        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
+    if isinstance(result, dict):
+        return bool(result.get("success", True)), str(result.get("message", ""))
+    return True, ""

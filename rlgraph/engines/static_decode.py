@@ -1,0 +1,445 @@
+"""A decode loop we control, for partial rollout and sample supplementation.
+
+`StaticDecoder` runs a transformers causal LM's own forward over a preallocated KV cache of
+`max_batch` slots x `max_len` positions. Each slot holds one sequence with its own position, so
+sequences start, stop and restart independently:
+
+- **slots**: a free slot takes the next queued `Request` (refill) with one batched prefill of the
+  new prompts; the rest keep decoding. A request that carries already generated tokens (resume)
+  is re-encoded from position 0 under the current weights: KV computed under older weights is
+  never reused.
+- **decode step**: one token for every slot. The whole step (forward, GPU sampling with
+  temperature / top-p, per-slot bookkeeping: output tokens, log-probs, the policy version that
+  sampled each token, EOS and length stops) lives in static GPU tensors, so on CUDA it is
+  captured once per (attention length, top-p) as a CUDA graph and replayed `sync_every` times
+  before the host looks at the slots again. `compile=True` runs the step through torch.compile
+  first (fewer, fused kernels) and captures that.
+- **attention**: the cache is sliced to a bucketed attention length (the longest live sequence
+  rounded up to `attn_block`), so a step reads the KV it needs, not all `max_len` positions; a
+  query of one token attends through SDPA with grouped heads (no repeated KV for GQA).
+- **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
+  `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
+
+The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
+transformers' own `generate`. Supported: decoder-only models whose attention goes through
+transformers' AttentionInterface with full (not sliding-window) attention (Llama, Qwen2/3,
+Mistral-style); models that post-process logits (soft-capping) are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "rlgraph_static"
+
+
+@dataclass
+class Request:
+    """A prompt to continue; `tokens`/`logprobs`/`versions` hold what earlier runs generated."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    request_id: Any = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Completion:
+    """A finished or interrupted sequence: generated tokens, their log-probs and policy versions."""
+
+    request: Request
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "eos" | "length" | "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        """False when the sequence was interrupted and can be resumed."""
+        return self.finish_reason != "interrupted"
+
+    def resume(self) -> Request:
+        """The request that continues this prefix (re-encoded under the weights current then)."""
+        return replace(self.request, tokens=list(self.tokens), logprobs=list(self.logprobs),
+                       versions=list(self.versions))
+
+
+def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+    """transformers attention: one-token queries attend with grouped heads; the rest is sdpa."""
+    if query.shape[2] == 1 and attention_mask is not None and attention_mask.dtype == torch.bool:
+        b, h, _, d = query.shape
+        kv = key.shape[1]
+        q = query.reshape(b, kv, h // kv, d)  # the g query heads of a KV head act as g queries
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,
+                                             scale=kwargs.get("scaling"))
+        return out.reshape(b, 1, h, d), None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+class SlotKVCache:
+    """Preallocated K/V per layer, [slots, kv_heads, max_len, head_dim], written per slot.
+
+    Implements the one method transformers' attention calls (`update`). In "prefill" mode it
+    writes the new keys of rows `rows` at positions 0.. and returns them (the prompt attends to
+    itself, causally); in "decode" mode it writes one key per slot at `pos[slot]` and returns the
+    cache up to `attn_len`.
+    """
+
+    is_compileable = True
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device, pos: torch.Tensor):
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slot_index = torch.arange(slots, device=device)
+        self.pos = pos
+        self.mode = "decode"
+        self.rows: torch.Tensor | None = None
+        self.attn_len = max_len
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new keys/values; return what the attention reads."""
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        if self.mode == "prefill":
+            t = key.shape[2]
+            k[self.rows, :, :t] = key
+            v[self.rows, :, :t] = value
+            return key, value
+        k[self.slot_index, :, self.pos] = key[:, :, 0]
+        v[self.slot_index, :, self.pos] = value[:, :, 0]
+        return k[:, :, :self.attn_len], v[:, :, :self.attn_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Unused (positions are always passed explicitly); present for the Cache protocol."""
+        return 0
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their log-probs per row, on the device; temperature 0 means greedy.
+
+    Sampling is an exponential race (argmax of p / Exp(1)), which needs no host sync and so can
+    live inside a CUDA graph; `top_p=None` skips the sort that nucleus filtering needs.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    probs = logp_all.exp()
+    if top_p is None:
+        sampled = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+    else:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p[:, None]
+        sorted_p = sorted_p.masked_fill(~keep, 0.0)
+        choice = (sorted_p / torch.empty_like(sorted_p).exponential_()).argmax(-1)
+        sampled = order.gather(-1, choice[:, None]).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class StaticDecoder:
+    """Slots of independent sequences decoded by one static-shape step (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, *,
+                 eos_token_id: int | Iterable[int] | None = None, sync_every: int = 8,
+                 attn_block: int | None = 128, cuda_graphs: bool | None = None,
+                 compile: bool = False, policy_version: int = 0, timing: bool = False):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTN_NAME, _attention)
+        self.model = model.eval()
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        cfg = model.config
+        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+            raise NotImplementedError("StaticDecoder supports full attention only; this model "
+                                      f"has layer types {sorted(set(cfg.layer_types))}")
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.B, self.L = max_batch, max_len
+        self.sync_every = max(1, sync_every)
+        self.attn_block = attn_block or max_len
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.policy_version = policy_version
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        dev, B, L = self.device, max_batch, max_len
+        z = dict(device=dev, dtype=torch.long)
+        self.cur_tok, self.pos, self.ngen = (torch.zeros(B, **z) for _ in range(3))
+        self.max_new = torch.ones(B, **z)
+        self.done = torch.ones(B, dtype=torch.bool, device=dev)
+        self.temperature = torch.ones(B, device=dev)
+        self.top_p = torch.ones(B, device=dev)
+        self.version_t = torch.tensor(policy_version, **z)
+        self.out_tok = torch.zeros(B, L, **z)
+        self.out_ver = torch.zeros(B, L, **z)
+        self.out_logp = torch.zeros(B, L, device=dev)
+        self.arange_L = torch.arange(L, device=dev)
+        eos = [] if eos_token_id is None else (
+            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        self.eos = torch.tensor(eos or [-1], **z)
+        self.cache = SlotKVCache(cfg.num_hidden_layers, B, kv_heads, head_dim, L, self.dtype, dev,
+                                 self.pos)
+        self._step = torch.compile(self._decode_step, dynamic=False) if compile \
+            else self._decode_step
+        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._pool: Any = None
+        self.queue: deque[Request] = deque()
+        self.slots: list[Request | None] = [None] * B
+        self.timing = timing and self.device.type == "cuda"  # device time of decode steps
+        self._events: list[tuple[Any, Any]] = []
+        self.stats: dict[str, float] = dict(
+            decode_steps=0, slot_steps=0, busy_slot_steps=0, idle_slot_steps_with_queue=0,
+            prefills=0, prefill_tokens=0, decode_ms=0.0)
+
+    # ------------------------------------------------------------------ public API
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The live parameters (e.g. the targets of a `WeightReceiver`); update them in place."""
+        return dict(self.model.named_parameters())
+
+    def submit(self, requests: Iterable[Request], front: bool = False) -> None:
+        """Queue requests; `front=True` puts them before those already waiting (resumes)."""
+        reqs = list(requests)
+        for r in reqs:
+            room = self.L - len(r.prompt) - len(r.tokens)
+            if not r.prompt or r.max_new_tokens - len(r.tokens) < 1 or \
+                    r.max_new_tokens - len(r.tokens) > room:
+                raise ValueError(
+                    f"request {r.request_id!r}: prompt {len(r.prompt)} + generated "
+                    f"{len(r.tokens)} tokens, max_new_tokens {r.max_new_tokens}: needs a non-empty "
+                    f"prompt, at least one new token and at most max_len={self.L} positions")
+        if front:
+            self.queue.extendleft(reversed(reqs))
+        else:
+            self.queue.extend(reqs)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any slot is occupied or any request waits."""
+        return bool(self.queue) or any(s is not None for s in self.slots)
+
+    def step(self) -> list[Completion]:
+        """Refill free slots, decode up to `sync_every` tokens per slot, return what finished."""
+        with torch.no_grad(), self._attn_impl():
+            self._admit()
+            done, pos = self._read_slots()
+            out = self._collect([b for b, r in enumerate(self.slots) if r is not None and done[b]])
+            if out:  # a prefill can finish a sequence (EOS / one token): refill right away
+                self._admit()
+                done, pos = self._read_slots()
+            live = [b for b, r in enumerate(self.slots) if r is not None and not done[b]]
+            if not live:
+                return out
+            steps = self.sync_every
+            need = max(pos[b] for b in live) + steps
+            attn_len = min(self.L, -(-need // self.attn_block) * self.attn_block)
+            use_top_p = any(self.slots[b].top_p < 1.0 for b in live)
+            start = self._event()
+            for _ in range(steps):
+                self._run(attn_len, use_top_p)
+            if start is not None:
+                self._events.append((start, self._event()))
+            self.stats["decode_steps"] += steps
+            self.stats["slot_steps"] += steps * self.B
+            self.stats["busy_slot_steps"] += steps * len(live)
+            if self.queue:
+                self.stats["idle_slot_steps_with_queue"] += steps * (self.B - len(live))
+            done, _ = self._read_slots()
+            return out + self._collect(
+                [b for b, r in enumerate(self.slots) if r is not None and done[b]])
+
+    def run(self, requests: Iterable[Request] = ()) -> list[Completion]:
+        """Generate until every submitted request has finished."""
+        self.submit(requests)
+        out: list[Completion] = []
+        while self.busy:
+            out += self.step()
+        return out
+
+    def interrupt(self) -> list[Completion]:
+        """Stop every running sequence; finished ones come back finished, the rest interrupted."""
+        with torch.no_grad():
+            done, _ = self._read_slots()
+            occupied = [b for b, r in enumerate(self.slots) if r is not None]
+            return self._collect(occupied, interrupted={b for b in occupied if not done[b]})
+
+    def swap_weights(self, commit: Callable[[], int | None]) -> list[Completion]:
+        """Partial rollout at a weight update: interrupt, `commit()` the new weights (returns the
+        new policy version), resume the interrupted prefixes first; returns the finished ones."""
+        stopped = self.interrupt()
+        version = commit()
+        if version is not None:
+            self.set_policy_version(version)
+        self.submit([c.resume() for c in stopped if not c.finished], front=True)
+        return [c for c in stopped if c.finished]
+
+    def set_policy_version(self, version: int) -> None:
+        """The version recorded for tokens sampled from now on."""
+        self.policy_version = version
+        self.version_t.fill_(version)
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _attn_impl(self):
+        """Route the model's attention through `_attention` for our calls only."""
+        cfg = self.model.config
+        old = cfg._attn_implementation
+        cfg._attn_implementation = ATTN_NAME
+        try:
+            yield
+        finally:
+            cfg._attn_implementation = old
+
+    def _event(self) -> Any:
+        if not self.timing:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _read_slots(self) -> tuple[list[bool], list[int]]:
+        both = torch.stack([self.done.long(), self.pos]).cpu()  # waits for queued steps
+        for start, end in self._events:
+            self.stats["decode_ms"] += start.elapsed_time(end)
+        self._events.clear()
+        return [bool(x) for x in both[0]], both[1].tolist()
+
+    def _admit(self) -> None:
+        free = [b for b, r in enumerate(self.slots) if r is None]
+        if not free or not self.queue:
+            return
+        take = [(b, self.queue.popleft()) for b in free[:len(self.queue)]]
+        for b, r in take:
+            self.slots[b] = r
+        self._prefill([b for b, _ in take], [r for _, r in take])
+
+    def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
+        """Encode prompt + earlier tokens of new slots from position 0; sample their next token."""
+        dev = self.device
+        seqs = [r.prompt + r.tokens for r in reqs]
+        n, t = len(seqs), max(len(s) for s in seqs)
+        ids = torch.zeros(n, t, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s)
+        lengths = torch.tensor([len(s) for s in seqs], device=dev)
+        rows = torch.tensor(slots, device=dev)
+        self.cache.mode, self.cache.rows = "prefill", rows
+        try:
+            hidden = self.base(input_ids=ids.to(dev), position_ids=self.arange_L[:t].expand(n, t),
+                               past_key_values=self.cache, use_cache=True).last_hidden_state
+        finally:
+            self.cache.mode, self.cache.rows = "decode", None
+        last = hidden[torch.arange(n, device=dev), lengths - 1]
+        temp = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float)
+        top_p = torch.tensor([r.top_p for r in reqs], device=dev, dtype=torch.float)
+        tok, logp = sample(self.lm_head(last), temp,
+                           top_p if any(r.top_p < 1.0 for r in reqs) else None)
+        max_new = torch.tensor([r.max_new_tokens - len(r.tokens) for r in reqs], device=dev)
+        self.temperature[rows], self.top_p[rows], self.max_new[rows] = temp, top_p, max_new
+        self.out_tok[rows, 0], self.out_logp[rows, 0] = tok, logp
+        self.out_ver[rows, 0] = self.version_t
+        self.cur_tok[rows], self.pos[rows] = tok, lengths
+        self.ngen[rows] = 1
+        self.done[rows] = self._is_eos(tok) | (max_new <= 1)
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
+
+    def _decode_step(self, attn_len: int, use_top_p: bool) -> None:
+        """One token for every slot; all inputs and outputs are the static state tensors."""
+        self.cache.attn_len = attn_len
+        pos = self.pos
+        mask = (self.arange_L[:attn_len][None, :] <= pos[:, None])[:, None, None, :]
+        hidden = self.base(input_ids=self.cur_tok[:, None], position_ids=pos[:, None],
+                           attention_mask=mask, past_key_values=self.cache,
+                           use_cache=True).last_hidden_state
+        tok, logp = sample(self.lm_head(hidden[:, -1]), self.temperature,
+                           self.top_p if use_top_p else None)
+        active = ~self.done
+        rows = self.cache.slot_index
+        idx = self.ngen.clamp(max=self.L - 1)
+        self.out_tok[rows, idx] = torch.where(active, tok, self.out_tok[rows, idx])
+        self.out_logp[rows, idx] = torch.where(active, logp, self.out_logp[rows, idx])
+        self.out_ver[rows, idx] = torch.where(active, self.version_t, self.out_ver[rows, idx])
+        step = active.long()
+        self.ngen.add_(step)
+        self.pos.add_(step)
+        self.cur_tok.copy_(torch.where(active, tok, self.cur_tok))
+        self.done.logical_or_(active & (self._is_eos(tok) | (self.ngen >= self.max_new)))
+
+    def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
+        return (tok[:, None] == self.eos[None, :]).any(-1)
+
+    def _run(self, attn_len: int, use_top_p: bool) -> None:
+        if not self.cuda_graphs:
+            self._step(attn_len, use_top_p)
+            return
+        key = (attn_len, use_top_p)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(attn_len, use_top_p)
+        self._graphs[key].replay()
+
+    def _capture(self, attn_len: int, use_top_p: bool) -> torch.cuda.CUDAGraph:
+        """Warm up (and compile) on a side stream, then capture one step as a CUDA graph.
+
+        The warm-up really runs, so the slot state is saved and restored around it; the K/V it
+        writes at each slot's position are rewritten by the next real step.
+        """
+        state = [self.cur_tok, self.pos, self.ngen, self.done, self.out_tok, self.out_logp,
+                 self.out_ver]
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(attn_len, use_top_p)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step(attn_len, use_top_p)
+        for t, s in zip(state, saved):
+            t.copy_(s)
+        return graph
+
+    def _collect(self, slots: list[int], interrupted: set[int] = frozenset()) -> list[Completion]:
+        """Read the generated tokens of `slots` back to the host and free those slots."""
+        if not slots:
+            return []
+        rows = torch.tensor(slots, device=self.device)
+        n = self.ngen[rows].cpu().tolist()
+        tok, logp, ver = (x[rows].cpu() for x in (self.out_tok, self.out_logp, self.out_ver))
+        eos = set(self.eos.tolist())
+        out = []
+        for i, b in enumerate(slots):
+            r = self.slots[b]
+            new = tok[i, :n[i]].tolist()
+            if b in interrupted:
+                reason = "interrupted"
+            else:
+                reason = "eos" if new and new[-1] in eos else "length"
+            out.append(Completion(r, r.tokens + new, r.logprobs + logp[i, :n[i]].tolist(),
+                                  r.versions + ver[i, :n[i]].tolist(), reason))
+            self.slots[b] = None
+        self.done[rows] = True
+        return out

@@ -1,0 +1,126 @@
+"""Reward functions with verl's signature, and how `reward: {fn: ...}` finds them.
+
+`compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float` (or a
+dict with a `score`), so a verl user's function works unchanged. `fn` is `module:function`
+or `path/to/file.py:function`. A function that raises or returns something that is not a
+number stops the run with `RewardFnError`, naming the function and the sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlgraph.errors import RLGraphError, SpecError
+
+RewardFn = Callable[..., Any]
+DEFAULT_FN = "rlgraph.rewards:default_compute_score"
+
+
+class RewardFnError(RLGraphError):
+    """A reward function failed on a sample; the message names both."""
+
+
+def exact_match(data_source: str, solution_str: str, ground_truth: Any,
+                extra_info: dict | None = None) -> float:
+    """1.0 if the response equals the ground truth (surrounding whitespace ignored), else 0."""
+    return float(str(solution_str).strip() == str(ground_truth).strip())
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number_match(data_source: str, solution_str: str, ground_truth: Any,
+                      extra_info: dict | None = None) -> float:
+    """1.0 if the last number in the response equals the ground truth (GSM8K-style answers)."""
+    numbers = _NUMBER.findall(str(solution_str).replace(",", ""))
+    return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                          extra_info: dict | None = None) -> float:
+    """The default verifier: exact match of the whole response (every built-in task)."""
+    return exact_match(data_source, solution_str, ground_truth, extra_info)
+
+
+def load_reward_fn(ref: str | None, key: Sequence[str | int] = (),
+                   base_dir: Path | None = None) -> RewardFn:
+    """Resolve `module:function` or `file.py:function` (relative to `base_dir` or the cwd)."""
+    ref = ref or DEFAULT_FN
+    target, sep, attr = ref.rpartition(":")
+    if not sep or not target or not attr:
+        raise SpecError(f"reward fn '{ref}' is not 'module:function' or 'file.py:function'", key,
+                        hint="e.g. rlgraph.rewards:exact_match or rewards/score.py:compute_score")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        if not path.is_absolute() and not path.exists() and base_dir is not None:
+            path = base_dir / path
+        if not path.exists():
+            raise SpecError(f"reward file '{target}' does not exist", key,
+                            hint="give the path of a .py file, relative to graph.yaml")
+        name = "rlgraph_reward_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise SpecError(f"importing '{target}' failed: {type(exc).__name__}: {exc}",
+                            key) from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(f"cannot import module '{target}': {exc}", key,
+                            hint="is it installed, or did you mean a file path ending in .py?"
+                            ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise SpecError(f"'{target}' has no function '{attr}'", key)
+    return fn
+
+
+def _as_score(value: Any) -> float | None:
+    """verl accepts a number or a dict with 'score'; anything else (or NaN) is None."""
+    if isinstance(value, dict):
+        value = value.get("score")
+    if isinstance(value, bool | int | float) and not math.isnan(float(value)):
+        return float(value)
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return _as_score(value.item())
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return None
+
+
+def score_samples(fn: RewardFn, fn_name: str, data_sources: Sequence[str],
+                  responses: Sequence[str], ground_truths: Sequence[Any],
+                  extra_infos: Sequence[dict], uids: Sequence[str]) -> list[float]:
+    """Score every sample; the first failure raises RewardFnError naming the fn and sample."""
+    scores = []
+    for i, (source, response, truth, extra, uid) in enumerate(
+        zip(data_sources, responses, ground_truths, extra_infos, uids)
+    ):
+        where = (f"reward fn {fn_name} on sample {i} (prompt {uid}, data_source {source!r}, "
+                 f"response {response!r}, ground_truth {truth!r})")
+        try:
+            value = fn(data_source=source, solution_str=response, ground_truth=truth,
+                       extra_info=extra)
+        except Exception as exc:
+            raise RewardFnError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        score = _as_score(value)
+        if score is None:
+            raise RewardFnError(f"{where} returned {value!r}, not a number "
+                                "(return a float, or a dict with a 'score')")
+        scores.append(score)
+    return scores

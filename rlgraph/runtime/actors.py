@@ -1,0 +1,109 @@
+"""Ray actors: one per plan group (its tasks share one Workspace), one per CPU node (reward).
+
+An actor runs one task at a time (Ray's default for a synchronous actor), which is what
+"tasks of one group never overlap" means; the driver submits a group's next task only when
+the group is free, in the plan's order. Batches travel between actors as object references
+(the driver never touches them); each call returns the output batch and, separately, a small
+`info` dict (span and scalar summary) that is all the driver reads.
+
+The class is plain Python and wrapped by `ray.remote` in `start_actor`, so a unit test can
+also call it in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rlgraph.batch import Batch
+from rlgraph.runtime.weight_sync import apply_from_store, export_to_store, local_sync
+from rlgraph.spec import Spec
+
+
+def summarize(kind: str, out: Batch) -> dict[str, Any]:
+    """The few scalars the driver needs from a node's output (metrics, ledger, versions)."""
+    if kind == "train":
+        return {"metrics": dict(out.get("metrics", {})),
+                "trained_uids": list(out.get("trained_uids", [])),
+                "policy_version": int(out.get("policy_version", 0))}
+    summary: dict[str, Any] = {}
+    if kind == "generate":
+        summary["policy_version"] = int(out.get("policy_version", 0))
+        if "response_mask" in out:
+            summary["response_tokens"] = int(out["response_mask"].sum())
+    if kind == "reward" and "rewards" in out:
+        summary["reward/mean"] = float(out["rewards"].float().mean())
+    return summary
+
+
+class GroupActor:
+    """Holds the Workspace of a group's tasks (or of one CPU node) and runs them on request."""
+
+    def __init__(self, spec: Spec, tasks: list[str], seed: int, threads: int, device: str,
+                 cwd: str | None = None) -> None:
+        import torch
+
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
+        torch.set_num_threads(max(1, threads))
+        from rlgraph.workspace import Workspace
+
+        self.spec = spec
+        self.kinds = {t: spec.nodes[t].kind for t in tasks}
+        self.workspace = Workspace(spec, tasks, seed=seed, device=device)
+        self.workers = {t: self.workspace.worker(t) for t in tasks}
+
+    def ready(self) -> dict[str, Any]:
+        """Returns once the workspace is built: the version it holds and the process id."""
+        return {"policy_version": self.workspace.policy_version, "pid": os.getpid()}
+
+    def run(self, node: str, step: int, names: list[str], *batches: Batch) -> tuple[Batch, dict]:
+        """Run `node` on step `step` with its inputs (resolved by Ray from references)."""
+        start = time.time()
+        out = self.workers[node].run(step, dict(zip(names, batches)))
+        end = time.time()
+        return out, {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+
+    # ------------------------------------------------------------ weight sync
+
+    def export_weights(self, bucket_mb: float) -> tuple[list[Any], dict]:
+        """Sender half of param_update (see weight_sync)."""
+        return export_to_store(self.workspace, bucket_mb)
+
+    def apply_weights(self, refs: list[Any], sent: dict) -> dict:
+        """Receiver half of param_update (see weight_sync)."""
+        return apply_from_store(self.workspace, refs, sent)
+
+    def local_sync(self) -> dict:
+        """param_update within this workspace (train and generate colocated)."""
+        return local_sync(self.workspace)
+
+    # ------------------------------------------------------------ checkpoints and checks
+
+    def policy_version(self) -> int:
+        """The version of the policy this actor holds."""
+        return self.workspace.policy_version
+
+    def weights_digest(self) -> str:
+        """Hash of the policy weights (sender and receiver agree after a sync)."""
+        return self.workspace.weights_digest()
+
+    def state_for_checkpoint(self) -> dict:
+        """Weights, optimizer and version of this workspace."""
+        return self.workspace.state_for_checkpoint()
+
+    def load_checkpoint(self, state: dict) -> int:
+        """Restore a checkpoint's weights (and optimizer where this workspace has one)."""
+        self.workspace.load_checkpoint(state)
+        return self.workspace.policy_version
+
+
+def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device: str,
+                options: dict[str, Any]) -> Any:
+    """A `GroupActor` as a Ray actor with the given resources / placement."""
+    import ray
+
+    cls = ray.remote(GroupActor)
+    return cls.options(max_restarts=0, **options).remote(
+        spec, tasks, seed, threads, device, os.getcwd())

@@ -1,0 +1,160 @@
+"""The Ray cluster a run uses: a quiet local one by default, or an existing one by address.
+
+- Local (the default): `ray.init` with the dashboard off, a small bounded object store, logs
+  kept out of the terminal and as many CPUs as the plan has slots.
+- `--address ADDR` or `RAY_ADDRESS`: join an existing cluster; an unreachable address is a
+  clear error within seconds (Ray itself would retry for minutes).
+- One placement group per plan group, bundles from the plan's devices: on a local CPU
+  cluster a group's slots are one CPU bundle; on GPUs one bundle per machine with its GPUs.
+  A plan that needs GPUs the cluster lacks is refused before any actor starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgraph.errors import MissingDependencyError, RLGraphError
+
+OBJECT_STORE_MB = 128  # bounded: batches and weight buckets of the tiny model are a few MB
+RESERVE_TIMEOUT_S = 60.0
+
+
+class ClusterError(RLGraphError):
+    """The Ray cluster cannot be reached or cannot hold the plan."""
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Refuse an unreachable `host:port` quickly instead of letting Ray retry for minutes."""
+    if address == "auto":
+        return  # Ray answers at once when no local cluster runs
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--address '{address}' is not host:port (e.g. 10.0.0.1:6379)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
+            "(start one with `ray start --head`, or drop --address / RAY_ADDRESS to run locally)"
+        ) from None
+
+
+def connect(plan: dict[str, Any], address: str | None = None,
+            object_store_mb: int = OBJECT_STORE_MB) -> bool:
+    """Start or join Ray for `plan`; returns True when this call started it (and owns it)."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("rlgraph run needs Ray: pip install 'ray>=2.40'") from None
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _probe(address)
+    if ray.is_initialized():
+        return False
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False,
+             "configure_logging": True}
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ClusterError(f"cannot join the Ray cluster at {address}: {exc}") from None
+        return True
+    local = bool(plan["placement"].get("local"))
+    slots = int(plan["placement"].get("slots") or 0) if local else 0
+    ray.init(num_cpus=max(slots, 1) if local else None, num_gpus=0 if local else None,
+             include_dashboard=False, object_store_memory=object_store_mb * 2**20, **quiet)
+    return True
+
+
+@dataclass
+class GroupReservation:
+    """A plan group's placement group and what one actor in it asks for."""
+
+    group: str
+    placement_group: Any
+    bundle: dict[str, float]
+    slots: int  # CPU threads (local) or GPUs the group's actor drives
+
+
+@dataclass
+class Reservations:
+    """Placement groups of every plan group; `release` gives them back."""
+
+    groups: dict[str, GroupReservation] = field(default_factory=dict)
+
+    def actor_options(self, group: str) -> dict[str, Any]:
+        """`.options(...)` for the actor of `group`: its bundle, its CPUs/GPUs."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        res = self.groups[group]
+        return {
+            "num_cpus": res.bundle.get("CPU", 0),
+            "num_gpus": res.bundle.get("GPU", 0),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=res.placement_group, placement_group_bundle_index=0),
+        }
+
+    def release(self) -> None:
+        """Remove every placement group (actors in them must be gone first)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for res in self.groups.values():
+            with contextlib.suppress(Exception):  # best effort at teardown
+                remove_placement_group(res.placement_group)
+        self.groups.clear()
+
+
+def group_bundles(group: dict[str, Any], local: bool) -> list[dict[str, float]]:
+    """Bundles of a plan group: one CPU bundle locally, else one per machine with its GPUs."""
+    devices = group.get("devices") or []
+    count = len(devices) or int(group.get("gpus") or 1)
+    if local:
+        return [{"CPU": float(count)}]
+    per_node = Counter(node for node, _ in devices) or Counter({0: count})
+    return [{"GPU": float(n), "CPU": 1.0} for _, n in sorted(per_node.items())]
+
+
+def reserve(plan: dict[str, Any], timeout_s: float = RESERVE_TIMEOUT_S) -> Reservations:
+    """One placement group per plan group; refuses a plan the cluster cannot hold."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    placement = plan["placement"]
+    local = bool(placement.get("local"))
+    wanted = {g["name"]: group_bundles(g, local) for g in placement["groups"]}
+    have = ray.cluster_resources()
+    for resource in ("GPU", "CPU"):
+        need = sum(b.get(resource, 0) for bundles in wanted.values() for b in bundles)
+        if need > have.get(resource, 0):
+            what = f"{placement.get('gpu', 'GPU')} GPUs" if resource == "GPU" else "CPUs"
+            hint = ("run on a GPU cluster with --address, or set cluster: {local: true} to run "
+                    "on CPU") if resource == "GPU" else "lower cluster.cpus or the group shares"
+            raise ClusterError(f"the plan needs {need:g} {what}; the Ray cluster has "
+                               f"{have.get(resource, 0):g} ({hint})")
+    out = Reservations()
+    for name, bundles in wanted.items():
+        strategy = "STRICT_PACK" if len(bundles) == 1 else "PACK"
+        pg = placement_group(bundles, strategy=strategy, name=f"rlgraph-{name}")
+        if not pg.wait(timeout_seconds=timeout_s):
+            out.groups[name] = GroupReservation(name, pg, bundles[0], 0)
+            out.release()
+            raise ClusterError(f"could not reserve {bundles} for group '{name}' within "
+                               f"{timeout_s:.0f}s (the cluster is busy or too small)")
+        slots = int(sum(b.get("GPU", 0) or b.get("CPU", 0) for b in bundles))
+        out.groups[name] = GroupReservation(name, pg, bundles[0], slots)
+    return out
+
+
+def shutdown(owned: bool) -> None:
+    """Stop Ray if this run started it."""
+    if owned:
+        import ray
+
+        ray.shutdown()

@@ -1,0 +1,96 @@
+"""Per-step metrics: metrics.jsonl (one row per train step) and TensorBoard events.
+
+A row is written when train step t finishes. Its keys:
+- `step`, `policy/version` (t + 1), `reward/mean`, `lag/max`, `lag/mean` (over every
+  trained token: lag = t - the version that sampled it) and the train worker's other metrics;
+- `time/step_s`: end of train(t) minus end of train(t-1) (the first step counts from the
+  first span of the run, so start-up is not in it);
+- `throughput/samples_per_s`, `throughput/tokens_per_s`: samples and tokens of the step
+  over `time/step_s`;
+- `time/<node>_s`: the duration of the node's latest finished step (param_update of step t
+  runs after train(t), so its row shows param_update(t-1); 0 before its first step);
+- `idle/<group>`: the fraction of the step's window in which the group ran nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REQUIRED_KEYS = ("step", "policy/version", "reward/mean", "lag/max", "lag/mean", "time/step_s",
+                 "throughput/samples_per_s", "throughput/tokens_per_s")
+
+
+def busy_in(events: list[dict[str, Any]], group: str, lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] during which `group` ran a task (spans of a group never overlap)."""
+    busy = 0.0
+    for e in events:
+        if group in (e.get("occupies") or []):
+            busy += max(0.0, min(hi, e["end"]) - max(lo, e["start"]))
+    return busy
+
+
+def step_row(step: int, train_summary: dict[str, Any], window: tuple[float, float],
+             latest: dict[str, dict[str, Any] | None], events: list[dict[str, Any]],
+             groups: list[str]) -> dict[str, Any]:
+    """The metrics row of train step `step` (see the module docstring for the keys)."""
+    metrics = dict(train_summary.get("metrics", {}))
+    lo, hi = window
+    step_s = max(hi - lo, 1e-9)
+    row: dict[str, Any] = {"step": step,
+                           "policy/version": int(train_summary.get("policy_version", step + 1))}
+    row.update({k: v for k, v in metrics.items() if k not in ("policy/version",)})
+    row.setdefault("reward/mean", float("nan"))
+    row.setdefault("lag/max", 0.0)
+    row.setdefault("lag/mean", 0.0)
+    row["time/step_s"] = step_s
+    row["throughput/samples_per_s"] = float(metrics.get("samples", 0.0)) / step_s
+    row["throughput/tokens_per_s"] = float(metrics.get("tokens", 0.0)) / step_s
+    for node, event in latest.items():
+        row[f"time/{node}_s"] = event["end"] - event["start"] if event else 0.0
+    for group in groups:
+        row[f"idle/{group}"] = max(0.0, 1.0 - busy_in(events, group, lo, hi) / step_s)
+    return row
+
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard."""
+
+    def __init__(self, out_dir: Path, first_step: int = 0, tensorboard: bool = True) -> None:
+        self.path = out_dir / "metrics.jsonl"
+        keep = [r for r in read_rows(self.path) if r.get("step", 0) < first_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        self.file = self.path.open("a")
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard missing: metrics.jsonl still has everything
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"),
+                                        purge_step=first_step if first_step else None)
+
+    def write(self, row: dict[str, Any]) -> None:
+        """One row: a JSON line (flushed) and a scalar per numeric key."""
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, int | float):
+                    self.tb.add_scalar(key, value, row["step"])
+
+    def close(self) -> None:
+        """Flush and close both outputs."""
+        self.file.close()
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

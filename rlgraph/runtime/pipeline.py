@@ -1,0 +1,263 @@
+"""The runtime's scheduler: node state machines, bounded channels, versions and groups.
+
+This module is pure Python (no Ray): the driver feeds it completions and asks it which tasks
+may start, so tests drive it step by step with a fake executor and a simulated clock.
+
+State (all here, as in dask's local scheduler):
+- `machines`: one `NodeMachine` per node (IDLE -> WAITING_INPUT -> PROCESSING -> ...);
+- `channels`: one bounded `Channel` per data edge, capacities from the plan;
+- `busy`: the groups held by a running task (tasks of one group never overlap;
+  param_update holds the groups of its src and dst);
+- `versions`: the policy version each generate node's workspace holds;
+- `generated`: generate outputs not yet trained on (the rollout buffer of a checkpoint).
+
+Rules:
+- a node runs its steps in order, each once;
+- a task is ready when every data input of its step is in its channels, every out-channel
+  has room for its output (the simulator's "channel room": a producer never runs more than
+  `capacity` steps ahead of its consumer) and, for generate of step t, its workspace holds
+  version >= t - max_lag (the back edge);
+- among ready tasks, the compiler's scheduling policy (`LowestStepFirst` from
+  `rlgraph.compiler.schedule`, the one its simulator uses) picks who starts, one at a time,
+  among those whose groups are all free: the measured order is the predicted order;
+- a finished task's output enters its out-channels (WAITING_OUTPUT -> IDLE); the room
+  checked at start guarantees it fits, so WAITING_OUTPUT only lasts while a stop drains.
+
+The simulator's task states map onto the machines': waiting = IDLE / WAITING_INPUT with a
+missing input, ready = WAITING_INPUT with everything met, running = PROCESSING, done =
+the step's output emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from rlgraph.compiler.schedule import LowestStepFirst
+from rlgraph.errors import RLGraphError
+from rlgraph.graph import step_order
+from rlgraph.runtime.channels import Channel
+from rlgraph.runtime.state_machine import NodeMachine, NodeState
+
+
+@dataclass(frozen=True)
+class Task:
+    """One node instance `(node, step)` ready to run, with its inputs taken from channels."""
+
+    node: str
+    kind: str
+    step: int
+    occupies: tuple[str, ...]
+    inputs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class Pipeline:
+    """Decides which node instances start, given completions; knows nothing of Ray."""
+
+    def __init__(
+        self,
+        graph: nx.DiGraph,
+        *,
+        steps: int,
+        max_lag: int,
+        capacities: dict[str, int] | None = None,
+        start_step: int = 0,
+        policy: LowestStepFirst | None = None,
+        preloaded: dict[tuple[str, int], Any] | None = None,
+    ) -> None:
+        self.graph = graph
+        self.steps = steps
+        self.max_lag = max_lag
+        self.start_step = start_step
+        order = step_order(graph)
+        self.policy = policy or LowestStepFirst.of(order)
+        self.kinds: dict[str, str] = dict(graph.nodes(data="kind"))
+        self.machines = {
+            name: NodeMachine(name, self.kinds[name], tuple(graph.nodes[name]["occupies"]),
+                              step=start_step - 1)
+            for name in order
+        }
+        capacities = capacities or {}
+        self.channels: dict[tuple[str, str], Channel] = {}
+        for src, dst, distance in graph.edges(data="distance"):
+            if distance == 0:
+                cap = int(capacities.get(f"{src}->{dst}", max_lag + 1))
+                self.channels[(src, dst)] = Channel(src, dst, cap)
+        self.busy: set[str] = set()
+        self.trains = [n for n in order if self.kinds[n] == "train"]
+        self.trained: dict[str, int] = {n: start_step for n in self.trains}
+        self.versions: dict[str, int] = {}
+        self.feeders: dict[str, list[str]] = {}
+        for name in order:
+            if self.kinds[name] == "generate":
+                self.versions[name] = start_step
+                self.feeders[name] = [
+                    src for src, _, d in graph.in_edges(name, data="distance") if d > 0
+                ]
+                if not self.feeders[name] and not self._colocated_train(name):
+                    raise RLGraphError(
+                        f"generate node '{name}' never receives new weights: it has no "
+                        "param_update and shares no group with train "
+                        "(add a param_update node with dst: " + name + ")"
+                    )
+        self.generated: dict[tuple[str, int], Any] = {}
+        self.stopping = False
+        for (node, step), output in sorted((preloaded or {}).items(), key=lambda kv: kv[0][1]):
+            self._preload(node, step, output)
+        self._settle()
+
+    # ------------------------------------------------------------------ queries
+
+    def last_step(self, node: str) -> int:
+        """One past the last step `node` runs: param_update skips weights nobody will use."""
+        if self.kinds[node] == "param_update":
+            return max(self.start_step, self.steps - self.max_lag - 1)
+        return self.steps
+
+    def _colocated_train(self, generate: str) -> str | None:
+        group = self.graph.nodes[generate]["group"]
+        return next((t for t in self.trains if group and self.graph.nodes[t]["group"] == group),
+                    None)
+
+    def _inputs(self, node: str) -> list[str]:
+        return [src for (src, dst) in self.channels if dst == node]
+
+    def _outputs(self, node: str) -> list[Channel]:
+        return [ch for (src, _), ch in self.channels.items() if src == node]
+
+    def version_ok(self, node: str, step: int) -> bool:
+        """The back edge: generate of step t needs version >= t - max_lag."""
+        if self.kinds[node] != "generate":
+            return True
+        return self.versions[node] >= step - self.max_lag
+
+    def _inputs_ready(self, machine: NodeMachine) -> bool:
+        return all(self.channels[(src, machine.name)].has(machine.step)
+                   for src in self._inputs(machine.name))
+
+    def _ready(self, machine: NodeMachine) -> bool:
+        return (machine.state is NodeState.WAITING_INPUT and self._inputs_ready(machine)
+                and all(ch.has_room() for ch in self._outputs(machine.name))
+                and self.version_ok(machine.name, machine.step))
+
+    def candidates(self) -> list[NodeMachine]:
+        """Machines whose step could start now if their groups were free, best first."""
+        ready = [m for m in self.machines.values() if self._ready(m)]
+        return sorted(ready, key=lambda m: self.policy.key(m.name, m.step))
+
+    @property
+    def running(self) -> list[NodeMachine]:
+        """Machines whose worker runs now."""
+        return [m for m in self.machines.values() if m.state is NodeState.PROCESSING]
+
+    @property
+    def finished(self) -> bool:
+        """True when every machine is DONE."""
+        return all(m.state is NodeState.DONE for m in self.machines.values())
+
+    def trained_steps(self) -> int:
+        """Train steps finished by every train node (the next step to train)."""
+        return min(self.trained.values()) if self.trained else self.start_step
+
+    # ------------------------------------------------------------------ moves
+
+    def startable(self) -> list[Task]:
+        """Start every task the policy picks now (groups marked busy, inputs taken). A start
+        frees channel room, which can make a producer ready at once, as in the simulator."""
+        tasks = []
+        while True:
+            ready = {(m.name, m.step): m for m in self.machines.values() if self._ready(m)}
+            occupies = {m.name: m.occupies for m in ready.values()}
+            pick = self.policy.pick(ready, occupies, self.busy)
+            if pick is None:
+                return tasks
+            machine = ready[pick]
+            self.busy.update(machine.occupies)
+            inputs = {src: self.channels[(src, machine.name)].take(machine.step)
+                      for src in self._inputs(machine.name)}
+            machine.start()
+            tasks.append(Task(machine.name, machine.kind, machine.step, machine.occupies, inputs))
+
+    def complete(self, node: str, step: int, output: Any, version: int | None = None) -> None:
+        """`(node, step)` returned `output`; param_update reports the version it delivered."""
+        machine = self.machines[node]
+        if machine.state is not NodeState.PROCESSING or machine.step != step:
+            raise RuntimeError(f"completion of {node}({step}) while it is "
+                               f"{machine.state.value} at step {machine.step}")
+        machine.finish(output)
+        self.busy.difference_update(machine.occupies)
+        kind = self.kinds[node]
+        if kind == "param_update":
+            dst = self.graph.nodes[node]["spec"].dst
+            delivered = step + 1 if version is None else version
+            self.versions[dst] = max(self.versions[dst], delivered)
+        elif kind == "train":
+            self.trained[node] = step + 1
+            for gen in self.versions:
+                if not self.feeders[gen] and self._colocated_train(gen) == node:
+                    self.versions[gen] = step + 1
+            done = self.trained_steps()
+            for key in [k for k in self.generated if k[1] < done]:
+                del self.generated[key]
+        self._settle()
+
+    def stop(self) -> None:
+        """Start nothing new; running tasks finish and their outputs still enter channels."""
+        self.stopping = True
+        for machine in self.machines.values():
+            if machine.state is NodeState.WAITING_INPUT:
+                machine.close()
+        self._settle()
+
+    def _preload(self, node: str, step: int, output: Any) -> None:
+        """Resume: generate's step `step` was done before the stop (from the rollout buffer)."""
+        machine = self.machines[node]
+        if self.kinds[node] != "generate" or machine.step != step - 1:
+            raise RuntimeError(f"cannot preload {node}({step}) after step {machine.step}")
+        for channel in self._outputs(node):
+            channel.put(step, output)
+        self.generated[(node, step)] = output
+        machine.step = step
+
+    def _settle(self) -> None:
+        """Emit outputs that fit, then arm or close idle machines, until nothing moves."""
+        moved = True
+        while moved:
+            moved = False
+            for machine in self.machines.values():
+                if machine.state is NodeState.WAITING_OUTPUT:
+                    outs = self._outputs(machine.name)
+                    if all(ch.has_room() for ch in outs):
+                        output = machine.emit()
+                        for ch in outs:
+                            ch.put(machine.step, output)
+                        if machine.kind == "generate":
+                            self.generated[(machine.name, machine.step)] = output
+                        moved = True
+                if machine.state is NodeState.IDLE:
+                    nxt = machine.step + 1
+                    if self.stopping or nxt >= self.last_step(machine.name):
+                        machine.close()
+                    else:
+                        machine.arm(nxt)
+                    moved = True
+
+    def rollout_buffer(self) -> dict[tuple[str, int], Any]:
+        """Generate outputs of steps not yet trained (what a checkpoint must keep)."""
+        done = self.trained_steps()
+        buffer = {k: v for k, v in self.generated.items() if k[1] >= done}
+        for m in self.machines.values():
+            if m.kind == "generate" and m.state is NodeState.WAITING_OUTPUT:
+                buffer[(m.name, m.step)] = m.output
+        return dict(sorted(buffer.items(), key=lambda kv: kv[0][1]))
+
+    def describe(self) -> str:
+        """One line per machine and channel: for deadlock reports."""
+        lines = [f"{m.name}: {m.state.value} step {m.step}" for m in self.machines.values()]
+        lines += [f"{ch.name}: steps {sorted(ch.items)} / {ch.capacity}"
+                  for ch in self.channels.values()]
+        lines.append(f"busy: {sorted(self.busy)}; versions: {self.versions}")
+        return "\n".join(lines)
+

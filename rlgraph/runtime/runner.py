@@ -1,0 +1,270 @@
+"""Runs a compiled plan on Ray: actors per group, the pipeline loop, trace, metrics, checkpoints.
+
+The loop is the whole runtime in four lines: start every task the pipeline allows, wait for
+any to finish (`ray.wait`), hand the completion back to the pipeline, record it. Data moves
+actor to actor as object references; the driver reads only each task's small info dict.
+
+A stop (Ctrl-C, or `request_stop`) starts nothing new, lets running tasks finish, and writes
+a checkpoint at the last trained step with the rollout buffer, so `--resume` loses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlgraph.errors import RLGraphError
+from rlgraph.graph import build_graph
+from rlgraph.runtime import checkpoint as ckpt
+from rlgraph.runtime import cluster
+from rlgraph.runtime.executor import Completion, ParamRoute, RayExecutor, WorkerError
+from rlgraph.runtime.metrics import MetricsWriter, step_row
+from rlgraph.runtime.pipeline import Pipeline
+from rlgraph.runtime.tracing import Tracer, load_events
+from rlgraph.spec import Spec
+
+WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
+
+
+@dataclass
+class RunOptions:
+    """How to run: where, how long, from which checkpoint, what to call after each step."""
+
+    out_dir: Path
+    steps: int
+    address: str | None = None
+    resume: bool = False
+    checkpoint_every: int = 0  # 0: only at the end and on a stop
+    on_step: Callable[[dict[str, Any]], None] | None = None
+    on_ready: Callable[[Runner], None] | None = None
+    tensorboard: bool = True
+
+
+@dataclass
+class RunResult:
+    """What a run did: its rows, spans, where it stopped, how long it took."""
+
+    out_dir: Path
+    first_step: int
+    next_step: int
+    stopped: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    startup_s: float = 0.0
+    wall_s: float = 0.0
+    lag_violations: int = 0
+
+
+class Runner:
+    """One run of a plan (see the module docstring)."""
+
+    def __init__(self, spec: Spec, plan: dict[str, Any], options: RunOptions) -> None:
+        self.spec, self.plan, self.options = spec, plan, options
+        self.graph = build_graph(spec)
+        self.kinds: dict[str, str] = dict(self.graph.nodes(data="kind"))
+        self.groups = [g["name"] for g in plan["placement"]["groups"]]
+        self.max_lag = spec.schedule.max_lag
+        self.lag_bound = int(plan.get("lag", {}).get("max_policy_lag", self.max_lag))
+        self.local = bool(plan["placement"].get("local"))
+        self._stop_requested = False
+        self.actors: dict[str, Any] = {}  # node -> actor
+        self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> actor
+        self.reservations: cluster.Reservations | None = None
+        self.first_step = 0
+
+    def request_stop(self) -> None:
+        """Stop after the running tasks (safe to call from a signal handler)."""
+        self._stop_requested = True
+
+    # ------------------------------------------------------------ set-up
+
+    def _start_actors(self) -> None:
+        from rlgraph.runtime.actors import start_actor
+
+        seed = self.spec.data.seed
+        device = "cpu" if self.local else "cuda"
+        assert self.reservations is not None
+        for group in self.plan["placement"]["groups"]:
+            res = self.reservations.groups[group["name"]]
+            actor = start_actor(self.spec, list(group["tasks"]), seed=seed,
+                                threads=res.slots if self.local else 1, device=device,
+                                options=self.reservations.actor_options(group["name"]))
+            self.group_actors[group["name"]] = actor
+            for task in group["tasks"]:
+                self.actors[task] = actor
+        for node, kind in self.kinds.items():
+            if node not in self.actors and kind != "param_update":
+                actor = start_actor(self.spec, [node], seed=seed, threads=1, device="cpu",
+                                    options={"num_cpus": 0})
+                self.group_actors[node] = actor
+                self.actors[node] = actor
+
+    def _routes(self) -> dict[str, ParamRoute]:
+        routes = {}
+        for node, kind in self.kinds.items():
+            if kind == "param_update":
+                nspec = self.spec.nodes[node]
+                routes[node] = ParamRoute(self.actors[nspec.src], self.actors[nspec.dst],
+                                          float(nspec.bucket_mb.produce))
+        return routes
+
+    def _train_actor(self) -> Any:
+        train = next(n for n, k in self.kinds.items() if k == "train")
+        return self.actors[train]
+
+    def _wait_ready(self) -> None:
+        import ray
+
+        refs = {name: actor.ready.remote() for name, actor in self.group_actors.items()}
+        try:
+            ray.get(list(refs.values()))
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else None
+            if isinstance(cause, RLGraphError):
+                raise cause from None
+            raise WorkerError(f"an actor failed to build its workspace: {cause or exc}") from exc
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> RunResult:
+        """Start Ray and the actors, run the pipeline to the last step or a stop, clean up."""
+        import ray
+
+        out = self.options.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        began = time.time()
+        owned = cluster.connect(self.plan, self.options.address)
+        try:
+            self.reservations = cluster.reserve(self.plan)
+            self._start_actors()
+            self._wait_ready()
+            resume = ckpt.load_checkpoint(out) if self.options.resume else None
+            preloaded: dict[tuple[str, int], Any] = {}
+            first = 0
+            if resume is not None:
+                first = resume.step
+                state_ref = ray.put(resume.state)
+                ray.get([a.load_checkpoint.remote(state_ref)
+                         for name, a in self.group_actors.items() if name in self.groups])
+                preloaded = {k: ray.put(b) for k, b in resume.rollout.items()
+                             if first <= k[1] < self.options.steps}
+            self.first_step = first
+            if self.options.on_ready:
+                self.options.on_ready(self)
+            return self._loop(first, preloaded, startup_s=time.time() - began)
+        finally:
+            for actor in self.group_actors.values():
+                with contextlib.suppress(Exception):  # the actor may already be gone
+                    ray.kill(actor)
+            if self.reservations is not None:
+                self.reservations.release()
+            cluster.shutdown(owned)
+
+    def _loop(self, first: int, preloaded: dict[tuple[str, int], Any],
+              startup_s: float) -> RunResult:
+        out, opts = self.options.out_dir, self.options
+        previous = load_events(out / "trace.json") if opts.resume else []
+        previous = [e for e in previous if e["step"] < first]
+        offset = max((e["end"] for e in previous), default=0.0)
+        result = RunResult(out, first, first, stopped=False, startup_s=startup_s)
+        pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,
+                            capacities=self.plan.get("channels"), start_step=first,
+                            preloaded=preloaded)
+        executor = RayExecutor(self.actors, self._routes())
+        metrics = MetricsWriter(out, first_step=first, tensorboard=opts.tensorboard)
+        ledger = ckpt.Ledger(out, first_step=first)
+        t0 = time.time()
+        tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
+        tracer.events.extend(previous)
+        latest: dict[str, dict[str, Any] | None] = dict.fromkeys(self.kinds)
+        last_train_end: float | None = None
+        try:
+            while True:
+                if self._stop_requested and not pipeline.stopping:
+                    pipeline.stop()
+                    result.stopped = True
+                for task in pipeline.startable():
+                    executor.submit(task)
+                if not len(executor):
+                    if pipeline.finished or pipeline.stopping:
+                        break
+                    raise RuntimeError("the pipeline stalled with nothing running:\n"
+                                       + pipeline.describe())
+                for done in executor.wait(timeout=WAIT_S):
+                    event = self._record(done, tracer)
+                    latest[done.task.node] = event
+                    version = done.info.get("version")
+                    pipeline.complete(done.task.node, done.task.step, done.output, version)
+                    if done.task.kind != "train":
+                        continue
+                    step = done.task.step
+                    if last_train_end is None:
+                        last_train_end = min(e["start"] for e in tracer.events
+                                             if e["step"] >= first)
+                    summary = done.info["summary"]
+                    recent = tracer.events[-len(self.kinds) * (self.max_lag + 4):]
+                    row = step_row(step, summary, (last_train_end, event["end"]), latest,
+                                   recent, self.groups)
+                    row["lag/bound"] = self.lag_bound
+                    if row["lag/max"] > self.lag_bound:
+                        result.lag_violations += 1
+                    last_train_end = event["end"]
+                    metrics.write(row)
+                    ledger.append(step, summary.get("trained_uids", []),
+                                  int(summary.get("policy_version", step + 1)))
+                    result.rows.append(row)
+                    result.next_step = step + 1
+                    if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 \
+                            and step + 1 < opts.steps:
+                        self._checkpoint(pipeline, tracer)
+                    if opts.on_step:
+                        opts.on_step(row)
+        except WorkerError as err:
+            (out / "error.log").write_text("".join(traceback.format_exception(err.__cause__))
+                                           if err.__cause__ else str(err))
+            err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
+            raise
+        finally:
+            metrics.close()
+            result.events = tracer.events
+            result.wall_s = time.time() - t0
+            self._write_trace(tracer)
+        result.next_step = pipeline.trained_steps()
+        self._checkpoint(pipeline, tracer)
+        return result
+
+    def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
+        task, info = done.task, done.info
+        extra = {}
+        if task.kind == "param_update":
+            extra = {"version": info.get("version"), "bytes": info.get("bytes", 0)}
+        return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
+                             task.occupies, **extra)
+
+    def _checkpoint(self, pipeline: Pipeline, tracer: Tracer) -> Path:
+        """Trainer state at the last trained step plus the rollout buffer, into DIR/checkpoint."""
+        import ray
+
+        step = pipeline.trained_steps()
+        state = ray.get(self._train_actor().state_for_checkpoint.remote())
+        buffer = pipeline.rollout_buffer()
+        rollout = dict(zip(buffer, ray.get(list(buffer.values())))) if buffer else {}
+        gens = [m.step + 1 for m in pipeline.machines.values() if m.kind == "generate"]
+        meta = {"graph": self.spec.name, "step": step,
+                "policy_version": int(state.get("policy_version", step)),
+                "data_position": max([step, *(s + 1 for _, s in rollout)]),
+                "generate_next_step": min(gens) if gens else step,
+                "max_lag": self.max_lag, "steps": self.options.steps,
+                "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
+        return ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout)
+
+    def _write_trace(self, tracer: Tracer) -> None:
+        tracer.write(self.options.out_dir / "trace.json", f"{self.spec.name} (measured)",
+                     self.groups, self.kinds,
+                     {"source": "rlgraph run", "max_lag": self.max_lag,
+                      "max_policy_lag": self.lag_bound})

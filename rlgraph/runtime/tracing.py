@@ -1,0 +1,138 @@
+"""Measured spans of a run, in the plan's event format, and what they say about overhead.
+
+Each finished task becomes `{node, step, start, end, group, occupies, kind}` in seconds from
+the run's start: the same dicts as `plan["schedule"]["events"]`, so `rlgraph.timeline` draws
+predicted and measured side by side and `rlgraph compile --calibrate` reads node costs
+from them. Spans are taken inside the actors around the worker's own work, so whatever the
+runtime adds (dispatch, moving batches, waiting on the driver) shows up as gaps.
+
+`critical_path` walks back from the last train span through the dependency that released
+each span last (data inputs of its step, its own previous step, the previous occupant of
+its groups, the param_update that gave generate its version): the run's wall time minus
+the busy time on that path is the orchestration overhead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+
+@dataclass
+class Tracer:
+    """Collects measured spans; times are stored relative to `t0` (wall-clock seconds)."""
+
+    t0: float
+    offset: float = 0.0  # a resumed run continues after the earlier spans
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, node: str, kind: str, step: int, start: float, end: float,
+               occupies: Iterable[str], **extra: Any) -> dict[str, Any]:
+        """Add a span measured in wall-clock seconds; returns the event dict."""
+        occupies = list(occupies)
+        event = {"node": node, "kind": kind, "step": step,
+                 "start": round(start - self.t0 + self.offset, 6),
+                 "end": round(max(end, start) - self.t0 + self.offset, 6),
+                 "group": occupies[0] if occupies else None, "occupies": occupies, **extra}
+        self.events.append(event)
+        return event
+
+    def now(self, wall: float) -> float:
+        """A wall-clock time in the trace's seconds."""
+        return wall - self.t0 + self.offset
+
+    def write(self, path: Path, title: str, groups: list[str], kinds: dict[str, str],
+              other: dict[str, Any] | None = None) -> Path:
+        """trace.json: the spans as a Chrome trace (Perfetto / chrome://tracing)."""
+        from rlgraph.timeline import chrome_trace
+
+        trace = chrome_trace(sorted(self.events, key=lambda e: (e["start"], e["node"])),
+                             title, groups=groups, kinds=kinds)
+        trace.setdefault("otherData", {}).update(other or {})
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(trace))
+        tmp.replace(path)
+        return path
+
+
+def load_events(path: Path) -> list[dict[str, Any]]:
+    """The event dicts of an earlier trace.json (a resumed run keeps them)."""
+    from rlgraph.timeline import events_from_trace
+
+    if not path.exists():
+        return []
+    return events_from_trace(json.loads(path.read_text()))
+
+
+# ---------------------------------------------------------------- overhead
+
+
+@dataclass
+class CriticalPath:
+    """The chain of spans that decided the run's length, and what lies between them."""
+
+    spans: list[dict[str, Any]]
+    wall_s: float  # from the first span's start to the last train's end
+    busy_s: float  # sum of the chain's span durations
+    steps: int
+
+    @property
+    def overhead_s(self) -> float:
+        """Time on the critical path when no task on it was running."""
+        return max(0.0, self.wall_s - self.busy_s)
+
+    @property
+    def overhead_fraction(self) -> float:
+        """overhead / wall: the runtime's share of the step."""
+        return self.overhead_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _predecessors(event: dict, index: dict[tuple[str, int], dict], graph: nx.DiGraph,
+                  max_lag: int, group_prev: dict[int, list[dict]]) -> list[dict]:
+    node, step = event["node"], event["step"]
+    found: list[dict | None] = [index.get((node, step - 1))]
+    for src, _, distance in graph.in_edges(node, data="distance"):
+        found.append(index.get((src, step - distance)) if distance == 0 else
+                     index.get((src, step - max_lag - 1)))
+    found.extend(group_prev.get(id(event), []))
+    return [e for e in found if e is not None and e["end"] <= event["start"] + 1e-6]
+
+
+def critical_path(events: list[dict[str, Any]], graph: nx.DiGraph, max_lag: int,
+                  first_step: int = 0) -> CriticalPath:
+    """The binding chain of spans ending at the last train span, back to step `first_step`."""
+    index = {(e["node"], e["step"]): e for e in events}
+    group_prev: dict[int, list[dict]] = {}
+    by_group: dict[str, list[dict]] = {}
+    for e in events:
+        for g in e.get("occupies") or []:
+            by_group.setdefault(g, []).append(e)
+    for lane in by_group.values():
+        lane.sort(key=lambda e: e["start"])
+        for before, after in itertools.pairwise(lane):
+            group_prev.setdefault(id(after), []).append(before)
+    trains = [e for e in events
+              if graph.nodes[e["node"]]["kind"] == "train" and e["step"] >= first_step]
+    if not trains:
+        return CriticalPath([], 0.0, 0.0, 0)
+    current = max(trains, key=lambda e: e["end"])
+    chain = [current]
+    while True:
+        preds = _predecessors(current, index, graph, max_lag, group_prev)
+        if not preds:
+            break
+        current = max(preds, key=lambda e: e["end"])
+        if current["step"] < first_step:
+            break
+        chain.append(current)
+    chain.reverse()
+    wall = chain[-1]["end"] - chain[0]["start"]
+    busy = sum(e["end"] - e["start"] for e in chain)
+    steps = len({e["step"] for e in trains})
+    return CriticalPath(chain, wall, busy, steps)

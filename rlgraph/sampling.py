@@ -1,0 +1,156 @@
+"""Batched sampling with a KV cache: a decode loop we control, one token per `Decoder.step`.
+
+Prompts are left-padded to a common length P, responses right-padded to R (verl's layout:
+`sequences = [prompt | response]`). Each sampled token records its behaviour log-prob
+`log_softmax(logits / temperature)` (top-p truncation is not part of it, as in verl and
+vLLM) and the policy version that sampled it. Because the loop state lives in `Decoder`, a
+caller may stop between steps, swap weights, and continue (partial rollout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """Sampled sequences; tensors are [B, P + R] or [B, R]."""
+
+    sequences: torch.Tensor  # prompt (left-padded) + response (right-padded)
+    attention_mask: torch.Tensor  # 1 on real prompt and response tokens
+    prompt_len: int  # P
+    response_mask: torch.Tensor  # [B, R]: 1 up to and including eos
+    behavior_logp: torch.Tensor  # [B, R]
+    token_version: torch.Tensor  # [B, R] policy version that sampled each token; -1 on padding
+
+    @property
+    def responses(self) -> torch.Tensor:
+        """[B, R] response token ids (pad after eos)."""
+        return self.sequences[:, self.prompt_len:]
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, P], mask [B, P]), padded on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches `top_p`."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)
+    drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # mass before this token already enough
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+class Decoder:
+    """The state of one batched decode: cache, tokens so far, which rows have finished."""
+
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,
+                 eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+                 greedy: bool = False, generator: torch.Generator | None = None,
+                 use_cache: bool = True):
+        self.model, self.eos_id, self.pad_id = model, eos_id, pad_id
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.greedy, self.generator, self.use_cache = greedy, generator, use_cache
+        device = next(model.parameters()).device
+        self.prompt_ids, self.prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+        batch = len(prompts)
+        self.tokens: list[torch.Tensor] = []
+        self.logps: list[torch.Tensor] = []
+        self.versions: list[torch.Tensor] = []
+        self.alive: list[torch.Tensor] = []  # mask of rows still generating at each step
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.cache = None
+
+    @property
+    def done(self) -> bool:
+        """Every row has emitted eos, or the length limit is reached."""
+        return bool(self.finished.all()) or len(self.tokens) >= self.max_new_tokens
+
+    def _next_logits(self) -> torch.Tensor:
+        """Logits of the next token for every row, from the cache when there is one."""
+        mask = torch.cat([self.prompt_mask, *[a[:, None].long() for a in self.alive]], dim=1)
+        if self.use_cache and self.cache is not None:
+            ids = self.tokens[-1][:, None]
+            pos = position_ids(mask)[:, -1:]
+        else:
+            ids = torch.cat([self.prompt_ids, *[t[:, None] for t in self.tokens]], dim=1)
+            pos = position_ids(mask)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         past_key_values=self.cache if self.use_cache else None,
+                         use_cache=self.use_cache, logits_to_keep=1)
+        if self.use_cache:
+            self.cache = out.past_key_values
+        return out.logits[:, -1].float()
+
+    @torch.no_grad()
+    def step(self, policy_version: int = 0) -> bool:
+        """Sample one token for every unfinished row; returns False once the decode is done."""
+        if self.done:
+            return False
+        logp_all = torch.log_softmax(self._next_logits() / self.temperature, dim=-1)
+        if self.greedy:
+            token = logp_all.argmax(-1)
+        else:
+            probs = top_p_filter(logp_all.exp(), self.top_p)
+            token = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        alive = ~self.finished
+        token = torch.where(alive, token, torch.full_like(token, self.pad_id))
+        logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
+        self.tokens.append(token)
+        self.logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+        self.versions.append(torch.where(alive, policy_version, -1))
+        self.alive.append(alive)
+        self.finished |= alive & (token == self.eos_id)
+        return not self.done
+
+    def result(self) -> Rollout:
+        """The sampled batch so far, as a Rollout."""
+        response = torch.stack(self.tokens, dim=1)
+        response_mask = torch.stack(self.alive, dim=1).long()
+        return Rollout(
+            sequences=torch.cat([self.prompt_ids, response], dim=1),
+            attention_mask=torch.cat([self.prompt_mask, response_mask], dim=1),
+            prompt_len=self.prompt_ids.shape[1],
+            response_mask=response_mask,
+            behavior_logp=torch.stack(self.logps, dim=1),
+            token_version=torch.stack(self.versions, dim=1),
+        )
+
+
+def sample(model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,
+           eos_id: int, pad_id: int, policy_version: int = 0, **kwargs) -> Rollout:
+    """Decode to the end: every row reaches eos or `max_new_tokens`."""
+    decoder = Decoder(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                      pad_id=pad_id, **kwargs)
+    while decoder.step(policy_version):
+        pass
+    return decoder.result()
+
+
+def token_logp(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+               prompt_len: int, temperature: float = 1.0) -> torch.Tensor:
+    """[B, R] log-probs of the response tokens under `model` (with gradient if enabled)."""
+    response = sequences[:, prompt_len:]
+    width = response.shape[1]
+    out = model(input_ids=sequences, attention_mask=attention_mask,
+                position_ids=position_ids(attention_mask), use_cache=False,
+                logits_to_keep=width + 1)
+    logits = out.logits[:, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, response[..., None]).squeeze(-1)

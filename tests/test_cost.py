@@ -1,0 +1,195 @@
+"""Cost models: the properties that make async pay, overrides, the switch, calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlgraph.compiler import compile_plan
+from rlgraph.compiler.calibrate import (
+    CalibrationError,
+    calibration_from_events,
+    load_calibration,
+)
+from rlgraph.compiler.cost import node_costs, switch_seconds
+from rlgraph.compiler.model import shape_of
+from rlgraph.compiler.placement import place
+from rlgraph.errors import SourceMap
+from rlgraph.graph import build_graph
+from rlgraph.presets import COST_SOURCES, COSTS, GPU_PRESETS, CostConstants
+from rlgraph.spec import validate_spec
+
+NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
+
+
+def spec_of(groups: dict[str, Any] | None = None, nodes: dict[str, Any] | None = None,
+            **top: Any) -> Any:
+    data = {
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
+        "model": {"preset": "qwen2.5-7b"},
+        "data": {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                 "response_len": {"mean": 512, "max": 512}},
+        "groups": groups or {"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                             "rollout": {"share": 0.5, "tasks": ["generate"]}},
+        "nodes": nodes or dict(NODES),
+        **top,
+    }
+    return validate_spec(data, SourceMap())
+
+
+def costs_of(spec: Any) -> dict[str, Any]:
+    return node_costs(spec, build_graph(spec), place(spec))[0]
+
+
+def seconds(spec: Any, node: str) -> float:
+    return costs_of(spec)[node].seconds
+
+
+def test_every_cost_constant_has_a_source() -> None:
+    names = {f.name for f in dataclasses.fields(CostConstants)}
+    assert names == set(COST_SOURCES)
+    assert all(len(COST_SOURCES[n]) > 20 for n in names)
+
+
+def test_decode_is_nearly_flat_in_batch() -> None:
+    small = seconds(spec_of(data={"prompts_per_step": 16, "samples_per_prompt": 4,
+                                  "prompt_len": 64, "response_len": 512}), "generate")
+    large = seconds(spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4,
+                                  "prompt_len": 64, "response_len": 512}), "generate")
+    assert small < large < 1.25 * small  # twice the batch, far less than twice the time
+
+
+def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:
+    data = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+            "response_len": {"mean": 1024, "max": 8192}}
+    sync = seconds(spec_of(data=data), "generate")
+    partial = seconds(spec_of(data=data, schedule={"partial_rollout": True}), "generate")
+    assert partial < 0.25 * sync  # 1024 steps instead of 8192
+    flat = dict(data, response_len={"mean": 1024, "max": 1024})
+    same = [seconds(spec_of(data=flat, schedule={"partial_rollout": p}), "generate")
+            for p in (False, True)]
+    assert same[0] == pytest.approx(same[1])  # no tail: nothing to gain
+
+
+def test_forward_and_train_are_compute_bound_and_scale_with_gpus() -> None:
+    four = costs_of(spec_of())
+    eight = costs_of(spec_of(cluster={"nodes": 2, "gpus_per_node": 8, "gpu": "H100"}))
+    assert four["logp"].seconds == pytest.approx(2 * eight["logp"].seconds)  # 4 vs 8 GPUs
+    ratio = four["train"].seconds / four["logp"].seconds
+    assert ratio == pytest.approx(3 * COSTS.forward_mfu / COSTS.train_mfu)  # 6N vs 2N
+    data = spec_of().data
+    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    active = shape_of(spec_of()).active_params
+    expected = 6 * active * tokens / (GPU_PRESETS["H100"].bf16_flops * COSTS.train_mfu * 4)
+    assert four["train"].seconds == pytest.approx(expected)
+
+
+def test_moe_counts_active_parameters_for_flops() -> None:
+    moe = spec_of(model={"preset": "red-moe-16b"})
+    shape = shape_of(moe)
+    assert shape.active_params < 0.3 * shape.params
+    dense = seconds(spec_of(), "train") / shape_of(spec_of()).active_params
+    assert seconds(moe, "train") / shape.active_params == pytest.approx(dense)
+
+
+def test_cost_overrides() -> None:
+    nodes = dict(NODES, train={"cost": {"gpu_seconds": 8.0}}, logp={"cost": {"seconds": 1.5}})
+    costs = costs_of(spec_of(nodes=nodes))
+    assert costs["train"].seconds == pytest.approx(2.0)  # 8 GPU-seconds over 4 GPUs
+    assert costs["train"].source == "override" and "/ 4 GPUs" in costs["train"].detail
+    assert costs["logp"].seconds == 1.5 and costs["logp"].source == "override"
+    assert costs["generate"].source == "model"
+
+
+def test_param_update_link_and_buckets() -> None:
+    def pu(**kw: Any) -> float:
+        nodes = dict(NODES, param_update=kw)
+        return seconds(spec_of(nodes=nodes, model={"preset": "qwen2.5-7b"}), "param_update")
+
+    nvlink = pu()
+    store = pu(transport="object_store")
+    assert store > 50 * nvlink  # 0.76 GB/s against 340 GB/s
+    weights = 2 * shape_of(spec_of()).params
+    assert nvlink > weights / GPU_PRESETS["H100"].nvlink_bytes_per_s
+    tiny_buckets = pu(bucket_mb={"produce": 16, "consume": 16})
+    assert tiny_buckets > nvlink  # a fixed overhead per bucket
+    across = seconds(spec_of(cluster={"nodes": 2, "gpus_per_node": 4, "gpu": "H100"}),
+                     "param_update")
+    h100 = GPU_PRESETS["H100"]
+    slower = weights / h100.network_bytes_per_s - weights / h100.nvlink_bytes_per_s
+    assert across == pytest.approx(nvlink + slower)  # the network, not NVLink
+
+
+def test_colocating_train_with_generate_pays_the_switch() -> None:
+    apart = spec_of(groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                            "rollout": {"share": 0.5, "tasks": ["generate"]}})
+    together = spec_of(groups={"hybrid": {"share": 0.5, "tasks": ["generate", "logp", "train"]}})
+    switch = switch_seconds(together, place(together), "hybrid", shape_of(together))
+    assert switch > 0.1  # 16 B/param / 4 GPUs + weights, out and back over PCIe
+    generate = costs_of(together)["generate"]
+    assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds + switch)
+    assert "colocation switch" in generate.detail
+    local = spec_of(groups={"hybrid": {"share": 1.0, "tasks": ["generate", "logp", "train"]}},
+                    cluster={"local": True, "cpus": 2}, model={"preset": "tiny"})
+    assert switch_seconds(local, place(local), "hybrid", shape_of(local)) == 0.0
+
+
+def trace(spans: list[tuple[str, int, float, float, list[str]]]) -> dict[str, Any]:
+    """A Chrome trace as the runtime writes it; a two-group node appears once per group."""
+    events = []
+    for node, step, start, dur, groups in spans:
+        for pid, group in enumerate(groups or [None]):
+            events.append({"name": node, "cat": node, "ph": "X", "ts": start * 1e6,
+                           "dur": dur * 1e6, "pid": pid, "tid": 0,
+                           "args": {"node": node, "step": step, "group": group,
+                                    "occupies": groups}})
+    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "trainer"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+SPANS = [("generate", s, 10.0 * s, d, ["rollout"]) for s, d in enumerate([9.0, 2.0, 3.0, 4.0])]
+SPANS += [("param_update", s, 10.0 * s + 5, 0.5, ["trainer", "rollout"]) for s in range(4)]
+SPANS += [("reward", 0, 2.0, 0.25, [])]
+
+
+def test_load_calibration_takes_medians_without_warmup(tmp_path: Path) -> None:
+    file = tmp_path / "trace.json"
+    file.write_text(json.dumps(trace(SPANS)))
+    for path in (file, tmp_path):
+        calibration = load_calibration(path)
+        assert calibration["generate"] == pytest.approx(3.0)  # median of 2, 3, 4 (9 dropped)
+        assert calibration["param_update"] == pytest.approx(0.5)  # two lanes, counted once
+        assert calibration["reward"] == pytest.approx(0.25)  # one step: nothing to drop
+    events = [{"node": "x", "step": s, "start": 0.0, "end": d} for s, d in enumerate([5, 1])]
+    assert calibration_from_events(events) == {"x": 3.0}  # two steps: keep both
+
+
+def test_calibration_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="no such file"):
+        load_calibration(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  oops")
+    with pytest.raises(CalibrationError, match=r"bad\.json:2:3: not valid JSON"):
+        load_calibration(bad)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(CalibrationError, match="no node spans"):
+        load_calibration(empty)
+
+
+def test_compile_plan_uses_calibration_and_carries_it_to_the_baseline() -> None:
+    spec = spec_of()
+    plain = compile_plan(spec)
+    measured = {"generate": 2 * plain["costs"]["generate"]["seconds"], "ghost": 1.0}
+    plan = compile_plan(spec, measured)
+    cost = plan["costs"]["generate"]
+    assert cost["source"] == "calibrated" and cost["seconds"] == measured["generate"]
+    assert plan["costs"]["train"]["source"] == "model"
+    assert any("ghost" in m for m in plan["messages"])
+    assert plan["schedule"]["sync_period_s"] > plain["schedule"]["sync_period_s"]
+    events = [{"node": "generate", "step": 0, "start": 0.0, "end": measured["generate"]}]
+    assert compile_plan(spec, events)["costs"]["generate"]["seconds"] == measured["generate"]

@@ -1,0 +1,118 @@
+"""StaticDecoder on CPU (eager, no CUDA graphs): the same tokens as transformers' generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlgraph.engines.static_decode import Request, StaticDecoder
+from rlgraph.presets import MODEL_PRESETS
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = {k: v for k, v in MODEL_PRESETS["tiny"].items() if k != "model_type"}
+    cfg.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(**cfg, initializer_range=0.2, attn_implementation="sdpa"))
+    m.eval()
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 64, (n,), generator=g).tolist() for n in (3, 9, 5, 2, 7, 4)]
+
+
+def _reference(model, prompt: list[int], n: int = MAX_NEW) -> list[int]:
+    with torch.no_grad():
+        ids = torch.tensor([prompt])  # explicit mask: token 0 is a real token here, not padding
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                             do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def references(model) -> list[list[int]]:
+    return [_reference(model, p) for p in _prompts()]
+
+
+@pytest.mark.parametrize("sync_every", [1, 5])
+def test_greedy_matches_generate_with_refill(model, references, sync_every) -> None:
+    dec = StaticDecoder(model, max_batch=3, max_len=32, sync_every=sync_every, attn_block=8)
+    lengths = [MAX_NEW, 5, 9, 3, MAX_NEW, 7]  # slots free up at different steps
+    reqs = [Request(p, n, temperature=0.0, request_id=i)
+            for i, (p, n) in enumerate(zip(_prompts(), lengths))]
+    out = {c.request.request_id: c for c in dec.run(reqs)}
+    assert sorted(out) == list(range(len(reqs)))
+    for i, (ref, n) in enumerate(zip(references, lengths)):
+        assert out[i].tokens == ref[:n], f"request {i}"
+        assert out[i].finish_reason == "length" and out[i].versions == [0] * n
+    assert len(set(references[0])) > 3, "the reference model must not be degenerate"
+    if sync_every == 1:  # a finished slot takes the next prompt before the next step
+        assert dec.stats["idle_slot_steps_with_queue"] == 0
+        assert dec.stats["prefills"] >= 4
+
+
+def test_interrupt_and_resume_reproduce_the_sequence(model, references) -> None:
+    dec = StaticDecoder(model, max_batch=4, max_len=32, sync_every=1, attn_block=8)
+    dec.submit(Request(p, MAX_NEW, temperature=0.0, request_id=i)
+               for i, p in enumerate(_prompts()[:4]))
+    for _ in range(4):
+        assert dec.step() == []
+    done = dec.swap_weights(lambda: 1)  # same weights, new version: resumes re-encode prefixes
+    assert done == [] and len(dec.queue) == 4 and dec.policy_version == 1
+    out = {c.request.request_id: c for c in dec.run()}
+    for i in range(4):
+        assert out[i].tokens == references[i]
+        n_old = out[i].versions.count(0)
+        assert n_old == 5, "prefill token + 4 decode steps were sampled under version 0"
+        assert out[i].versions == [0] * n_old + [1] * (MAX_NEW - n_old)
+
+
+def test_interrupt_returns_prefixes(model, references) -> None:
+    dec = StaticDecoder(model, max_batch=2, max_len=32, sync_every=3, attn_block=8)
+    dec.submit([Request(_prompts()[0], MAX_NEW, temperature=0.0, request_id="a")])
+    dec.step()
+    (c,) = dec.interrupt()
+    assert not c.finished and c.finish_reason == "interrupted"
+    assert c.tokens == references[0][:len(c.tokens)] and 0 < len(c.tokens) < MAX_NEW
+    assert not dec.busy
+    (final,) = dec.run([c.resume()])
+    assert final.tokens == references[0]
+
+
+def test_eos_stops_a_slot(model, references) -> None:
+    ref = references[1]
+    eos = ref[4]
+    dec = StaticDecoder(model, max_batch=2, max_len=32, eos_token_id=eos, sync_every=2,
+                        attn_block=8)
+    (c,) = dec.run([Request(_prompts()[1], MAX_NEW, temperature=0.0)])
+    stop = ref.index(eos)
+    assert c.tokens == ref[:stop + 1] and c.finish_reason == "eos"
+
+
+def test_sampled_logprobs_match_the_model(model) -> None:
+    torch.manual_seed(3)
+    dec = StaticDecoder(model, max_batch=4, max_len=32, sync_every=4, attn_block=8)
+    reqs = [Request(p, MAX_NEW, temperature=1.0, top_p=tp)
+            for p, tp in zip(_prompts()[:4], (1.0, 0.9, 1.0, 0.5))]
+    for c in dec.run(reqs):
+        seq = torch.tensor([c.request.prompt + c.tokens])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq).logits[0].float(), -1)
+        n = len(c.request.prompt)
+        want = logp[n - 1:-1].gather(-1, torch.tensor(c.tokens)[:, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_request_is_refused(model) -> None:
+    dec = StaticDecoder(model, max_batch=2, max_len=16)
+    with pytest.raises(ValueError, match="max_len=16"):
+        dec.submit([Request(list(range(10)), 10)])
