@@ -130,7 +130,7 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
         group = ns.init(rank, 2, "127.0.0.1", port, backend=backend, device=rank, timeout_s=180)
         group.barrier()
         res["group"] = "private ProcessGroupNCCL over TCPStore"
-    except Exception as err:  # noqa: BLE001 - recorded, then the default-group path is tried
+    except Exception as err:  # recorded; then the default group is tried
         res["private_group_error"] = repr(err)
         group = ns.init(rank, 2, "127.0.0.1", port + 1, backend=backend, device=rank,
                         timeout_s=180, private=False)
@@ -366,7 +366,11 @@ def exercise(rl, model, vocab: int) -> dict[str, Any]:
     return out
 
 
-def run_decode(out: Path, info: dict[str, Any], budget_s: float) -> dict[str, Any]:
+STAGES = ("ours", "exercises", "hf", "ours-compiled", "hf-static")
+
+
+def run_decode(out: Path, info: dict[str, Any], budget_s: float,
+               stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     rl = load_rlgraph()
@@ -396,12 +400,21 @@ def run_decode(out: Path, info: dict[str, Any], budget_s: float) -> dict[str, An
     g = torch.Generator().manual_seed(0)
     prompts = {b: torch.randint(3, cfg["vocab_size"], (b, PROMPT_LEN), generator=g)
                for b in (64, 256)}
-    plan = [("rlgraph StaticDecoder (CUDA graphs)", "ours", False),
+    plan = [("rlgraph StaticDecoder (CUDA graphs)", "ours", False), "exercises",
             ("transformers generate (dynamic cache)", "hf", False),
             ("rlgraph StaticDecoder (torch.compile + CUDA graphs)", "ours", True),
             ("transformers generate (static cache, compiled)", "hf", True)]
+    plan = [p for p, key in zip(plan, STAGES) if key in stages]
     with torch.no_grad():
-        for name, kind, flag in plan:
+        for stage in plan:
+            if stage == "exercises":
+                try:
+                    data["exercises"] = exercise(rl, model, cfg["vocab_size"])
+                except Exception as err:  # recorded in the results
+                    data["exercises"] = {"error": repr(err)[:500]}
+                log(f"exercises: {json.dumps(data['exercises'])[:800]}")
+                continue
+            name, kind, flag = stage
             for b in (64, 256):
                 if DRY and (flag or b == 256):
                     continue
@@ -417,19 +430,13 @@ def run_decode(out: Path, info: dict[str, Any], budget_s: float) -> dict[str, An
                     else:
                         r = bench_hf(model, prompts[b].to(dev), static=flag)
                     r.update(roofline_ms=roof, x_roofline=r["ms_per_step"] / roof)
-                except Exception as err:  # noqa: BLE001 - recorded in the results
+                except Exception as err:  # recorded in the results
                     r = {"error": repr(err)[:500]}
                 data["variants"].append({"engine": name, "batch": b, **r})
                 log(f"{name} b={b}: {json.dumps(r)[:300]}")
                 write(out / "gpu-decode.json", data)
                 if not DRY:
                     torch.cuda.empty_cache()
-        if time.perf_counter() - T0 < budget_s + 30:
-            try:
-                data["exercises"] = exercise(rl, model, cfg["vocab_size"])
-            except Exception as err:  # noqa: BLE001
-                data["exercises"] = {"error": repr(err)[:500]}
-            log(f"exercises: {json.dumps(data['exercises'])[:600]}")
     write(out / "gpu-decode.json", data)
     return data
 
@@ -459,7 +466,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     ap.add_argument("--parts", default="nccl,decode")
-    ap.add_argument("--budget-s", type=float, default=480.0,
+    ap.add_argument("--stages", default=",".join(STAGES), help="decode stages to run")
+    ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new decode variant after this many seconds")
     args = ap.parse_args()
     if not torch.cuda.is_available() and not DRY:
@@ -478,7 +486,7 @@ def main() -> int:
         else:
             log("NCCL part skipped: needs 2 GPUs")
     if "decode" in parts:
-        decode = run_decode(out, info, args.budget_s)
+        decode = run_decode(out, info, args.budget_s, tuple(args.stages.split(",")))
     table(nccl, decode)
     return 0
 

@@ -92,6 +92,8 @@ def test_schema_is_json_schema_of_graph_yaml(capsys: pytest.CaptureFixture[str])
 def test_absent_subsystem_is_a_clear_error() -> None:
     with pytest.raises(CLIError, match=r"rlgraph\.nonexistent does not exist"):
         _lazy("rlgraph.nonexistent", "run_main", "run")
+    with pytest.raises(CLIError, match=r"rlgraph\.errors has no run_main\(\) yet"):
+        _lazy("rlgraph.errors", "run_main", "run")
 
 
 def test_missing_dependency_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

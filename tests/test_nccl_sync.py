@@ -120,7 +120,7 @@ def test_layout_mismatch_is_a_clear_error() -> None:
 
 def test_bucket_sizes_checked() -> None:
     group = nccl_sync.SyncGroup(0, 1, "gloo", torch.device("cpu"), None, None, True)
-    with pytest.raises(WeightSyncError, match="multiple of bucket_mb.consume"):
+    with pytest.raises(WeightSyncError, match=r"multiple of bucket_mb\.consume"):
         nccl_sync.WeightSender(group, produce_mb=100, consume_mb=64)
     with pytest.raises(WeightSyncError, match="positive"):
         nccl_sync.WeightSender(group, produce_mb=0, consume_mb=0)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.runtime
 QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
 STEPS = 6
 SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
-         "data.response_len={mean: 4, max: 6}", "model.warm_start.steps=0"]
+         "data.response_len={mean: 16, max: 24}", "model.warm_start.steps=0"]
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +84,26 @@ def test_every_trained_token_is_within_the_proven_lag(runs, max_lag):
     assert [r["policy/version"] for r in rows] == list(range(1, STEPS + 1))
     events = events_from_trace(json.loads((folder / "trace.json").read_text()))
     by = {(e["node"], e["step"]): e for e in events}
-    overlaps = [t for t in range(STEPS - 1)
-                if by[("generate", t + 1)]["start"] < by[("train", t)]["end"]
-                and by[("generate", t + 1)]["end"] > by[("train", t)]["start"]]
+    def overlap(gen, train):
+        return gen["start"] < train["end"] and gen["end"] > train["start"]
+
+    next_overlaps = [t for t in range(STEPS - 1)
+                     if overlap(by[("generate", t + 1)], by[("train", t)])]
+    ahead_overlaps = [t for t in range(STEPS - 1)
+                      if any(overlap(by[("generate", s)], by[("train", t)])
+                             for s in range(t + 1, min(STEPS, t + max_lag + 1)))]
     if max_lag == 0:
         assert all(r["lag/max"] == 0 for r in rows)
-        assert not overlaps, "on-policy: generate(t+1) must wait for train(t)'s weights"
+        assert not next_overlaps, "on-policy: generate(t+1) must wait for train(t)'s weights"
         for t in range(1, STEPS):
             assert by[("generate", t)]["start"] >= by[("param_update", t - 1)]["end"]
     else:
-        assert max(r["lag/max"] for r in rows) > 0, "one-step-off: some tokens are older"
-        assert overlaps, "generate(t+1) should overlap train(t)"
+        assert max(r["lag/max"] for r in rows) > 0, "off-policy: some tokens are older"
+        # generate of a later batch runs while train(t) runs: generate(t+1) with max_lag 1;
+        # with max_lag 2 a fast generate may already be two batches ahead (t+2 overlaps)
+        assert len(ahead_overlaps) >= 2, ahead_overlaps
+        if max_lag == 1:
+            assert next_overlaps, "generate(t+1) should overlap train(t)"
 
 
 def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):

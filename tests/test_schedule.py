@@ -82,18 +82,22 @@ def test_policy_pick_lowest_step_first_with_one_reservation() -> None:
     assert policy.pick(ready, occupies, busy={"rollout"}) is None
     backfill = LowestStepFirst.of(["generate", "train", "param_update"], reserve=False)
     assert backfill.pick(ready, occupies, busy={"rollout"}) == ("train", 1)
-    # only the oldest blocked task holds: generate(3) may use a free rollout
-    assert policy.pick([("param_update", 0), ("generate", 3)], occupies,
-                       busy={"trainer"}) == ("generate", 3)
+    # only the oldest blocked task holds: param_update(0) holds rollout, mixed(1) holds nothing
+    occupies.update(mixed=["ref", "rollout"], ref_logp=["ref"])
+    policy = LowestStepFirst({"generate": 0, "mixed": 1, "ref_logp": 2, "param_update": 3})
+    ready = [("param_update", 0), ("mixed", 1), ("ref_logp", 2), ("generate", 3)]
+    assert policy.pick(ready, occupies, busy={"trainer"}) == ("ref_logp", 2)
+    strict = [("param_update", 0), ("generate", 3)]
+    assert policy.pick(strict, occupies, busy={"trainer"}) is None
     assert [s.value for s in TaskState] == ["waiting", "ready", "running", "done"]
 
 
 def test_simulation_times_and_steady_period() -> None:
     tg = pipeline((4.0, 3.0, 0.0))
     sim = simulate(tg, 6)
-    assert sim.row(0) == [0.0, 4.0, 7.0]
-    assert sim.row(1) == [4.0, 8.0, 11.0]
-    assert sim.row(2)[0] == 8.0  # generate(2) after param_update(0) at 7 and generate(1) at 8
+    assert sim.row(0) == [0.0, 4.0, 8.0]  # param_update(0) waits for generate(1) to free rollout
+    assert sim.row(1) == [4.0, 8.0, 12.0]
+    assert sim.row(2)[0] == 8.0  # generate(2) right after param_update(0)
     assert all(not math.isnan(t) for t in sim.end)
     steady = steady_state(tg)
     assert steady.period == pytest.approx(4.0) and steady.cyclicity == 1 and steady.exact

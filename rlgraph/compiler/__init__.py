@@ -180,8 +180,8 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest, evaluated)
     more = schedule_bound(tg.with_lag(tg.max_lag + 1)).seconds
     if period > 0 and more < period * 0.95:
-        messages.append(f"max_lag {tg.max_lag + 1} could lower the period toward {more:.4g} s "
-                        f"({more / period - 1:+.0%}, by the bound)")
+        messages.append(f"max_lag {tg.max_lag + 1} would allow a period down to {more:.4g} s "
+                        f"(its bound, {more / period - 1:+.0%})")
     sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)
     util = utilization(tg, period)
     if not steady.exact:
@@ -208,8 +208,8 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
             "bound_s": bound.seconds,
             "sync_period_s": sync,
             "speedup_vs_sync": sync / period if period > 0 else 1.0,
-            "utilization": util,
-            "idle": {g: 1 - u for g, u in util.items()},
+            "utilization": {g: round(u, 6) for g, u in util.items()},
+            "idle": {g: round(1 - u, 6) for g, u in util.items()},
             "bottleneck": describe_bottleneck(tg, bound, period, util),
             "policy": LowestStepFirst.name,
             "steps_simulated": steady.sim.steps,

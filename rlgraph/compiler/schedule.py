@@ -6,12 +6,16 @@ A task is one step of one node, `(node, step)`. Its states, named once in `TaskS
     ready   --(all its groups free and the policy picks it)-----------> running
     running --(its duration elapsed)----------------------------------> done
 
-Policy (`LowestStepFirst`, shared with the Ray runtime): whenever groups are free, start the
-ready task with the lowest step, ties broken by the step's topological order, among the
-tasks whose groups are ALL free; repeat until none can start. No preemption and no
-reservation: a param_update waiting for a busy rollout group does not hold the trainer
-group idle. A node in no group starts as soon as it is ready (it only waits for its inputs,
-its own previous step and channel room).
+Policy (`LowestStepFirst`, shared with the Ray runtime, `rlgraph.runtime.pipeline`): go
+through the ready tasks by lowest step, ties broken by the step's topological order, and
+start each whose groups are ALL free; the first task that cannot start (the oldest blocked
+one) holds its free groups, so it starts as soon as its busy groups free, and the others
+backfill the groups nobody holds; repeat until none can start. No preemption. The hold is
+what verl's one-step-off loop does: after train(t) the trainer waits for the rollout group
+to finish its generate and take the weights (param_update(t) holds both groups) before it
+starts train(t+1); holding for only the oldest blocked task keeps one busy group from
+idling every other (a fan-out of weight syncs). A node in no group starts as soon as it
+is ready (it only waits for its inputs, its own previous step and channel room).
 
 The simulator keeps the same states in flat per-task arrays (`remaining` dependency counts
 for waiting tasks, one heap of ready tasks per occupancy signature, a heap of running tasks
@@ -49,7 +53,8 @@ class TaskState(str, Enum):
 
 @dataclass(frozen=True)
 class LowestStepFirst:
-    """The scheduling policy: lowest step first, then the step's topological order."""
+    """The scheduling policy: lowest step first, then the step's topological order; the
+    oldest blocked task holds its free groups (`reserve`), the rest backfill."""
 
     order: Mapping[str, int]  # node -> position in the step's topological order
     reserve: bool = True  # a blocked task holds its free groups from lower-priority tasks
@@ -192,6 +197,8 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
                     begin(heapq.heappop(ready[s])[1])
                 if not ready[s]:
                     waiting.discard(s)
+                if dirty:  # a start readied tasks (channel room): rescan in key order
+                    break
         while dirty:  # backfilling: only signatures whose groups just freed or got work
             candidates = []
             for s in dirty:
@@ -203,11 +210,12 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
                         candidates.append((ready[s][0][0], s))
             dirty.clear()
             heapq.heapify(candidates)
-            while candidates:
+            while candidates and not dirty:
                 _, s = heapq.heappop(candidates)
                 if not ready[s] or any(busy[g] for g in sig_groups[s]):
                     continue
                 begin(heapq.heappop(ready[s])[1])
+            dirty.update(s for _, s in candidates)
         if not running:
             break
         now = running[0][0]

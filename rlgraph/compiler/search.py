@@ -8,15 +8,20 @@ groups. The user's plan is always a candidate, so the result is never worse than
 
 Method (the space is `search_space.SearchSpace`):
 
-- enumeration, when the space has at most `ENUMERATION_LIMIT` candidates: every candidate
-  gets a cheap lower bound from per-group cost tables; candidates are taken best bound first
-  and evaluated exactly (placement, costs, the exact bound, then the simulation only if the
-  bound can still beat the K-th best plan); the search stops when the next lower bound
-  exceeds the K-th best period. This is exact: every skipped plan is provably no better.
-- local search, for larger spaces: hill climbing from the user's plan, the colocated plan and
-  seeded random partitions (GPUs water-filled to the most loaded group), over moves of one
-  task between groups, GPUs between two groups, lag, partial rollout and tp; neighbours whose
-  lower bound cannot beat the current plan are never simulated. Deterministic for a seed.
+- enumeration, when partitions x tp choices x partial settings are at most `PARTITION_LIMIT`
+  (up to 8 grouped tasks): every candidate gets a cheap lower bound from per-group cost
+  tables and is evaluated exactly (placement, costs, the exact bound, then the simulation
+  only if the bound can still beat the K-th best plan), best lower bound first. Phase 1 does
+  this for one water-filled size vector per partition, to learn a good K-th best period
+  early; phase 2 for every size vector, never combining a group size whose own load already
+  exceeds that period. The search stops when the next lower bound exceeds the K-th best
+  period. This is exact: every skipped plan is provably no better.
+- local search, for larger spaces (or when phase 2 passes `ENUMERATION_LIMIT` candidates or
+  half the time budget): hill climbing from the user's plan, the colocated plan, the best
+  plans so far and seeded random partitions (GPUs water-filled to the most loaded group),
+  over moves of one task between groups, GPUs between two groups, lag, partial rollout and
+  tp; neighbours whose lower bound cannot beat the current plan are never simulated.
+  Deterministic for a seed.
 
 Both stop at `time_budget_s` (the result then says it is not exact).
 """
@@ -27,6 +32,7 @@ import argparse
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,14 +48,16 @@ from rlgraph.compiler.search_space import (
     Evaluation,
     Evaluator,
     SearchSpace,
+    bell,
 )
 from rlgraph.compiler.timed import timed_graph
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.spec import Spec
 
-ENUMERATION_LIMIT = 400_000  # candidates (layouts x lags) enumerated exactly
-TIME_BUDGET_S = 60.0
+PARTITION_LIMIT = 5_000  # partitions x tp choices x partial settings enumerated exactly
+ENUMERATION_LIMIT = 400_000  # candidates (layouts x lags) whose bound can still win
+TIME_BUDGET_S = 30.0
 RESTARTS = 24  # local search: random restarts after the input and the colocated plan
 
 
@@ -198,12 +206,17 @@ class _Search:
 
     def __init__(self, space: SearchSpace, ev: Evaluator, board: Leaderboard, deadline: float):
         self.space, self.ev, self.board, self.deadline = space, ev, board, deadline
-        self.enumerated = 0
+        self.started = time.perf_counter()
         self.timed_out = False
+        self._fitted: dict[tuple, tuple[int, ...] | None] = {}
 
-    def late(self) -> bool:
-        """True (and remembered) once the time budget is spent."""
-        if time.perf_counter() > self.deadline:
+    def late(self, half: bool = False) -> bool:
+        """True (and remembered) once the time budget is spent; `half`: half of what is left
+        at the start (enumeration then leaves the rest to the local search)."""
+        now = time.perf_counter()
+        if half:
+            return now > (self.started + self.deadline) / 2
+        if now > self.deadline:
             self.timed_out = True
         return self.timed_out
 
@@ -216,24 +229,53 @@ class _Search:
         self.board.offer(plan)
         return plan
 
+    @staticmethod
+    def _entry(out: list, cand: Candidate, load: float, path: float, cutoff: float) -> None:
+        lower = max(load, path / (cand.max_lag + 1))
+        if lower <= cutoff:
+            out.append((lower, cand.max_lag, len(out), cand))
+
+    def seeds(self) -> list[tuple[float, int, int, Candidate]]:
+        """Phase 1: one water-filled size vector per partition, tp and partial setting."""
+        out: list = []
+        cutoff = self.board.cutoff() * (1 + PRUNE_TOLERANCE)
+        for blocks in self.space.partitions():
+            for tp in self.space.tps:
+                for partial in self.space.partials:
+                    sizes = self.fit_sizes(blocks, partial, tp)
+                    if sizes is None:
+                        continue
+                    load, path = self.ev.lower_bound(blocks, sizes, partial, tp)
+                    for lag in self.space.lags_for(partial):
+                        self._entry(out, Candidate(blocks, sizes, lag, partial, tp), load, path,
+                                    cutoff)
+        return sorted(out, key=lambda e: e[:3])
+
     def entries(self) -> list[tuple[float, int, int, Candidate]] | None:
-        """(lower bound, lag, order, candidate) of the whole space; None past the limit."""
-        out = []
+        """Phase 2: every candidate whose lower bound can still enter the top K (block sizes
+        whose own load exceeds the cutoff are never combined); None past the limit or past
+        half of the time left."""
+        out: list = []
+        cutoff = self.board.cutoff() * (1 + PRUNE_TOLERANCE)
+        visited = 0
         for blocks in self.space.partitions():
             for tp in self.space.tps:
                 valid = [self.ev.valid_sizes(b, tp) for b in blocks]
-                for sizes in self.space.size_vectors(valid):
-                    for partial in self.space.partials:
+                for partial in self.space.partials:
+                    choices = [[s for s in v if self.ev.block_load(b, s, partial, tp) <= cutoff]
+                               for b, v in zip(blocks, valid)]
+                    for sizes in self.space.size_vectors(choices, valid):
                         load, path = self.ev.lower_bound(blocks, sizes, partial, tp)
                         for lag in self.space.lags_for(partial):
-                            cand = Candidate(blocks, sizes, lag, partial, tp)
-                            out.append((max(load, path / (lag + 1)), lag, len(out), cand))
-                    if len(out) > ENUMERATION_LIMIT or self.late():
-                        return None
-        self.enumerated = len(out)
+                            self._entry(out, Candidate(blocks, sizes, lag, partial, tp), load,
+                                        path, cutoff)
+                        visited += 1
+                        if len(out) > ENUMERATION_LIMIT or (
+                                visited % 64 == 0 and self.late(half=True)):
+                            return None
         return sorted(out, key=lambda e: e[:3])
 
-    def enumerate(self, entries: list[tuple[float, int, int, Candidate]]) -> None:
+    def best_first(self, entries: list[tuple[float, int, int, Candidate]]) -> None:
         """Best lower bound first; stop when no remaining candidate can enter the top K."""
         for lower, _, _, cand in entries:
             cutoff = self.board.cutoff()
@@ -245,63 +287,79 @@ class _Search:
 
     def fit_sizes(self, blocks: tuple, partial: bool, tp: int | None) -> tuple[int, ...] | None:
         """Water-filling: smallest accepted sizes, then grow the most loaded group that can."""
+        key = (blocks, partial, tp)
+        if key not in self._fitted:
+            self._fitted[key] = self._water_fill(blocks, partial, tp)
+        return self._fitted[key]
+
+    def _water_fill(self, blocks: tuple, partial: bool, tp: int | None
+                    ) -> tuple[int, ...] | None:
         valid = [self.ev.valid_sizes(b, tp) for b in blocks]
         if any(not v for v in valid):
             return None
         sizes = [v[0] for v in valid]
         if not self.space.packs(sizes):
             return None
+        loads = [self.ev.block_load(b, s, partial, tp) for b, s in zip(blocks, sizes)]
         while True:
-            loads = [sum(self.ev.table(b, s, partial, tp).get(t, 0.0) for t in b)
-                     for b, s in zip(blocks, sizes)]
             for i in sorted(range(len(blocks)), key=lambda i: -loads[i]):
                 bigger = next((v for v in valid[i] if v > sizes[i]), None)
                 if bigger is not None and self.space.packs([*sizes[:i], bigger,
                                                             *sizes[i + 1:]]):
                     sizes[i] = bigger
+                    loads[i] = self.ev.block_load(blocks[i], bigger, partial, tp)
                     break
             else:
                 return tuple(sizes)
 
-    def neighbours(self, cand: Candidate, rng: random.Random) -> list[Candidate]:
-        """Moves: lag, partial, tp, GPUs between two groups, a task to another group."""
-        space, out = self.space, []
-        for lag in space.lags_for(cand.partial_rollout):
-            out.append(replace(cand, max_lag=lag))
-        for partial in space.partials:
-            if partial != cand.partial_rollout:
-                lag = max(cand.max_lag, 1) if partial else cand.max_lag
-                out.append(replace(cand, partial_rollout=partial, max_lag=lag))
-        for tp in space.tps:
-            sizes = self.fit_sizes(cand.blocks, cand.partial_rollout, tp)
-            if tp != cand.tp and sizes:
-                out.append(replace(cand, tp=tp, sizes=sizes))
-        valid = [self.ev.valid_sizes(b, cand.tp) for b in cand.blocks]
-        for i in range(len(cand.blocks)):
-            for j in range(len(cand.blocks)):
-                bigger = next((v for v in valid[i] if v > cand.sizes[i]), None)
-                if i == j or bigger is None:
+    def neighbours(self, cand: Candidate, rng: random.Random) -> Iterator[Candidate]:
+        """Moves, in seeded random order: lag, partial rollout, tp, GPUs from one group to
+        another, one task to another (or a new) group; sizes are water-filled after a move
+        that changes the groups or tp."""
+        space = self.space
+        moves: list[tuple] = [("lag", lag) for lag in space.lags_for(cand.partial_rollout)
+                              if lag != cand.max_lag]
+        moves += [("partial", p) for p in space.partials if p != cand.partial_rollout]
+        moves += [("tp", tp) for tp in space.tps if tp != cand.tp]
+        k = len(cand.blocks)
+        moves += [("gpus", i, j) for i in range(k) for j in range(k) if i != j]
+        moves += [("task", t, j) for t in space.tasks for j in range(k + 1)]
+        rng.shuffle(moves)
+        for move in moves:
+            nxt = self._apply(cand, move)
+            if nxt is not None and nxt != cand:
+                yield nxt
+
+    def _apply(self, cand: Candidate, move: tuple) -> Candidate | None:
+        kind = move[0]
+        if kind == "lag":
+            return replace(cand, max_lag=move[1])
+        if kind == "partial":
+            return replace(cand, partial_rollout=move[1],
+                           max_lag=max(cand.max_lag, 1) if move[1] else cand.max_lag)
+        if kind == "tp":
+            sizes = self.fit_sizes(cand.blocks, cand.partial_rollout, move[1])
+            return replace(cand, tp=move[1], sizes=sizes) if sizes else None
+        if kind == "gpus":  # block i takes its next size, block j gives what packing needs
+            i, j = move[1], move[2]
+            valid_i = self.ev.valid_sizes(cand.blocks[i], cand.tp)
+            bigger = next((v for v in valid_i if v > cand.sizes[i]), None)
+            if bigger is None:
+                return None
+            for smaller in reversed(self.ev.valid_sizes(cand.blocks[j], cand.tp)):
+                if smaller >= cand.sizes[j]:
                     continue
-                for smaller in sorted((v for v in valid[j] if v < cand.sizes[j]), reverse=True):
-                    sizes = list(cand.sizes)
-                    sizes[i], sizes[j] = bigger, smaller
-                    if space.packs(sizes):
-                        out.append(replace(cand, sizes=tuple(sizes)))
-                        break
-        blocks = [list(b) for b in cand.blocks]
-        for i, block in enumerate(blocks):
-            for task in block:
-                for j in [*range(len(blocks)), len(blocks)]:
-                    if j == i:
-                        continue
-                    moved = [[t for t in b if t != task] for b in blocks] + [[]]
-                    moved[j].append(task)
-                    part = space.canonical([b for b in moved if b])
-                    sizes = self.fit_sizes(part, cand.partial_rollout, cand.tp)
-                    if sizes:
-                        out.append(replace(cand, blocks=part, sizes=sizes))
-        rng.shuffle(out)
-        return out
+                sizes = list(cand.sizes)
+                sizes[i], sizes[j] = bigger, smaller
+                if self.space.packs(sizes):
+                    return replace(cand, sizes=tuple(sizes))
+            return None
+        task, j = move[1], move[2]
+        moved = [[t for t in b if t != task] for b in cand.blocks] + [[]]
+        moved[j].append(task)
+        blocks = self.space.canonical([b for b in moved if b])
+        sizes = self.fit_sizes(blocks, cand.partial_rollout, cand.tp)
+        return replace(cand, blocks=blocks, sizes=sizes) if sizes else None
 
     def climb(self, start: Candidate, rng: random.Random) -> None:
         """First-improvement hill climbing; neighbours whose bound cannot win are skipped."""
@@ -374,15 +432,20 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
         board.offer(mine)
     sync = input_dict["schedule"]["sync_period_s"] if input_dict else _sync_period(spec, scale)
     search = _Search(space, evaluator, board, started + time_budget_s)
-    entries = search.entries() if method != "local search" else None
-    if entries is not None:
-        used = "enumeration"
-        search.enumerate(entries)
-    elif method == "enumeration":
-        raise ValueError(f"the space has more than {ENUMERATION_LIMIT} candidates")
-    else:
-        used = "local search"
+    layouts = bell(len(space.tasks)) * len(space.tps) * len(space.partials)
+    if method == "auto":
+        method = "enumeration" if layouts <= PARTITION_LIMIT else "local search"
+    used = method
+    if method == "enumeration":
+        search.best_first(search.seeds())
+        entries = search.entries()
+        if entries is None:  # too many to enumerate: improve the seeds locally instead
+            used = "local search"
+        else:
+            search.best_first(entries)
+    if used == "local search":
         starts = [c for c in (_as_candidate(space, mine), _colocated(search, spec)) if c]
+        starts += [p.candidate for p in board.ranked() if p.candidate]
         search.local_search(starts, seed)
     ranked = board.ranked()
     if not ranked:
@@ -391,7 +454,7 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
     best = ranked[0]
     plan = input_dict if best.origin == "input" and input_dict else compile_plan(
         best.spec, _carried(best.spec, scale) if scale else None)
-    stats = {"enumerated": search.enumerated, **evaluator.stats}
+    stats = dict(evaluator.stats)
     return TuneResult(best, ranked[:top], mine, input_error, sync, plan, used,
                       used == "enumeration" and not search.timed_out,
                       time.perf_counter() - started, seed, stats)

@@ -115,10 +115,11 @@ def print_tune(result: TuneResult, footer: str, file: IO[str] | None = None) -> 
     console = Console(file=stream, highlight=False, soft_wrap=False, width=width)
     stats = result.stats
     how = "exact" if result.exact else "best found"
-    console.print(f"[bold]{result.best.spec.name}[/bold] · {result.method} ({how}): "
-                  f"{stats.get('enumerated', 0)} candidates bounded, {stats.get('bounded', 0)} "
-                  f"placed and bounded exactly, {stats.get('simulated', 0)} simulated, "
-                  f"{stats.get('refused', 0)} refused by placement, in {result.seconds:.2f} s")
+    console.print(f"[bold]{result.best.spec.name}[/bold] · {result.method} ({how}) in "
+                  f"{result.seconds:.2f} s: {stats.get('lower_bounded', 0)} layouts "
+                  f"lower-bounded, {stats.get('bounded', 0)} plans bounded exactly, "
+                  f"{stats.get('simulated', 0)} simulated, {stats.get('refused', 0)} refused "
+                  f"by placement")
     if result.input_error:
         console.print(f"your plan is refused: {result.input_error}")
     console.print(tune_table(result))

@@ -244,10 +244,12 @@ class Evaluator:
         self.back = [(u, v) for u, v, d in graph.edges(data="distance") if d]
         self._valid: dict[tuple, bool] = {}
         self._tables: dict[tuple, dict[str, float]] = {}
+        self._loads: dict[tuple, float] = {}
         self._graphs: dict[tuple[Block, ...], Any] = {}
         self._layouts: dict[tuple, Any] = {}
         self.cache: dict[Candidate, Evaluation] = {}
-        self.stats = {"placed": 0, "bounded": 0, "simulated": 0, "refused": 0}
+        self.stats = {"lower_bounded": 0, "placed": 0, "bounded": 0, "simulated": 0,
+                      "refused": 0}
 
     # ------------------------------------------------------------ per-group tables
 
@@ -314,12 +316,16 @@ class Evaluator:
     def block_load(self, block: Block, size: int, partial: bool, tp: int | None) -> float:
         """Seconds of the block's own tasks per step on `size` GPUs (a lower bound of its
         group's load: weight transfers come on top)."""
-        table = self.table(block, size, partial, tp)
-        return sum(table[t] for t in block)
+        key = (block, size, partial, tp)
+        if key not in self._loads:
+            table = self.table(block, size, partial, tp)
+            self._loads[key] = sum(table[t] for t in block)
+        return self._loads[key]
 
     def lower_bound(self, blocks: tuple[Block, ...], sizes: tuple[int, ...], partial: bool,
                     tp: int | None) -> tuple[float, float]:
         """(load part, path part): the period of any lag is >= max(load, path / (lag + 1))."""
+        self.stats["lower_bounded"] += 1
         seconds: dict[str, float] = {}
         owner: dict[str, int] = {}
         for i, (block, size) in enumerate(zip(blocks, sizes)):

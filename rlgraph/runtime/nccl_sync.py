@@ -172,7 +172,11 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
             small_d.append(d)
             small_s.append(s)
     if small_d:
-        torch._foreach_copy_(small_d, small_s)
+        try:
+            torch._foreach_copy_(small_d, small_s)
+        except (RuntimeError, NotImplementedError):  # a torch without a batched copy for bytes
+            for d, s in zip(small_d, small_s):
+                d.copy_(s)
 
 
 # ----------------------------------------------------------------------------- group
@@ -269,6 +273,8 @@ def init(rank: int, world: int, master_addr: str, port: int, *, backend: str = "
         opts._timeout = timeout
         pg = torch.distributed.ProcessGroupNCCL(torch.distributed.PrefixStore("nccl/", store),
                                                 rank, world, opts)
+    if hasattr(pg, "_set_sequence_number_for_group"):  # as torch does for its own groups
+        pg._set_sequence_number_for_group()
     return SyncGroup(rank, world, backend, device, store, pg, True)
 
 

@@ -11,6 +11,7 @@ a checkpoint at the last trained step with the rollout buffer, so `--resume` los
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import traceback
 from collections.abc import Callable
@@ -137,6 +138,7 @@ class Runner:
 
         out = self.options.out_dir
         out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(self.plan, indent=2) + "\n")
         began = time.time()
         owned = cluster.connect(self.plan, self.options.address)
         try:
@@ -169,7 +171,9 @@ class Runner:
               startup_s: float) -> RunResult:
         out, opts = self.options.out_dir, self.options
         previous = load_events(out / "trace.json") if opts.resume else []
-        previous = [e for e in previous if e["step"] < first]
+        # keep the spans whose work survives: steps before k, and the buffered generates
+        previous = [e for e in previous
+                    if e["step"] < first or (e["node"], e["step"]) in preloaded]
         offset = max((e["end"] for e in previous), default=0.0)
         result = RunResult(out, first, first, stopped=False, startup_s=startup_s)
         pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,

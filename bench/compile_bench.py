@@ -1,0 +1,178 @@
+"""Compile-time benchmark: seed graphs, synthetic wide fan-out graphs, and the CLI process.
+
+    python bench/compile_bench.py            # writes bench/results/compile.json
+
+Targets (issue 2): every seed graph compiles in under 20 ms in process (placement, costs,
+lag, bound, the simulation, the max_lag sweep and the synchronous baseline included); a
+1000-node graph in under 2 s; `rlgraph compile graph.yaml --json` as a process in under 1 s
+(the compile path imports neither torch nor ray). Wall and CPU time are both recorded:
+other jobs share this machine, and CPU time is what the compiler itself spends. Ratios
+measured side by side in this run: the CLI process over a bare `python -c pass`, and the
+1000-node graph over the 100-node one (the scaling of the passes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.errors import SourceMap  # noqa: E402
+from rlgraph.spec import Spec, load_spec, validate_spec  # noqa: E402
+
+OUT = ROOT / "bench" / "results" / "compile.json"
+SEED_TARGET_MS = 20.0
+LARGE_TARGET_S = 2.0
+CLI_TARGET_S = 1.0
+
+
+def synthetic_spec(n_nodes: int, max_lag: int = 1) -> Spec:
+    """Wide fan-out: k generate -> reward pairs feeding one train, a param_update per
+    generate; generates spread over up to 16 one-GPU rollout groups; 3k + 1 nodes."""
+    k = max(1, round((n_nodes - 1) / 3))
+    rollouts = 1 << (min(k, 16).bit_length() - 1)
+    nodes: dict[str, Any] = {"train": {"kind": "train"}}
+    groups: dict[str, Any] = {"trainer": {"share": 0.5, "tasks": ["train"]}}
+    groups.update({f"rollout{j}": {"share": 0.5 / rollouts, "tasks": []}
+                   for j in range(rollouts)})
+    edges = []
+    for i in range(k):
+        nodes[f"gen{i}"] = {"kind": "generate", "cost": {"seconds": 1.0 + (i % 7) / 10}}
+        nodes[f"reward{i}"] = {"kind": "reward"}
+        nodes[f"sync{i}"] = {"kind": "param_update", "src": "train", "dst": f"gen{i}"}
+        groups[f"rollout{i % rollouts}"]["tasks"].append(f"gen{i}")
+        edges += [f"gen{i} -> reward{i}", f"reward{i} -> train", f"train -> sync{i}",
+                  f"sync{i} -> gen{i}"]
+    data = {"name": f"synthetic-{n_nodes}",
+            "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "H100"},
+            "model": {"preset": "qwen2.5-0.5b"},
+            "data": {"prompts_per_step": 32, "samples_per_prompt": 4},
+            "groups": groups, "nodes": nodes, "edges": edges,
+            "schedule": {"max_lag": max_lag}}
+    return validate_spec(data, SourceMap())
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Median and min wall / CPU milliseconds of `fn`, and its first (cold) call."""
+    first = time.perf_counter()
+    fn()
+    first = (time.perf_counter() - first) * 1e3
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        wall.append((time.perf_counter() - w) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+    return {"wall_ms_median": statistics.median(wall), "wall_ms_min": min(wall),
+            "cpu_ms_median": statistics.median(cpu), "first_call_wall_ms": first,
+            "repeats": repeats}
+
+
+def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
+    s = plan["schedule"]
+    return {"period_s": s["period_s"], "bound_s": s["bound_s"],
+            "sync_period_s": s["sync_period_s"], "speedup_vs_sync": s["speedup_vs_sync"],
+            "steps_simulated": s["steps_simulated"], "bottleneck": s["bottleneck"]}
+
+
+def bench_seeds() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((ROOT / "graphs").glob("*.yaml")):
+        spec = load_spec(path)
+        row = {"graph": str(path.relative_to(ROOT)), "nodes": len(spec.nodes)}
+        row.update(timed(lambda spec=spec: compile_plan(spec), repeats=20))
+        row.update(plan_summary(compile_plan(spec)))
+        row["under_target"] = row["cpu_ms_median"] < SEED_TARGET_MS
+        out.append(row)
+        print(f"{row['graph']:42} {row['wall_ms_median']:7.2f} ms wall {row['cpu_ms_median']:7.2f}"
+              f" ms cpu  period {row['period_s']:.4g} s  speedup {row['speedup_vs_sync']:.2f}")
+    return out
+
+
+def bench_synthetic() -> list[dict[str, Any]]:
+    out = []
+    for n in (10, 100, 1000):
+        spec = synthetic_spec(n)
+        row = {"graph": f"synthetic fan-out {n}", "nodes": len(spec.nodes)}
+        row.update(timed(lambda spec=spec: compile_plan(spec), repeats=5 if n < 1000 else 3))
+        row.update(plan_summary(compile_plan(spec)))
+        row["under_target"] = n < 1000 or row["cpu_ms_median"] < LARGE_TARGET_S * 1e3
+        out.append(row)
+        print(f"{row['graph']:42} {row['wall_ms_median']:7.1f} ms wall {row['cpu_ms_median']:7.1f}"
+              f" ms cpu  ({row['nodes']} nodes, {row['steps_simulated']} steps simulated)")
+    return out
+
+
+def _process_seconds(argv: list[str], repeats: int) -> tuple[float, int, str]:
+    times, code, err = [], 0, ""
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        times.append(time.perf_counter() - start)
+        code, err = result.returncode, result.stderr[-500:]
+    return statistics.median(times), code, err
+
+
+def bench_cli() -> dict[str, Any]:
+    if importlib.util.find_spec("rlgraph.cli") is None:
+        return {"skipped": "rlgraph.cli does not exist in this checkout"}
+    graph = ROOT / "graphs" / "quickstart.yaml"
+    if not graph.exists():
+        return {"skipped": "graphs/quickstart.yaml does not exist in this checkout"}
+    python, _, _ = _process_seconds([sys.executable, "-c", "pass"], repeats=5)
+    argv = [sys.executable, "-m", "rlgraph", "compile", str(graph), "--json"]
+    cli, code, err = _process_seconds(argv, repeats=5)
+    row = {"command": "python -m rlgraph compile graphs/quickstart.yaml --json",
+           "wall_s_median": cli, "exit_code": code, "python_startup_s_median": python,
+           "cli_over_python_startup": cli / python, "under_target": cli < CLI_TARGET_S}
+    if code:
+        row["stderr_tail"] = err
+    print(f"CLI process {cli:.3f} s (bare python {python:.3f} s), exit {code}")
+    return row
+
+
+def main() -> int:
+    load_before = os.getloadavg()
+    seeds = bench_seeds()
+    synthetic = bench_synthetic()
+    cli = bench_cli()
+    by_nodes = {r["nodes"]: r for r in synthetic}
+    result = {
+        "benchmark": "compile", "command": "python bench/compile_bench.py",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine(),
+                    "cpu_count": os.cpu_count(), "load_avg_before": load_before,
+                    "load_avg_after": os.getloadavg()},
+        "targets": {"seed_graph_ms": SEED_TARGET_MS, "nodes_1000_s": LARGE_TARGET_S,
+                    "cli_process_s": CLI_TARGET_S},
+        "seed_graphs": seeds,
+        "synthetic": synthetic,
+        "cli": cli,
+        "ratios": {
+            "synthetic_1000_over_100_cpu": by_nodes[1000]["cpu_ms_median"]
+            / by_nodes[100]["cpu_ms_median"],
+            "cli_over_python_startup": cli.get("cli_over_python_startup"),
+        },
+        "all_under_target": all(r["under_target"] for r in seeds + synthetic)
+        and cli.get("under_target", True),
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {OUT.relative_to(ROOT)}; all under target: {result['all_under_target']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
