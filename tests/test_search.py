@@ -267,3 +267,19 @@ def test_cli_bad_tp_is_a_clear_error(capsys):
     assert main(["tune", str(TUNE / "colocate-wins.yaml"), "--tp", "two"]) == 2
     err = capsys.readouterr().err
     assert "--tp two" in err and "Traceback" not in err
+
+
+def test_cli_calibrate_reads_a_run_dirs_trace(tmp_path, capsys):
+    """A run whose train took 7 s a step (model: 3.5 s) retunes as in the calibration test."""
+    spans = [{"ph": "X", "name": node, "ts": step * 20e6, "dur": seconds * 1e6,
+              "pid": 1, "tid": 1, "args": {"node": node, "step": step}}
+             for step in range(4) for node, seconds in (("generate", 4.0), ("train", 7.0))]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": spans}))
+    argv = ["tune", str(TUNE / "separate-wins.yaml"), "--calibrate", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schedule"]["period_s"] == pytest.approx(8.0)
+    assert sorted(g["gpus"] for g in plan["placement"]["groups"]) == [1, 7]
+    assert main(["tune", str(TUNE / "separate-wins.yaml"), "--calibrate",
+                 str(tmp_path / "missing")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -47,7 +47,8 @@ EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
 
 __all__ = [
-    "LowestStepFirst", "TaskState", "compile_plan", "load_calibration", "simulate",
+    "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
+    "simulate",
     "steady_state", "sync_graph", "sync_spec",
 ]
 

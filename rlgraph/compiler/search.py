@@ -49,6 +49,7 @@ from rlgraph.compiler.search_space import (
     Evaluator,
     SearchSpace,
     bell,
+    idle_gpus,
 )
 from rlgraph.compiler.timed import timed_graph
 from rlgraph.errors import SpecError
@@ -181,10 +182,12 @@ def _input_plan(spec: Spec, measured: dict[str, float] | None
     sched = plan["schedule"]
     groups = [{"name": g["name"], "tasks": list(g["tasks"]), "gpus": g["gpus"]}
               for g in plan["placement"]["groups"]]
-    busy = sum(g["gpus"] * sched["utilization"].get(g["name"], 0.0) for g in groups)
+    graph, placement = build_graph(spec), place(spec)  # plan.json rounds utilization
+    costs, _ = node_costs(spec, graph, placement, measured)
+    tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
+    idle = idle_gpus(tg, sched["period_s"], placement, placement.slots)
     return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
-                sched["period_s"], sched["bound_s"],
-                max(0.0, plan["placement"]["slots"] - busy), sched["bottleneck"], spec,
+                sched["period_s"], sched["bound_s"], idle, sched["bottleneck"], spec,
                 origin="input"), None, plan
 
 

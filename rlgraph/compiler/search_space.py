@@ -119,8 +119,9 @@ class SearchSpace:
             self.per_node * k for k in range(2, self.machines + 1))
         self.lags = tuple(range(spec.schedule.max_lag + 1))
         self.partials = (False, True) if spec.schedule.partial_rollout else (False,)
-        self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) if tp_choices \
-            else (None,)
+        has_generate = any(node.kind == "generate" for node in spec.nodes.values())
+        self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) \
+            if tp_choices and has_generate else (None,)
         self.user_blocks = {name: tuple(g.tasks) for name, g in spec.groups.items()}
         self._packs: dict[tuple[int, ...], bool] = {}
 
