@@ -6,14 +6,17 @@
     (random weights from the qwen2.5 presets), GPU 0 -> GPU 1, checked bit for bit.
 (b) 1 GPU: decode of the 374M Llama preset in bf16 at batch 64 and 256: ms per decode step and
     tokens/s for transformers `generate` (dynamic cache; `cache_implementation="static"`) and
-    for rlgraph's StaticDecoder (CUDA graphs; and torch.compile + CUDA graphs), against the HBM
-    roofline: weights + KV bytes read per step over the device-to-device copy bandwidth
-    measured here. Also exercises refill and interrupt / resume.
+    for rlgraph's StaticDecoder (CUDA graphs; torch.compile + CUDA graphs; that plus fused
+    q/k/v and gate/up projections), against the HBM roofline: weights + KV bytes read per step
+    over the device-to-device copy bandwidth measured here; a kernel profile of the fused step;
+    refill and interrupt / resume exercised.
 
     PYTHONUNBUFFERED=1 python bench/gpu_bench.py --out DIR [--parts nccl,decode]
 
 Writes DIR/gpu-nccl-sync.json and DIR/gpu-decode.json (copied to bench/results/). Without
 CUDA it prints a message and exits 0. Needs torch and transformers only (no ray, no pydantic).
+RLGRAPH_GPU_BENCH_DRY=1 rehearses the same code on the CPU (gloo, tiny model, no compile).
+One run on 2x H200 takes about 4 minutes.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
             side = ns.WeightSender(group, produce_mb=produce / scale, consume_mb=consume / scale)
         else:
             side = ns.WeightReceiver(group, w, consume_mb=consume / scale, dual_buffer=dual)
-        times, transfer = [], []
+        times, transfer, host = [], [], []
         for rep in range(7):
             if rank == 1 and rep == 6:  # the last sync lands on zeroed weights: verify it
                 for t in w.values():
@@ -167,16 +170,16 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
             group.barrier()
             t0 = time.perf_counter()
             if rank == 0:
-                side.send(w.items(), version=rep + 1)
+                host.append(side.send(w.items(), version=rep + 1).host_seconds)
             else:
-                side.receive(wait=True)
+                host.append(side.receive(wait=True).host_seconds)
                 transfer.append(time.perf_counter() - t0)
                 side.commit()
                 sync()
             times.append(time.perf_counter() - t0)
         row = {"model": preset, "params": sum(t.numel() for t in w.values()), "bytes": total,
                "tensors": len(w), "produce_mb": produce, "consume_mb": consume,
-               "dual_buffer": dual, "seconds": times[1:]}
+               "dual_buffer": dual, "seconds": times[1:], "host_seconds": host[1:]}
         if rank == 1:
             expect = _randn(specs, dev, 1234)
             row["bit_exact"] = all(torch.equal(w[n], expect[n]) for n in expect)
@@ -212,14 +215,19 @@ def run_nccl(out: Path, info: dict[str, Any]) -> dict[str, Any]:
                                             "consume_mb", "dual_buffer", "bit_exact")},
                      "sync_seconds": sec, "gbps": gbps,
                      "transfer_seconds": statistics.median(s1["transfer_seconds"]),
+                     "transfer_gbps": s1["bytes"] / statistics.median(s1["transfer_seconds"]) / 1e9,
                      "sender_seconds": statistics.median(s0["seconds"]),
+                     "sender_host_seconds": statistics.median(s0["host_seconds"]),
+                     "receiver_host_seconds": statistics.median(s1["host_seconds"]),
                      "raw_gbps_same_message": ref, "percent_of_raw": 100 * gbps / ref})
     data = {"benchmark": "NCCL weight sync vs raw broadcast, GPU 0 -> GPU 1", **info,
             "group": r1.get("group"), "private_group_error": r1.get("private_group_error"),
             "raw_broadcast_gbps": raw, "raw_broadcast_runs": r1["raw"], "syncs": rows,
             "notes": "GB/s = bytes / seconds (1e9). sync_seconds: receiver wall time from a "
-                     "common barrier until the version is live (for dual_buffer, receive + "
-                     "commit copy); transfer_seconds: until every chunk arrived. Median of 6."}
+                     "two-way barrier until the version is live (dual_buffer: receive into "
+                     "staging while generation could go on, then the commit copy into the live "
+                     "weights); transfer_seconds: until every chunk arrived. *_host_seconds: "
+                     "time the host spent enqueueing. Median of 6 after one warm-up."}
     for f in ("nccl-rank0.json", "nccl-rank1.json"):
         (out / f).unlink()
     write(out / "gpu-nccl-sync.json", data)
@@ -261,11 +269,13 @@ def roofline_ms(shape, config: dict[str, Any], batch: int, bw_gbps: float) -> fl
     return (weights + kv) / (bw_gbps * 1e9) * 1e3
 
 
-def bench_ours(rl, model, prompts: torch.Tensor, compile: bool) -> dict[str, Any]:
+def bench_ours(rl, model, prompts: torch.Tensor, compile: bool | str,
+               fuse: bool = False) -> dict[str, Any]:
     sd = rl.static_decode
     b = prompts.shape[0]
     dec = sd.StaticDecoder(model, max_batch=b, max_len=PROMPT_LEN + NEW_TOKENS, sync_every=16,
-                           attn_block=None if compile else 32, compile=compile, timing=True)
+                           attn_block=None if compile else 32, compile=compile, fuse=fuse,
+                           timing=True)
     reqs = [sd.Request(p, NEW_TOKENS, temperature=0.0) for p in prompts.tolist()]
     t = time.perf_counter()
     dec.run(reqs)
@@ -286,6 +296,28 @@ def bench_ours(rl, model, prompts: torch.Tensor, compile: bool) -> dict[str, Any
     return {"ms_per_step": ms, "tokens_per_s": b * 1e3 / ms,
             "e2e_seconds": wall, "e2e_tokens_per_s": b * NEW_TOKENS / wall,
             "warmup_seconds": warm, "graphs": len(dec._graphs), "decoder": dec}
+
+
+def profile_step(dec, steps: int = 10) -> dict[str, Any]:
+    """Kernels of one decode step (the compiled step run without its graph): the top ones by
+    device time, and how many launches a step makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    key = next(iter(dec._graphs))
+    for _ in range(2):
+        dec._step(*key)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            dec._step(*key)
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows)
+    return {"kernels_per_step": sum(e.count for e in rows) / steps,
+            "device_ms_per_step": total / steps / 1e3,
+            "top": [{"name": e.key[:90], "calls_per_step": e.count / steps,
+                     "us_per_step": e.device_time_total / steps} for e in rows[:14]]}
 
 
 def bench_hf(model, prompts: torch.Tensor, static: bool) -> dict[str, Any]:
@@ -366,7 +398,8 @@ def exercise(rl, model, vocab: int) -> dict[str, Any]:
     return out
 
 
-STAGES = ("ours", "exercises", "hf", "ours-compiled", "hf-static")
+STAGES = ("ours", "exercises", "hf", "ours-compiled", "ours-fused", "hf-static",
+          "ours-autotune")
 
 
 def run_decode(out: Path, info: dict[str, Any], budget_s: float,
@@ -403,7 +436,11 @@ def run_decode(out: Path, info: dict[str, Any], budget_s: float,
     plan = [("rlgraph StaticDecoder (CUDA graphs)", "ours", False), "exercises",
             ("transformers generate (dynamic cache)", "hf", False),
             ("rlgraph StaticDecoder (torch.compile + CUDA graphs)", "ours", True),
-            ("transformers generate (static cache, compiled)", "hf", True)]
+            ("rlgraph StaticDecoder (compile + graphs + fused qkv/gate-up)", "fused", True),
+            ("transformers generate (static cache, compiled)", "hf", True),
+            ("rlgraph StaticDecoder (max-autotune + graphs + fused)", "fused",
+             "max-autotune-no-cudagraphs")]
+    fused_model = None
     plan = [p for p, key in zip(plan, STAGES) if key in stages]
     with torch.no_grad():
         for stage in plan:
@@ -416,8 +453,10 @@ def run_decode(out: Path, info: dict[str, Any], budget_s: float,
                 continue
             name, kind, flag = stage
             for b in (64, 256):
-                if DRY and (flag or b == 256):
+                if DRY and (b == 256 or isinstance(flag, str)):
                     continue
+                if DRY and kind != "hf":
+                    flag = False  # no compile in the CPU rehearsal
                 if time.perf_counter() - T0 > budget_s:
                     data["variants"].append({"engine": name, "batch": b,
                                              "skipped": "time budget of this device call"})
@@ -427,13 +466,23 @@ def run_decode(out: Path, info: dict[str, Any], budget_s: float,
                     if kind == "ours":
                         r = bench_ours(rl, model, prompts[b], compile=flag)
                         r.pop("decoder")
+                    elif kind == "fused":
+                        if fused_model is None:  # the baselines keep the unfused model
+                            import copy
+
+                            fused_model = copy.deepcopy(model)
+                        r = bench_ours(rl, fused_model, prompts[b], compile=flag, fuse=True)
+                        dec = r.pop("decoder")
+                        if b == 64 and flag is True and not DRY:
+                            r["profile"] = profile_step(dec)
+                        del dec
                     else:
                         r = bench_hf(model, prompts[b].to(dev), static=flag)
                     r.update(roofline_ms=roof, x_roofline=r["ms_per_step"] / roof)
                 except Exception as err:  # recorded in the results
                     r = {"error": repr(err)[:500]}
                 data["variants"].append({"engine": name, "batch": b, **r})
-                log(f"{name} b={b}: {json.dumps(r)[:300]}")
+                log(f"{name} b={b}: {json.dumps(r)[:1500]}")
                 write(out / "gpu-decode.json", data)
                 if not DRY:
                     torch.cuda.empty_cache()
@@ -466,8 +515,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     ap.add_argument("--parts", default="nccl,decode")
-    ap.add_argument("--stages", default=",".join(STAGES), help="decode stages to run")
-    ap.add_argument("--budget-s", type=float, default=420.0,
+    ap.add_argument("--stages", default=",".join(STAGES[:-1]),
+                    help=f"decode stages to run, of {','.join(STAGES)} (ours-autotune: "
+                         "max-autotune compile, minutes per batch size and no faster here)")
+    ap.add_argument("--budget-s", type=float, default=470.0,
                     help="start no new decode variant after this many seconds")
     args = ap.parse_args()
     if not torch.cuda.is_available() and not DRY:

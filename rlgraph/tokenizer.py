@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rlgraph.errors import RLGraphError
+from rlgraph.errors import RLGraphError, SpecError
 
 Prompt = str | list[dict[str, Any]]
 
@@ -69,7 +69,11 @@ class HFTokenizer:
     def __init__(self, path: str):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(path)
+        try:
+            self.tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"cannot load a tokenizer from '{path}': {exc}", ("model", "path"),
+                            hint="give a local folder with the model's tokenizer files") from None
         eos = self.tok.eos_token_id
         if eos is None:
             raise RLGraphError(f"the tokenizer at {path} has no eos token; sampling cannot stop")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from rlgraph.spec import Spec
     from rlgraph.tokenizer import Tokenizer
 
-_VERSION = 1  # bump when the procedure changes, to invalidate cached results
+_VERSION = 2  # bump when the procedure changes, to invalidate cached results
 
 
 def _examples(spec: Spec, source: DataSource, start: int, n: int) -> list[Example]:
@@ -87,6 +88,8 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
             optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
             losses = []
             for step in range(ws.steps):
+                for group in optimizer.param_groups:  # cosine decay to a tenth: a calm end
+                    group["lr"] = ws.lr * (0.55 + 0.45 * math.cos(math.pi * step / ws.steps))
                 batch = sft_batch(tokenizer, _examples(spec, source, step * ws.batch_size,
                                                        ws.batch_size))
                 logp = token_logp(model, batch["sequences"], batch["attention_mask"],

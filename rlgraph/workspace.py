@@ -59,8 +59,7 @@ class Workspace:
         if "train" in self.kinds:
             train = next(spec.nodes[t] for t in tasks if spec.nodes[t].kind == "train")
             self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=train.lr,
-                                               weight_decay=train.weight_decay,
-                                               betas=(0.9, 0.99))
+                                               weight_decay=train.weight_decay)
         self._workers: dict[str, Any] = {}
 
     def worker(self, node_name: str) -> Any:

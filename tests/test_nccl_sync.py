@@ -97,7 +97,7 @@ def test_layout_pieces_cover_every_byte_once() -> None:
         for i, a, b in layout.pieces(lo, min(lo + step, layout.total)):
             covered[layout.slots[i].name] += b - a
     assert covered == {n: t.numel() * t.element_size() for n, t in w.items()}
-    assert Layout.from_json(layout.to_json()) == layout
+    assert Layout.from_json(layout.json) == layout
 
 
 def test_layout_mismatch_is_a_clear_error() -> None:

@@ -21,7 +21,7 @@ from rlgraph.compiler.timed import timed_graph
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import build_graph
 from rlgraph.runtime.channels import Channel, ChannelError
-from rlgraph.runtime.pipeline import Pipeline
+from rlgraph.runtime.pipeline import Pending, Pipeline
 from rlgraph.runtime.state_machine import (
     TRANSITIONS,
     Event,
@@ -47,22 +47,29 @@ def graph_of(layout: str, max_lag: int):
 
 
 def drive(pipeline: Pipeline, seconds: dict[str, float], stop_after_train: int | None = None):
-    """Run the pipeline on a simulated clock; returns the event dicts of every task."""
-    now, running, events, order = 0.0, [], [], 0
+    """Run the pipeline on a simulated clock; returns the event dicts of every task. A task
+    chained behind another starts when that one ends (its actor runs them in order)."""
+    now, running, events, order, ends = 0.0, [], [], 0, {}
     while True:
         for task in pipeline.startable():
-            inputs_steps = {src: payload["step"] for src, payload in task.inputs.items()}
-            assert all(s == task.step for s in inputs_steps.values()), inputs_steps
+            for src, payload in task.inputs.items():
+                if isinstance(payload, Pending):
+                    assert (payload.node, payload.step) == task.behind
+                else:
+                    assert payload["step"] == task.step, (src, payload)
+            start = now if task.behind is None else max(now, ends[task.behind])
             version = pipeline.versions.get(task.node)
             order += 1
-            heapq.heappush(running, (now + seconds[task.node], order, task, now, version))
+            ends[(task.node, task.step)] = start + seconds[task.node]
+            heapq.heappush(running, (start + seconds[task.node], order, task, start, version))
         if not running:
             break
         now = running[0][0]
         while running and running[0][0] <= now + 1e-12:
             end, _, task, start, version = heapq.heappop(running)
             events.append({"node": task.node, "step": task.step, "start": start, "end": end,
-                           "occupies": list(task.occupies), "version": version})
+                           "occupies": list(task.occupies), "version": version,
+                           "chained": task.behind is not None})
             payload = {"step": task.step, "node": task.node, "version": version}
             pipeline.complete(task.node, task.step, payload)
             if (stop_after_train is not None and task.kind == "train"
@@ -157,6 +164,10 @@ def test_pipeline_equals_the_compilers_simulation(seconds, max_lag, layout):
     graph = graph_of(layout, max_lag)
     steps = 10
     events = drive(Pipeline(graph, steps=steps, max_lag=max_lag), seconds)
+    plain = drive(Pipeline(graph, steps=steps, max_lag=max_lag, chaining=False), seconds)
+    assert {(e["node"], e["step"]): e["start"] for e in events} == pytest.approx(
+        {(e["node"], e["step"]): e["start"] for e in plain}), "chaining changed the schedule"
+    assert not any(e["chained"] for e in plain)
     check_invariants(graph, events, max_lag, steps)
     groups = sorted({g for _, occ in graph.nodes(data="occupies") for g in occ})
     sim = simulate(timed_graph(graph, seconds, groups), steps)
@@ -169,16 +180,25 @@ def test_pipeline_equals_the_compilers_simulation(seconds, max_lag, layout):
 
 
 @pytest.mark.parametrize("max_lag", [1, 2])
-def test_lag_gives_real_overlap(max_lag):
+@pytest.mark.parametrize("train_s", [0.5, 0.8])
+def test_lag_gives_real_overlap(max_lag, train_s):
+    """Generate-bound (train 0.5): generate(t+1) runs during train(t). Trainer-bound (0.8):
+    generate runs max_lag batches ahead, so some generate(t+d), d <= max_lag, does."""
     graph = graph_of("split", max_lag)
-    seconds = {"generate": 1.0, "reward": 0.01, "logp": 0.2, "ref_logp": 0.2, "train": 0.8,
-               "param_update": 0.05}
+    seconds = {"generate": 1.0, "reward": 0.01, "logp": 0.2, "ref_logp": 0.2,
+               "train": train_s, "param_update": 0.05}
     events = drive(Pipeline(graph, steps=8, max_lag=max_lag), seconds)
     by = {(e["node"], e["step"]): e for e in events}
-    overlaps = [t for t in range(7) if by[("generate", t + 1)]["start"] < by[("train", t)]["end"]
-                and by[("generate", t + 1)]["end"] > by[("train", t)]["start"]]
-    assert len(overlaps) >= 5
+
+    def overlaps(t, d):
+        gen, train = by.get(("generate", t + d)), by[("train", t)]
+        return gen is not None and gen["start"] < train["end"] and gen["end"] > train["start"]
+
+    if train_s < 0.6 or max_lag == 1:
+        assert sum(overlaps(t, 1) for t in range(7)) >= 5
+    assert sum(any(overlaps(t, d) for d in range(1, max_lag + 1)) for t in range(7)) >= 5
     assert max(t - by[("generate", t)]["version"] for t in range(8)) >= 1
+    assert any(e["chained"] for e in events), "logp -> ref_logp -> train chain on trainer"
 
 
 def test_max_lag_zero_is_on_policy_and_serial():

@@ -116,3 +116,29 @@ def test_bad_request_is_refused(model) -> None:
     dec = StaticDecoder(model, max_batch=2, max_len=16)
     with pytest.raises(ValueError, match="max_len=16"):
         dec.submit([Request(list(range(10)), 10)])
+
+
+def test_fused_projections_keep_parameters_and_tokens(model, references) -> None:
+    import copy
+
+    fused = copy.deepcopy(model)
+    dec = StaticDecoder(fused, max_batch=3, max_len=32, sync_every=4, attn_block=8, fuse=True)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    assert {n: p.shape for n, p in fused.named_parameters()} == shapes
+    reqs = [Request(p, MAX_NEW, temperature=0.0, request_id=i) for i, p in enumerate(_prompts())]
+    out = {c.request.request_id: c.tokens for c in dec.run(reqs)}
+    assert [out[i] for i in range(len(reqs))] == references
+    # an in-place weight update through the parameters (what a WeightReceiver does) reaches the
+    # fused GEMMs: both models change the same way
+    plain = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(5)
+    seq = torch.tensor([_prompts()[1]])
+    with torch.no_grad():
+        before = fused(seq).logits
+        for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.2.mlp.up_proj.weight"):
+            delta = torch.randn(shapes[name], generator=g)
+            dict(plain.named_parameters())[name].add_(delta)
+            dict(fused.named_parameters())[name].add_(delta)
+        after = fused(seq).logits
+        torch.testing.assert_close(after, plain(seq).logits)
+    assert not torch.allclose(after, before)

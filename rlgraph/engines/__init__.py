@@ -1,3 +1,3 @@
-"""Generate engines: `static_decode` (a decode loop we control, torch + transformers) and
-`sglang_engine` (an adapter over sglang's offline Engine). Importing this package imports
-neither torch nor sglang; import the submodule you need."""
+"""Generate engines: `static_decode` (a decode loop we control, torch + transformers, with
+`fusion` for fused projections) and `sglang_engine` (an adapter over sglang's offline Engine).
+Importing this package imports neither torch nor sglang; import the submodule you need."""

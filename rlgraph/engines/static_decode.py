@@ -19,6 +19,12 @@ sequences start, stop and restart independently:
   query of one token attends through SDPA with grouped heads (no repeated KV for GQA).
 - **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
+- **fast path on a GPU**: `compile=True, fuse=True` (torch.compile'd step captured as a graph;
+  q/k/v and gate/up computed by one GEMM each, see `fusion.py`). Measured on an H200 with the
+  374M Llama in bf16 (bench/results/gpu-decode.json): 1.43 / 2.91 ms per step at batch 64 / 256,
+  4.7x / 4.0x the HBM roofline, against 2.80 / 4.52 ms for transformers' compiled static-cache
+  `generate` in the same run. `fuse=True` is for inference-only models (gradients do not reach
+  the parameters through the fused GEMM).
 
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
 transformers' own `generate`. Supported: decoder-only models whose attention goes through
@@ -130,14 +136,18 @@ class SlotKVCache:
         return 0
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
+           greedy_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and their log-probs per row, on the device; temperature 0 means greedy.
 
     Sampling is an exponential race (argmax of p / Exp(1)), which needs no host sync and so can
-    live inside a CUDA graph; `top_p=None` skips the sort that nucleus filtering needs.
+    live inside a CUDA graph; `top_p=None` skips the sort that nucleus filtering needs and
+    `greedy_only` (every row has temperature 0) skips the race.
     """
     logits = logits.float()
+    if greedy_only:
+        tokens = logits.argmax(-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
     logp_all = torch.log_softmax(scaled, dim=-1)
@@ -160,10 +170,15 @@ class StaticDecoder:
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, *,
                  eos_token_id: int | Iterable[int] | None = None, sync_every: int = 8,
                  attn_block: int | None = 128, cuda_graphs: bool | None = None,
-                 compile: bool = False, policy_version: int = 0, timing: bool = False):
+                 compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
+                 timing: bool = False):
         from transformers import AttentionInterface
 
         AttentionInterface.register(ATTN_NAME, _attention)
+        if fuse:
+            from rlgraph.engines.fusion import fuse_projections
+
+            fuse_projections(model)
         self.model = model.eval()
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
@@ -198,9 +213,10 @@ class StaticDecoder:
         self.eos = torch.tensor(eos or [-1], **z)
         self.cache = SlotKVCache(cfg.num_hidden_layers, B, kv_heads, head_dim, L, self.dtype, dev,
                                  self.pos)
-        self._step = torch.compile(self._decode_step, dynamic=False) if compile \
+        mode = compile if isinstance(compile, str) else None
+        self._step = torch.compile(self._decode_step, dynamic=False, mode=mode) if compile \
             else self._decode_step
-        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
         self._pool: Any = None
         self.queue: deque[Request] = deque()
         self.slots: list[Request | None] = [None] * B
@@ -253,9 +269,10 @@ class StaticDecoder:
             need = max(pos[b] for b in live) + steps
             attn_len = min(self.L, -(-need // self.attn_block) * self.attn_block)
             use_top_p = any(self.slots[b].top_p < 1.0 for b in live)
+            greedy = all(self.slots[b].temperature <= 0 for b in live)
             start = self._event()
             for _ in range(steps):
-                self._run(attn_len, use_top_p)
+                self._run(attn_len, use_top_p, greedy)
             if start is not None:
                 self._events.append((start, self._event()))
             self.stats["decode_steps"] += steps
@@ -353,7 +370,8 @@ class StaticDecoder:
         temp = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float)
         top_p = torch.tensor([r.top_p for r in reqs], device=dev, dtype=torch.float)
         tok, logp = sample(self.lm_head(last), temp,
-                           top_p if any(r.top_p < 1.0 for r in reqs) else None)
+                           top_p if any(r.top_p < 1.0 for r in reqs) else None,
+                           greedy_only=all(r.temperature <= 0 for r in reqs))
         max_new = torch.tensor([r.max_new_tokens - len(r.tokens) for r in reqs], device=dev)
         self.temperature[rows], self.top_p[rows], self.max_new[rows] = temp, top_p, max_new
         self.out_tok[rows, 0], self.out_logp[rows, 0] = tok, logp
@@ -364,7 +382,7 @@ class StaticDecoder:
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
 
-    def _decode_step(self, attn_len: int, use_top_p: bool) -> None:
+    def _decode_step(self, attn_len: int, use_top_p: bool, greedy: bool) -> None:
         """One token for every slot; all inputs and outputs are the static state tensors."""
         self.cache.attn_len = attn_len
         pos = self.pos
@@ -373,7 +391,7 @@ class StaticDecoder:
                            attention_mask=mask, past_key_values=self.cache,
                            use_cache=True).last_hidden_state
         tok, logp = sample(self.lm_head(hidden[:, -1]), self.temperature,
-                           self.top_p if use_top_p else None)
+                           self.top_p if use_top_p else None, greedy_only=greedy)
         active = ~self.done
         rows = self.cache.slot_index
         idx = self.ngen.clamp(max=self.L - 1)
@@ -389,16 +407,16 @@ class StaticDecoder:
     def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return (tok[:, None] == self.eos[None, :]).any(-1)
 
-    def _run(self, attn_len: int, use_top_p: bool) -> None:
+    def _run(self, *key: Any) -> None:
+        """One decode step for graph key (attn_len, use_top_p, greedy): replayed or eager."""
         if not self.cuda_graphs:
-            self._step(attn_len, use_top_p)
+            self._step(*key)
             return
-        key = (attn_len, use_top_p)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(attn_len, use_top_p)
+            self._graphs[key] = self._capture(*key)
         self._graphs[key].replay()
 
-    def _capture(self, attn_len: int, use_top_p: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, *key: Any) -> torch.cuda.CUDAGraph:
         """Warm up (and compile) on a side stream, then capture one step as a CUDA graph.
 
         The warm-up really runs, so the slot state is saved and restored around it; the K/V it
@@ -411,13 +429,13 @@ class StaticDecoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._step(attn_len, use_top_p)
+                self._step(*key)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step(attn_len, use_top_p)
+            self._step(*key)
         for t, s in zip(state, saved):
             t.copy_(s)
         return graph

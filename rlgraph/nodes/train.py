@@ -28,6 +28,7 @@ class TrainSpec(ParallelNodeSpec):
     mini_batches: int = Field(default=1, ge=1, description="optimizer updates per epoch "
                               "(verl: train batch / ppo_mini_batch_size)")
     epochs: int = Field(default=1, ge=1, description="passes over the batch (verl: ppo_epochs)")
+    warmup_steps: int = Field(default=0, ge=0, description="linear lr warmup, in train steps")
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -95,6 +96,9 @@ class TrainWorker:
                                                batch["prompt_len"], batch["temperature"])
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
+            lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
+            for group in ws.optimizer.param_groups:
+                group["lr"] = lr
             updates = [self._update(t, slice(lo, lo + size), batch)
                        for _ in range(self.node.epochs) for lo in range(0, rows, size)]
             ws.policy_version += 1
@@ -113,6 +117,7 @@ class TrainWorker:
             "samples": float(rows),
             "tokens": float(batch["attention_mask"].sum()),
             "policy/version": float(version),
+            "actor/lr": lr,
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         return {"step": step, "policy_version": version, "metrics": metrics,

@@ -20,6 +20,8 @@ from rlgraph.batch import Batch
 from rlgraph.runtime.weight_sync import apply_from_store, export_to_store, local_sync
 from rlgraph.spec import Spec
 
+KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
+
 
 def summarize(kind: str, out: Batch) -> dict[str, Any]:
     """The few scalars the driver needs from a node's output (metrics, ledger, versions)."""
@@ -53,17 +55,38 @@ class GroupActor:
         self.kinds = {t: spec.nodes[t].kind for t in tasks}
         self.workspace = Workspace(spec, tasks, seed=seed, device=device)
         self.workers = {t: self.workspace.worker(t) for t in tasks}
+        self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
 
     def ready(self) -> dict[str, Any]:
         """Returns once the workspace is built: the version it holds and the process id."""
         return {"policy_version": self.workspace.policy_version, "pid": os.getpid()}
 
-    def run(self, node: str, step: int, names: list[str], *batches: Batch) -> tuple[Batch, dict]:
-        """Run `node` on step `step` with its inputs (resolved by Ray from references)."""
+    def run(self, node: str, step: int, names: list[str], *batches: Batch,
+            after: Any = None, keep: int = 0) -> tuple[Batch, dict]:
+        """Run `node` on step `step` with its inputs (resolved by Ray from references, or
+        kept here by an earlier task); `after` is a dependency only (the task this one was
+        queued behind). With `keep=n` the output stays in this actor for its n consumers,
+        all on this actor, and only a stub travels: no batch is pickled twice in one place."""
+        inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
-        out = self.workers[node].run(step, dict(zip(names, batches)))
+        out = self.workers[node].run(step, inputs)
         end = time.time()
-        return out, {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+        info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+        if keep:
+            self.kept[(node, step)] = [out, keep]
+            return {KEPT: (node, step)}, info
+        return out, info
+
+    def _resolve(self, batch: Batch) -> Batch:
+        """A batch, or the kept batch a stub points to (freed after its last consumer)."""
+        if not (isinstance(batch, dict) and KEPT in batch):
+            return batch
+        key = tuple(batch[KEPT])
+        entry = self.kept[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.kept[key]
+        return entry[0]
 
     # ------------------------------------------------------------ weight sync
 

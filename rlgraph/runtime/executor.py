@@ -1,19 +1,24 @@
 """Runs the pipeline's tasks on Ray actors and reports completions, one small message each.
 
 `submit` sends a task to its node's actor with the input batches as object references (Ray
-moves the data actor to actor); `wait` blocks in `ray.wait` until at least one task is
-done and returns every finished one with its output reference and its `info` (span and
-summary). Per task the driver makes one actor call (two for param_update: export and apply,
-chained without a round trip) and reads one small dict: no per-tensor traffic.
+moves the data actor to actor); a chained task goes out at once, queued behind the running
+task it follows: an input that is that task's output goes as its (pending) reference, and
+behind a param_update the receiver's commit is an explicit dependency. `wait` blocks in
+`ray.wait` until at least one task is done and returns every finished one with its output
+reference and its `info` (span and summary). Per task the driver makes one actor call (two
+for param_update: export and apply, chained without a round trip) and reads one small dict:
+no per-tensor traffic. A node whose consumers all run on its own actor (logp and ref_logp
+feeding train in the trainer group) keeps its output there (`keep`): only a stub moves.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from rlgraph.errors import RLGraphError
-from rlgraph.runtime.pipeline import Task
+from rlgraph.runtime.pipeline import Pending, Task
 from rlgraph.runtime.weight_sync import submit_param_update
 
 
@@ -28,6 +33,7 @@ class Completion:
     task: Task
     output: Any
     info: dict[str, Any]
+    submitted: float = 0.0  # wall-clock time the driver sent it
 
 
 @dataclass
@@ -42,22 +48,37 @@ class ParamRoute:
 class RayExecutor:
     """Submits tasks to the node's actor and collects completions with `ray.wait`."""
 
-    def __init__(self, actors: dict[str, Any], routes: dict[str, ParamRoute]) -> None:
+    def __init__(self, actors: dict[str, Any], routes: dict[str, ParamRoute],
+                 keep: dict[str, int] | None = None) -> None:
         self.actors = actors  # node -> actor (colocated nodes share one)
         self.routes = routes  # param_update node -> route
-        self.pending: dict[Any, tuple[Task, Any]] = {}  # info ref -> (task, output ref)
+        self.keep = keep or {}  # node -> consumers on its own actor (its output stays there)
+        self.pending: dict[Any, tuple[Task, Any, float]] = {}  # info ref -> task, output, sent
+        self.refs: dict[tuple[str, int], tuple[Any, Any, str]] = {}  # running: output, info
 
     def submit(self, task: Task) -> None:
-        """Start `task` on its actor."""
+        """Start `task` on its actor (queued behind `task.behind` when chained)."""
+        sent = time.time()
         if task.kind == "param_update":
             route = self.routes[task.node]
             info = submit_param_update(route.src_actor, route.dst_actor, route.bucket_mb)
-            self.pending[info] = (task, None)
+            self._track(task, None, info, sent)
             return
         names = list(task.inputs)
+        values = [self.refs[(v.node, v.step)][0] if isinstance(v, Pending) else v
+                  for v in task.inputs.values()]
+        after = {}
+        if task.behind is not None and self.refs[task.behind][2] == "param_update":
+            # param_update ends on the receiver's actor: wait for its commit explicitly
+            after = {"after": self.refs[task.behind][1]}
+        keep = self.keep.get(task.node, 0)
         output, info = self.actors[task.node].run.options(num_returns=2).remote(
-            task.node, task.step, names, *task.inputs.values())
-        self.pending[info] = (task, output)
+            task.node, task.step, names, *values, keep=keep, **after)
+        self._track(task, output, info, sent)
+
+    def _track(self, task: Task, output: Any, info: Any, sent: float) -> None:
+        self.pending[info] = (task, output, sent)
+        self.refs[(task.node, task.step)] = (output, info, task.kind)
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -69,13 +90,19 @@ class RayExecutor:
         if not self.pending:
             return []
         refs = list(self.pending)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-        if ready:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        try:
+            infos = ray.get(ready)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
+            infos = [self._get(ref, self.pending[ref][0]) for ref in ready]  # name the failure
         done = []
-        for ref in ready:
-            task, output = self.pending.pop(ref)
-            done.append(Completion(task, output, self._get(ref, task)))
+        for ref, info in zip(ready, infos):
+            task, output, sent = self.pending.pop(ref)
+            self.refs.pop((task.node, task.step), None)
+            done.append(Completion(task, output, info, sent))
         return done
 
     def _get(self, ref: Any, task: Task) -> dict[str, Any]:
@@ -98,3 +125,4 @@ class RayExecutor:
     def cancel_all(self) -> None:
         """Forget pending tasks (their actors are killed by the caller)."""
         self.pending.clear()
+        self.refs.clear()

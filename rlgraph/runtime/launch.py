@@ -10,6 +10,7 @@ cleanly with a checkpoint; a second one aborts at once.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import signal
@@ -85,22 +86,42 @@ class RunProgress:
 
 
 def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
-    """Spec with overrides and --steps, the compiled plan, and the run dir."""
+    """Spec with overrides and --steps, the compiled plan, and the run dir. A resumed run
+    takes the spec it was started with (DIR/plan.json) and its step count, unless told."""
     from rlgraph.cli import compile_spec
 
-    spec = load_spec(args.graph, list(getattr(args, "overrides", None) or []))
-    if getattr(args, "steps", None):
-        if args.steps < 1:
-            raise RunDirError(f"--steps {args.steps}: give a positive number of train steps")
-        spec.schedule.steps = int(args.steps)
+    overrides = list(getattr(args, "overrides", None) or [])
+    steps = getattr(args, "steps", None)
+    if steps is not None and steps < 1:
+        raise RunDirError(f"--steps {steps}: give a positive number of train steps")
     if getattr(args, "resume", None):
         out = Path(args.resume)
-        if not out.is_dir():
-            raise RunDirError(f"--resume {out}: no such run dir")
+        spec, saved_steps = _resumed_spec(out, overrides)
+        steps = steps or saved_steps
     else:
+        spec = load_spec(args.graph, overrides)
         out = Path(args.out) if getattr(args, "out", None) else default_run_dir(spec.name)
-    plan = compile_spec(spec)
-    return spec, plan, out
+    if steps:
+        spec.schedule.steps = int(steps)
+    return spec, compile_spec(spec), out
+
+
+def _resumed_spec(out: Path, overrides: list[str]) -> tuple[Spec, int | None]:
+    """The spec of the run in `out` (from its plan.json) with `overrides` on top."""
+    from rlgraph.errors import SourceMap
+    from rlgraph.spec import apply_overrides, validate_spec
+
+    plan_file, meta_file = out / "plan.json", out / "checkpoint" / "meta.json"
+    if not plan_file.exists():
+        raise RunDirError(f"--resume {out}: no plan.json there (give the folder a run wrote)")
+    try:
+        data = json.loads(plan_file.read_text())["spec"]
+    except (json.JSONDecodeError, KeyError):
+        raise RunDirError(f"{plan_file}: not a plan written by rlgraph run") from None
+    source = SourceMap(path=str(plan_file))
+    apply_overrides(data, overrides, source)
+    steps = json.loads(meta_file.read_text()).get("steps") if meta_file.exists() else None
+    return validate_spec(data, source), steps
 
 
 def run_main(args: argparse.Namespace) -> int:

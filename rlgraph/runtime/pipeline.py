@@ -6,8 +6,8 @@ may start, so tests drive it step by step with a fake executor and a simulated c
 State (all here, as in dask's local scheduler):
 - `machines`: one `NodeMachine` per node (IDLE -> WAITING_INPUT -> PROCESSING -> ...);
 - `channels`: one bounded `Channel` per data edge, capacities from the plan;
-- `busy`: the groups held by a running task (tasks of one group never overlap;
-  param_update holds the groups of its src and dst);
+- `holders`: per group, the tasks holding it, running or queued behind (tasks of one group
+  never overlap; param_update holds the groups of its src and dst);
 - `versions`: the policy version each generate node's workspace holds;
 - `generated`: generate outputs not yet trained on (the rollout buffer of a checkpoint).
 
@@ -22,6 +22,14 @@ Rules:
   among those whose groups are all free: the measured order is the predicted order;
 - a finished task's output enters its out-channels (WAITING_OUTPUT -> IDLE); the room
   checked at start guarantees it fits, so WAITING_OUTPUT only lasts while a stop drains.
+
+Chaining (what keeps the driver off the critical path): while task X holds group g, the
+next task Y of g may be handed to g's actor at once, queued behind X, when the policy is
+bound to pick Y the moment X ends anyway: Y holds g only, Y has the lowest key among the
+next unstarted steps of every node occupying g (so nothing that becomes ready meanwhile can
+overtake it), and each of Y's inputs is already in its channel or is X's own output of the
+same step (`Pending`: the executor passes X's output reference). Y then starts when X ends
+without waiting for the driver to hear of X; the schedule is the one the simulator predicts.
 
 The simulator's task states map onto the machines': waiting = IDLE / WAITING_INPUT with a
 missing input, ready = WAITING_INPUT with everything met, running = PROCESSING, done =
@@ -43,14 +51,26 @@ from rlgraph.runtime.state_machine import NodeMachine, NodeState
 
 
 @dataclass(frozen=True)
+class Pending:
+    """An input that is the output of a task still running (the task a chained one follows)."""
+
+    node: str
+    step: int
+
+
+@dataclass(frozen=True)
 class Task:
-    """One node instance `(node, step)` ready to run, with its inputs taken from channels."""
+    """One node instance `(node, step)` started, with its inputs taken from channels.
+
+    `behind` names the running task it is queued behind (chaining), or None; the task must
+    not start before that one ends."""
 
     node: str
     kind: str
     step: int
     occupies: tuple[str, ...]
     inputs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    behind: tuple[str, int] | None = None
 
 
 class Pipeline:
@@ -66,6 +86,7 @@ class Pipeline:
         start_step: int = 0,
         policy: LowestStepFirst | None = None,
         preloaded: dict[tuple[str, int], Any] | None = None,
+        chaining: bool = True,
     ) -> None:
         self.graph = graph
         self.steps = steps
@@ -85,7 +106,14 @@ class Pipeline:
             if distance == 0:
                 cap = int(capacities.get(f"{src}->{dst}", max_lag + 1))
                 self.channels[(src, dst)] = Channel(src, dst, cap)
-        self.busy: set[str] = set()
+        self.holders: dict[str, list[tuple[str, int]]] = {}  # group -> tasks holding it, in order
+        for name in order:
+            for group in self.machines[name].occupies:
+                self.holders.setdefault(group, [])
+        self.members = {g: [n for n in order if g in self.machines[n].occupies]
+                        for g in self.holders}
+        self.claimed: set[tuple[str, str, int]] = set()  # (src, dst, step) taken before emitted
+        self.chaining = chaining
         self.trains = [n for n in order if self.kinds[n] == "train"]
         self.trained: dict[str, int] = {n: start_step for n in self.trains}
         self.versions: dict[str, int] = {}
@@ -127,6 +155,11 @@ class Pipeline:
     def _outputs(self, node: str) -> list[Channel]:
         return [ch for (src, _), ch in self.channels.items() if src == node]
 
+    @property
+    def busy(self) -> set[str]:
+        """Groups held by a running or queued task."""
+        return {g for g, tasks in self.holders.items() if tasks}
+
     def version_ok(self, node: str, step: int) -> bool:
         """The back edge: generate of step t needs version >= t - max_lag."""
         if self.kinds[node] != "generate":
@@ -164,21 +197,60 @@ class Pipeline:
     # ------------------------------------------------------------------ moves
 
     def startable(self) -> list[Task]:
-        """Start every task the policy picks now (groups marked busy, inputs taken). A start
-        frees channel room, which can make a producer ready at once, as in the simulator."""
+        """Start every task the policy picks now (groups marked busy, inputs taken), then
+        chain what may queue behind a running task. A start frees channel room, which can
+        make a producer ready at once, as in the simulator."""
         tasks = []
         while True:
             ready = {(m.name, m.step): m for m in self.machines.values() if self._ready(m)}
             occupies = {m.name: m.occupies for m in ready.values()}
             pick = self.policy.pick(ready, occupies, self.busy)
             if pick is None:
-                return tasks
-            machine = ready[pick]
-            self.busy.update(machine.occupies)
-            inputs = {src: self.channels[(src, machine.name)].take(machine.step)
-                      for src in self._inputs(machine.name)}
-            machine.start()
-            tasks.append(Task(machine.name, machine.kind, machine.step, machine.occupies, inputs))
+                break
+            tasks.append(self._start(ready[pick], None))
+        while self.chaining and (chained := self._chain()) is not None:
+            tasks.append(chained)
+        return tasks
+
+    def _start(self, machine: NodeMachine, behind: tuple[str, int] | None) -> Task:
+        inputs: dict[str, Any] = {}
+        for src in self._inputs(machine.name):
+            if behind == (src, machine.step):
+                self.claimed.add((src, machine.name, machine.step))
+                inputs[src] = Pending(src, machine.step)
+            else:
+                inputs[src] = self.channels[(src, machine.name)].take(machine.step)
+        for group in machine.occupies:
+            self.holders[group].append((machine.name, machine.step))
+        machine.start()
+        return Task(machine.name, machine.kind, machine.step, machine.occupies, inputs, behind)
+
+    def _next_step(self, machine: NodeMachine) -> int | None:
+        """The step this node runs next, whether armed or not (None: no further step)."""
+        if machine.state is NodeState.DONE:
+            return None
+        nxt = machine.step if machine.state is NodeState.WAITING_INPUT else machine.step + 1
+        return None if self.stopping or nxt >= self.last_step(machine.name) else nxt
+
+    def _chain(self) -> Task | None:
+        """A task that may queue behind the one running task of its group (see above)."""
+        for group, holding in self.holders.items():
+            if len(holding) != 1:
+                continue
+            nexts = [(n, s) for n in self.members[group]
+                     if (s := self._next_step(self.machines[n])) is not None]
+            if not nexts:
+                continue
+            node, step = min(nexts, key=lambda task: self.policy.key(*task))
+            machine, behind = self.machines[node], holding[0]
+            if (machine.state is not NodeState.WAITING_INPUT or machine.step != step
+                    or machine.occupies != (group,) or not self.version_ok(node, step)
+                    or not all(ch.has_room() for ch in self._outputs(node))):
+                continue
+            if all(self.channels[(src, node)].has(step) or behind == (src, step)
+                   for src in self._inputs(node)):
+                return self._start(machine, behind)
+        return None
 
     def complete(self, node: str, step: int, output: Any, version: int | None = None) -> None:
         """`(node, step)` returned `output`; param_update reports the version it delivered."""
@@ -187,7 +259,8 @@ class Pipeline:
             raise RuntimeError(f"completion of {node}({step}) while it is "
                                f"{machine.state.value} at step {machine.step}")
         machine.finish(output)
-        self.busy.difference_update(machine.occupies)
+        for group in machine.occupies:
+            self.holders[group].remove((node, step))
         kind = self.kinds[node]
         if kind == "param_update":
             dst = self.graph.nodes[node]["spec"].dst
@@ -228,8 +301,11 @@ class Pipeline:
             moved = False
             for machine in self.machines.values():
                 if machine.state is NodeState.WAITING_OUTPUT:
-                    outs = self._outputs(machine.name)
+                    outs = [ch for ch in self._outputs(machine.name)
+                            if (ch.src, ch.dst, machine.step) not in self.claimed]
                     if all(ch.has_room() for ch in outs):
+                        self.claimed -= {(machine.name, ch.dst, machine.step)
+                                         for ch in self._outputs(machine.name)}
                         output = machine.emit()
                         for ch in outs:
                             ch.put(machine.step, output)
@@ -258,6 +334,6 @@ class Pipeline:
         lines = [f"{m.name}: {m.state.value} step {m.step}" for m in self.machines.values()]
         lines += [f"{ch.name}: steps {sorted(ch.items)} / {ch.capacity}"
                   for ch in self.channels.values()]
-        lines.append(f"busy: {sorted(self.busy)}; versions: {self.versions}")
+        lines.append(f"holders: {self.holders}; versions: {self.versions}")
         return "\n".join(lines)
 

@@ -114,6 +114,17 @@ class Runner:
                                           float(nspec.bucket_mb.produce))
         return routes
 
+    def _kept_outputs(self) -> dict[str, int]:
+        """Nodes whose every consumer runs on their own actor: their outputs stay there.
+        generate's never do (the rollout buffer of a checkpoint needs them)."""
+        keep = {}
+        for node, kind in self.kinds.items():
+            users = [v for _, v, d in self.graph.out_edges(node, data="distance") if d == 0]
+            if (kind not in ("generate", "param_update") and users
+                    and all(self.actors.get(v) is self.actors[node] for v in users)):
+                keep[node] = len(users)
+        return keep
+
     def _train_actor(self) -> Any:
         train = next(n for n, k in self.kinds.items() if k == "train")
         return self.actors[train]
@@ -179,14 +190,13 @@ class Runner:
         pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,
                             capacities=self.plan.get("channels"), start_step=first,
                             preloaded=preloaded)
-        executor = RayExecutor(self.actors, self._routes())
-        metrics = MetricsWriter(out, first_step=first, tensorboard=opts.tensorboard)
-        ledger = ckpt.Ledger(out, first_step=first)
+        executor = RayExecutor(self.actors, self._routes(), self._kept_outputs())
+        report = _Report(self, result, MetricsWriter(out, first, opts.tensorboard),
+                         ckpt.Ledger(out, first_step=first))
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
-        latest: dict[str, dict[str, Any] | None] = dict.fromkeys(self.kinds)
-        last_train_end: float | None = None
+        report.tracer = tracer
         try:
             while True:
                 if self._stop_requested and not pipeline.stopping:
@@ -199,42 +209,29 @@ class Runner:
                         break
                     raise RuntimeError("the pipeline stalled with nothing running:\n"
                                        + pipeline.describe())
+                trained = []
                 for done in executor.wait(timeout=WAIT_S):
                     event = self._record(done, tracer)
-                    latest[done.task.node] = event
-                    version = done.info.get("version")
-                    pipeline.complete(done.task.node, done.task.step, done.output, version)
-                    if done.task.kind != "train":
-                        continue
-                    step = done.task.step
-                    if last_train_end is None:
-                        last_train_end = min(e["start"] for e in tracer.events
-                                             if e["step"] >= first)
-                    summary = done.info["summary"]
-                    recent = tracer.events[-len(self.kinds) * (self.max_lag + 4):]
-                    row = step_row(step, summary, (last_train_end, event["end"]), latest,
-                                   recent, self.groups)
-                    row["lag/bound"] = self.lag_bound
-                    if row["lag/max"] > self.lag_bound:
-                        result.lag_violations += 1
-                    last_train_end = event["end"]
-                    metrics.write(row)
-                    ledger.append(step, summary.get("trained_uids", []),
-                                  int(summary.get("policy_version", step + 1)))
-                    result.rows.append(row)
-                    result.next_step = step + 1
-                    if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 \
-                            and step + 1 < opts.steps:
-                        self._checkpoint(pipeline, tracer)
-                    if opts.on_step:
-                        opts.on_step(row)
+                    report.latest[done.task.node] = event
+                    pipeline.complete(done.task.node, done.task.step, done.output,
+                                      done.info.get("version"))
+                    if done.task.kind == "train":
+                        trained.append((done, event))
+                        step = done.task.step
+                        if (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0
+                                and step + 1 < opts.steps):
+                            self._checkpoint(pipeline, tracer)  # before the trainer moves on
+                for task in pipeline.startable():  # react first, write metrics after
+                    executor.submit(task)
+                for done, event in trained:
+                    report.train_step(done, event)
         except WorkerError as err:
             (out / "error.log").write_text("".join(traceback.format_exception(err.__cause__))
                                            if err.__cause__ else str(err))
             err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
             raise
         finally:
-            metrics.close()
+            report.metrics.close()
             result.events = tracer.events
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
@@ -244,9 +241,9 @@ class Runner:
 
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info
-        extra = {}
+        extra: dict[str, Any] = {"submitted": round(tracer.now(done.submitted), 6)}
         if task.kind == "param_update":
-            extra = {"version": info.get("version"), "bytes": info.get("bytes", 0)}
+            extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 
@@ -272,3 +269,37 @@ class Runner:
                      self.groups, self.kinds,
                      {"source": "rlgraph run", "max_lag": self.max_lag,
                       "max_policy_lag": self.lag_bound})
+
+
+class _Report:
+    """What a finished train step writes: the metrics row, the ledger line, the callback."""
+
+    def __init__(self, runner: Runner, result: RunResult, metrics: MetricsWriter,
+                 ledger: ckpt.Ledger) -> None:
+        self.runner, self.result, self.metrics, self.ledger = runner, result, metrics, ledger
+        self.latest: dict[str, dict[str, Any] | None] = dict.fromkeys(runner.kinds)
+        self.last_train_end: float | None = None
+        self.tracer: Tracer | None = None
+
+    def train_step(self, done: Completion, event: dict[str, Any]) -> None:
+        """Row, ledger and progress of the train step that just finished."""
+        runner, result, tracer = self.runner, self.result, self.tracer
+        assert tracer is not None
+        step, summary = done.task.step, done.info["summary"]
+        if self.last_train_end is None:
+            self.last_train_end = min(e["start"] for e in tracer.events
+                                      if e["step"] >= result.first_step)
+        recent = tracer.events[-len(runner.kinds) * (runner.max_lag + 4):]
+        row = step_row(step, summary, (self.last_train_end, event["end"]), self.latest,
+                       recent, runner.groups)
+        row["lag/bound"] = runner.lag_bound
+        if row["lag/max"] > runner.lag_bound:
+            result.lag_violations += 1
+        self.last_train_end = event["end"]
+        self.metrics.write(row)
+        self.ledger.append(step, summary.get("trained_uids", []),
+                           int(summary.get("policy_version", step + 1)))
+        result.rows.append(row)
+        result.next_step = step + 1
+        if runner.options.on_step:
+            runner.options.on_step(row)

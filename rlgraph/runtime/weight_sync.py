@@ -14,10 +14,41 @@ When train and generate share a workspace (a colocated group), nothing moves.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlgraph.workspace import Workspace
+
+
+def _to_store(bucket: dict) -> dict:
+    """Tensors as numpy arrays: Ray stores them without pickling and the receiver reads them
+    in place from shared memory (dtypes numpy lacks, e.g. bfloat16, travel as raw ints)."""
+    import torch
+
+    arrays, dtypes = {}, {}
+    for name, tensor in bucket["tensors"].items():
+        t = tensor.detach().cpu().contiguous()
+        dtypes[name] = str(t.dtype).removeprefix("torch.")
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        arrays[name] = t.numpy()
+    return {**{k: v for k, v in bucket.items() if k != "tensors"}, "arrays": arrays,
+            "dtypes": dtypes}
+
+
+def _from_store(stored: dict) -> dict:
+    """The bucket back as tensors (read-only views of the stored arrays; commit copies)."""
+    import torch
+
+    tensors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only shared memory: never written
+        for name, array in stored["arrays"].items():
+            dtype = getattr(torch, stored["dtypes"][name])
+            tensors[name] = torch.from_numpy(array).view(dtype)
+    return {**{k: v for k, v in stored.items() if k not in ("arrays", "dtypes")},
+            "tensors": tensors}
 
 
 def export_to_store(workspace: Workspace, bucket_mb: float) -> tuple[list[Any], dict]:
@@ -26,7 +57,7 @@ def export_to_store(workspace: Workspace, bucket_mb: float) -> tuple[list[Any], 
 
     start = time.time()
     buckets = workspace.export_weights(bucket_mb)
-    refs = [ray.put(bucket) for bucket in buckets]
+    refs = [ray.put(_to_store(bucket)) for bucket in buckets]
     version = buckets[0]["version"] if buckets else workspace.policy_version
     nbytes = sum(t.numel() * t.element_size() for b in buckets for t in b["tensors"].values())
     return refs, {"start": start, "end": time.time(), "version": version,
@@ -38,7 +69,7 @@ def apply_from_store(workspace: Workspace, refs: list[Any], sent: dict) -> dict:
     import ray
 
     for ref in refs:
-        workspace.receive_bucket(ray.get(ref))
+        workspace.receive_bucket(_from_store(ray.get(ref)))
     workspace.commit_weights(sent["version"])
     return {**sent, "end": time.time(), "send_end": sent["end"],
             "summary": {"policy_version": sent["version"], "bytes": sent["bytes"],
