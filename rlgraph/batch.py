@@ -22,7 +22,12 @@ Written by generate:
 Written by reward:   rewards   [B] float
 Written by logp:     old_logp  [B, R]  proximal policy (the weights train starts from)
 Written by ref_logp: ref_logp  [B, R]  frozen reference
-Written by train:    metrics   dict[str, float]; trained_uids list[str]; policy_version int
+Returned by train (a new, small dict: the batch is consumed):
+    step, policy_version (after the step), trained_uids (the step's prompt uids, in order),
+    metrics: reward/mean, reward/std, lag/max, lag/mean (lag = step - token_version over
+    every trained token), loss/policy, loss/kl, actor/clip_frac, actor/is_weight_mean,
+    actor/is_truncated_frac, actor/grad_norm, actor/entropy (mean -behavior_logp),
+    actor/lr, response/length_mean, samples, tokens, policy/version.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from collections.abc import Mapping
 from typing import Any
 
 Batch = dict[str, Any]
-
 
 
 def merge(inputs: Mapping[str, Batch]) -> Batch:

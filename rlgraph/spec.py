@@ -58,7 +58,7 @@ class WarmStartSpec(StrictModel):
     """Supervised steps on the training prompts' answers before RL; the result is version 0."""
 
     steps: int = Field(default=0, ge=0, description="0: RL from the initial weights")
-    lr: float = Field(default=1e-3, gt=0, description="peak lr, cosine-decayed to a tenth")
+    lr: float = Field(default=1e-3, gt=0, description="constant AdamW learning rate")
     batch_size: int = Field(default=64, ge=1)
 
 

@@ -52,7 +52,7 @@ def test_local_model_and_chat_template(model_dir: Path, tmp_path: Path) -> None:
     text = ws.tokenizer.tok.decode(ids[0])
     assert text == f"<|user|>{examples[0].prompt[0]['content']}\n<|assistant|>"
     gen = ws.worker("generate").run(0, {})
-    assert ws.tokenizer.decode(ws.tokenizer.encode_text("12") + [2, 5]) == "12"
+    assert ws.tokenizer.decode([*ws.tokenizer.encode_text("12"), 2, 5]) == "12"
     out = ws.worker("train").run(0, {"reward": ws.worker("reward").run(0, {"g": gen})})
     assert out["policy_version"] == 1 and out["trained_uids"][0].startswith("train.jsonl:")
     # every group loads the same version-0 weights from the path

@@ -60,6 +60,9 @@ def connect(plan: dict[str, Any], address: str | None = None,
         return False
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False,
              "configure_logging": True}
+    # a local run needs no advice on cluster auth settings: keep the terminal for the run
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR)
     if address:
         try:
             ray.init(address=address, **quiet)

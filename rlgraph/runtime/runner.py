@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlgraph.errors import RLGraphError
+from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster
@@ -77,6 +77,18 @@ class Runner:
         self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> actor
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
+        self._refuse_unsupported()
+
+    def _refuse_unsupported(self) -> None:
+        """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        for node, kind in self.kinds.items():
+            if kind == "param_update" and self.spec.nodes[node].transport == "nccl":
+                err = SpecError("rlgraph run moves weights through the Ray object store; the "
+                                "NCCL transport is not wired into the runtime yet",
+                                ("nodes", node, "transport"),
+                                hint="write transport: auto or object_store")
+                err.source = self.spec.source
+                raise err
 
     def request_stop(self) -> None:
         """Stop after the running tasks (safe to call from a signal handler)."""
