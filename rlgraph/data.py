@@ -48,7 +48,7 @@ def _arithmetic(rng: random.Random) -> tuple[str, str]:
     return f"{a}+{b}=", str(a + b)
 
 
-def _add5(rng: random.Random) -> tuple[str, str]:
+def _add_small(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(0, 4), rng.randint(0, 4)
     return f"{a}+{b}=", str(a + b)
 
@@ -73,8 +73,8 @@ def _reverse(rng: random.Random) -> tuple[str, str]:
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
-    "arithmetic": _arithmetic,  # a+b with one-digit operands
-    "add5": _add5,
+    "add_small": _add_small,  # a+b with operands 0..4: 25 facts (the quickstart's task)
+    "arithmetic": _arithmetic,  # a+b with one-digit operands: 100 facts
     "add2": _add2,  # a+b with operands below 50
     "copy": _copy,
     "reverse": _reverse,

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+import numbers
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -91,15 +92,13 @@ def _as_score(value: Any) -> float | None:
     """verl accepts a number or a dict with 'score'; anything else (or NaN) is None."""
     if isinstance(value, dict):
         value = value.get("score")
-    if isinstance(value, bool | int | float) and not math.isnan(float(value)):
+    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
+        try:
+            value = value.item()  # a one-element numpy array or torch tensor
+        except (ValueError, RuntimeError):
+            return None
+    if isinstance(value, numbers.Real) and not math.isnan(float(value)):
         return float(value)
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return _as_score(value.item())
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
     return None
 
 

@@ -173,6 +173,8 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     bound = schedule_bound(tg)
     steady = steady_state(tg)
     period = steady.period
+    if period < bound.seconds <= period * (1 + 1e-9):
+        period = bound.seconds  # float noise: the bound is a proven lower bound
     at_zero = (_without_partial_rollout(spec, graph, placement, costs)
                if spec.schedule.partial_rollout and spec.schedule.max_lag > 0 else None)
     periods = _lag_sweep(tg, period, at_zero)
