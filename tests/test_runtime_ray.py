@@ -48,7 +48,7 @@ def cluster():
 
 
 def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
-        stop_after: int | None = None, tensorboard: bool = False):
+        stop_after: int | None = None, tensorboard: bool = False, checkpoint_every: int = 0):
     spec = load_spec(QUICKSTART, [*SMALL, f"schedule.max_lag={max_lag}"])
     plan = compile_plan(spec)
     runner: Runner | None = None
@@ -58,7 +58,8 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
             runner.request_stop()  # what the Ctrl-C handler does
 
     runner = Runner(spec, plan, RunOptions(out_dir=out, steps=steps, resume=resume,
-                                           on_step=on_step, tensorboard=tensorboard))
+                                           on_step=on_step, tensorboard=tensorboard,
+                                           checkpoint_every=checkpoint_every))
     return plan, runner.run()
 
 
@@ -68,7 +69,8 @@ def runs(cluster, tmp_path_factory):
     out = {}
     for lag in (0, 1, 2):
         folder = tmp_path_factory.mktemp(f"lag{lag}")
-        plan, result = run(folder, lag, tensorboard=lag == 1)
+        plan, result = run(folder, lag, tensorboard=lag == 1,
+                           checkpoint_every=2 if lag == 2 else 0)
         out[lag] = (folder, plan, result)
     return out
 
@@ -82,6 +84,8 @@ def test_every_trained_token_is_within_the_proven_lag(runs, max_lag):
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert all(r["lag/max"] <= bound for r in rows) and result.lag_violations == 0
     assert [r["policy/version"] for r in rows] == list(range(1, STEPS + 1))
+    ckpt = load_checkpoint(folder)
+    assert ckpt.step == STEPS and ckpt.meta["policy_version"] == STEPS and not ckpt.rollout
     events = events_from_trace(json.loads((folder / "trace.json").read_text()))
     by = {(e["node"], e["step"]): e for e in events}
     def overlap(gen, train):

@@ -135,6 +135,7 @@ def test_resume_reads_the_runs_own_spec_and_step_count(tmp_path):
     assert out == tmp_path and resumed.schedule.steps == 9
     assert resumed.data.prompts_per_step == 3 and resumed.schedule.max_lag == 2
     assert resumed.algorithm.kl_coef == 0.01 and plan["lag"]["max_policy_lag"] == 2
+    assert resumed.source.path == str(QUICKSTART), "relative data paths resolve as before"
     args.steps = 12
     assert prepare(args)[0].schedule.steps == 12
     with pytest.raises(RunDirError, match=r"no plan\.json"):
@@ -147,3 +148,19 @@ def test_default_run_dir_is_named_after_the_graph_and_time():
     path = default_run_dir("my graph/1", now=0)
     assert path.parent == Path("runs") and path.name.startswith("my-graph-1-")
     assert len(path.name.rsplit("-", 2)[-2]) == 8  # YYYYmmdd
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("nodes.param_update.transport=nccl", "nodes.param_update.transport"),
+    ("schedule.partial_rollout=true", "schedule.partial_rollout"),
+])
+def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, override, key):
+    from rlgraph.compiler import compile_plan
+    from rlgraph.errors import SpecError
+    from rlgraph.runtime.runner import Runner, RunOptions
+
+    spec = load_spec(QUICKSTART, [override])
+    with pytest.raises(SpecError) as err:
+        Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1))
+    assert f"{key}:" in err.value.render() and "<override" in err.value.render()
+    assert not list(tmp_path.iterdir()), "nothing started, nothing written"

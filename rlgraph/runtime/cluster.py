@@ -22,6 +22,7 @@ from typing import Any
 from rlgraph.errors import MissingDependencyError, RLGraphError
 
 OBJECT_STORE_MB = 128  # bounded: batches and weight buckets of the tiny model are a few MB
+WEIGHT_COPIES_IN_STORE = 3  # a version being sent, one being read, one spare
 RESERVE_TIMEOUT_S = 60.0
 
 
@@ -44,6 +45,11 @@ def _probe(address: str, timeout: float = 5.0) -> None:
             f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
             "(start one with `ray start --head`, or drop --address / RAY_ADDRESS to run locally)"
         ) from None
+
+
+def object_store_mb(weight_bytes: float) -> int:
+    """Local object store size: OBJECT_STORE_MB, or room for a few copies of the weights."""
+    return max(OBJECT_STORE_MB, int(WEIGHT_COPIES_IN_STORE * weight_bytes / 2**20) + 64)
 
 
 def connect(plan: dict[str, Any], address: str | None = None,

@@ -96,7 +96,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
         raise RunDirError(f"--steps {steps}: give a positive number of train steps")
     if getattr(args, "resume", None):
         out = Path(args.resume)
-        spec, saved_steps = _resumed_spec(out, overrides)
+        spec, saved_steps = _resumed_spec(out, str(args.graph), overrides)
         steps = steps or saved_steps
     else:
         spec = load_spec(args.graph, overrides)
@@ -106,10 +106,11 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
     return spec, compile_spec(spec), out
 
 
-def _resumed_spec(out: Path, overrides: list[str]) -> tuple[Spec, int | None]:
-    """The spec of the run in `out` (from its plan.json) with `overrides` on top."""
+def _resumed_spec(out: Path, graph: str, overrides: list[str]) -> tuple[Spec, int | None]:
+    """The spec of the run in `out` (from its plan.json) with `overrides` on top. Its source
+    stays the graph file, so relative data and reward paths resolve as they did."""
     from rlgraph.errors import SourceMap
-    from rlgraph.spec import apply_overrides, validate_spec
+    from rlgraph.spec import apply_overrides, parse_yaml, validate_spec
 
     plan_file, meta_file = out / "plan.json", out / "checkpoint" / "meta.json"
     if not plan_file.exists():
@@ -118,7 +119,10 @@ def _resumed_spec(out: Path, overrides: list[str]) -> tuple[Spec, int | None]:
         data = json.loads(plan_file.read_text())["spec"]
     except (json.JSONDecodeError, KeyError):
         raise RunDirError(f"{plan_file}: not a plan written by rlgraph run") from None
-    source = SourceMap(path=str(plan_file))
+    try:
+        source = parse_yaml(Path(graph).read_text(), graph)[1]
+    except (OSError, RLGraphError):
+        source = SourceMap(path=graph)
     apply_overrides(data, overrides, source)
     steps = json.loads(meta_file.read_text()).get("steps") if meta_file.exists() else None
     return validate_spec(data, source), steps

@@ -81,6 +81,11 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        if self.spec.schedule.partial_rollout:
+            err = SpecError("rlgraph run does not interrupt and resume rollouts yet",
+                            ("schedule", "partial_rollout"), hint="write partial_rollout: false")
+            err.source = self.spec.source
+            raise err
         for node, kind in self.kinds.items():
             if kind == "param_update" and self.spec.nodes[node].transport == "nccl":
                 err = SpecError("rlgraph run moves weights through the Ray object store; the "
@@ -89,6 +94,12 @@ class Runner:
                                 hint="write transport: auto or object_store")
                 err.source = self.spec.source
                 raise err
+
+    def _weight_bytes(self) -> float:
+        """fp32 bytes of the policy (CPU runs keep fp32 weights)."""
+        from rlgraph.compiler.model import shape_of
+
+        return 4.0 * shape_of(self.spec).params
 
     def request_stop(self) -> None:
         """Stop after the running tasks (safe to call from a signal handler)."""
@@ -163,7 +174,8 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(self.plan, indent=2) + "\n")
         began = time.time()
-        owned = cluster.connect(self.plan, self.options.address)
+        owned = cluster.connect(self.plan, self.options.address,
+                                cluster.object_store_mb(self._weight_bytes()))
         try:
             self.reservations = cluster.reserve(self.plan)
             self._start_actors()
