@@ -55,9 +55,10 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         host_bytes_per_s=50 * GB,
     ),
     "cpu": GPUPreset(
-        "cpu", 2e10, 1e10, 4 * GB, 2 * GB, 1 * GB,
-        "one core of a small x86 CPU running fp32 torch (order of magnitude; calibrate "
-        "with `rlgraph compile --calibrate RUN/trace.json`); memory copies ~10 GB/s",
+        "cpu", 1e11, 1e10, 4 * GB, 2 * GB, 1 * GB,
+        "one x86 core running fp32 torch: 2 AVX2 FMA units x 8 lanes x 2 FLOP x ~3 GHz "
+        "= ~96 GFLOP/s peak (the tiny quickstart measured 46 GFLOP/s in train, 2026-11-22; "
+        "calibrate with `rlgraph compile --calibrate RUN/trace.json`); memory copies ~10 GB/s",
         host_bytes_per_s=10 * GB,
     ),
 }

@@ -59,6 +59,8 @@ def test_one_step_through_every_worker(ws: Workspace) -> None:
                                atol=1e-4, rtol=1e-4)  # same weights: proximal == behaviour
     torch.testing.assert_close(ref["ref_logp"], logp["old_logp"])  # version 0 == reference
     assert scored["rewards"].shape == (rows,)
+    # a random model rarely scores; give every group a spread so the step must move the policy
+    scored["rewards"] = (torch.arange(rows) % 2).to(scored["rewards"].dtype)
 
     out = ws.worker("train").run(0, {"reward": scored, "logp": logp, "ref_logp": ref})
     assert out["policy_version"] == ws.policy_version == 1
