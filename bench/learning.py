@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from common import RESULTS, ROOT, machine
+
 WALL_TARGET_S = 300.0
 GAIN_TARGET = 0.3
 
-
-def machine() -> dict:
-    """Where the figures come from."""
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
 def run_quickstart(graph: Path, run_dir: Path, extra: list[str]) -> float:

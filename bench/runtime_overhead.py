@@ -15,24 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from common import RESULTS, ROOT, machine
+
 TARGET = 0.05
 WARMUP_STEPS = 2  # the first steps pay one-off costs (allocator, first forward)
 
-
-def machine() -> dict:
-    """Where the figures come from."""
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
 def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
