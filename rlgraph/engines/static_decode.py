@@ -184,8 +184,8 @@ class StaticDecoder:
         self.lm_head = model.get_output_embeddings()
         cfg = model.config
         if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-            raise NotImplementedError("StaticDecoder supports full attention only; this model "
-                                      f"has layer types {sorted(set(cfg.layer_types))}")
+            raise ValueError("StaticDecoder supports full attention only; this model "
+                             f"has layer types {sorted(set(cfg.layer_types))}")
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.B, self.L = max_batch, max_len
