@@ -47,9 +47,14 @@ class Workspace:
         self.optimizer: torch.optim.Optimizer | None = None
         self.warm_start_losses: list[float] = []
         if self.kinds & (POLICY_KINDS | {"ref_logp"}):
-            initial = build_model(spec.model, self.tokenizer, seed, device)
+            # the warm start (and its cache) is CPU fp32 everywhere, so every group of every
+            # device starts from the same weights; a GPU workspace then casts them to bf16
+            warm = spec.model.warm_start.steps > 0 and device != "cpu"
+            initial = build_model(spec.model, self.tokenizer, seed, "cpu" if warm else device)
             self.warm_start_losses = warm_start(initial, self.tokenizer, spec, seed,
                                                 self.base_dir)
+            if warm:
+                initial = initial.to(device=device, dtype=torch.bfloat16)
             initial.eval()
             if "ref_logp" in self.kinds:
                 self.reference = copy.deepcopy(initial) if self.kinds & POLICY_KINDS else initial

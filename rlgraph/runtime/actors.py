@@ -39,6 +39,21 @@ def summarize(kind: str, out: Batch) -> dict[str, Any]:
     return summary
 
 
+def to_host(batch: Batch) -> Batch:
+    """The batch with every GPU tensor moved to CPU: it travels through the object store to
+    actors that may hold no GPU (reward), where unpickling a CUDA tensor would fail."""
+    import torch
+
+    def host(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.detach().cpu()
+        if isinstance(value, dict):
+            return {k: host(v) for k, v in value.items()}
+        return value
+
+    return host(batch)
+
+
 class GroupActor:
     """Holds the Workspace of a group's tasks (or of one CPU node) and runs them on request."""
 
@@ -51,7 +66,7 @@ class GroupActor:
         torch.set_num_threads(max(1, threads))
         from rlgraph.workspace import Workspace
 
-        self.spec = spec
+        self.spec, self.device = spec, device
         self.kinds = {t: spec.nodes[t].kind for t in tasks}
         self.workspace = Workspace(spec, tasks, seed=seed, device=device)
         self.workers = {t: self.workspace.worker(t) for t in tasks}
@@ -70,6 +85,11 @@ class GroupActor:
         inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
         out = self.workers[node].run(step, inputs)
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()  # the span ends when the GPU work does
+            out = to_host(out)
         end = time.time()
         info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
         if keep:
@@ -113,8 +133,10 @@ class GroupActor:
         return self.workspace.weights_digest()
 
     def state_for_checkpoint(self) -> dict:
-        """Weights, optimizer and version of this workspace."""
-        return self.workspace.state_for_checkpoint()
+        """Weights, optimizer and version of this workspace (CPU tensors: the driver may
+        hold no GPU)."""
+        state = self.workspace.state_for_checkpoint()
+        return state if self.device == "cpu" else to_host(state)
 
     def load_checkpoint(self, state: dict) -> int:
         """Restore a checkpoint's weights (and optimizer where this workspace has one)."""

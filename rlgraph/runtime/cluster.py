@@ -77,9 +77,21 @@ def connect(plan: dict[str, Any], address: str | None = None,
         return True
     local = bool(plan["placement"].get("local"))
     slots = int(plan["placement"].get("slots") or 0) if local else 0
-    ray.init(num_cpus=max(slots, 1) if local else None, num_gpus=0 if local else None,
+    ray.init(num_cpus=max(slots, 1) if local else None,
+             num_gpus=0 if local else visible_gpus(),
              include_dashboard=False, object_store_memory=object_store_mb * 2**20, **quiet)
     return True
+
+
+def visible_gpus() -> int | None:
+    """GPUs this machine shows torch (CUDA_VISIBLE_DEVICES respected), for a local Ray
+    cluster that runs a GPU plan; None lets Ray detect them itself."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    count = torch.cuda.device_count()
+    return count or None
 
 
 @dataclass

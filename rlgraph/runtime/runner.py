@@ -96,10 +96,10 @@ class Runner:
                 raise err
 
     def _weight_bytes(self) -> float:
-        """fp32 bytes of the policy (CPU runs keep fp32 weights)."""
+        """Bytes of the policy: fp32 on a local CPU cluster, bf16 on GPUs."""
         from rlgraph.compiler.model import shape_of
 
-        return 4.0 * shape_of(self.spec).params
+        return (4.0 if self.local else 2.0) * shape_of(self.spec).params
 
     def request_stop(self) -> None:
         """Stop after the running tasks (safe to call from a signal handler)."""
