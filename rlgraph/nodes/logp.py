@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.nodes.parallel import ParallelNodeSpec
+from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -19,26 +19,9 @@ class LogpSpec(ParallelNodeSpec):
     kind: Literal["logp"] = "logp"
 
 
-def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
-    """Time factor of a pp-stage pipeline over one-sequence micro-batches: (m + pp - 1) / m."""
-    pp = getattr(node, "pp", 1)
-    if pp <= 1:
-        return 1.0
-    data_parallel = max(1, ctx.gpus // node.model_parallel())
-    micro = max(1, ctx.spec.data.samples_per_step() // data_parallel)
-    return (micro + pp - 1) / micro
-
-
 def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound,
-    at forward_mfu of the group's peak (times the pipeline bubble when pp > 1)."""
-    data = ctx.spec.data
-    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
-    flops = 2 * ctx.shape.active_params * tokens
-    peak = ctx.gpu.bf16_flops * COSTS.forward_mfu * ctx.gpus
-    ctx.extra["detail"] = (f"2 x {ctx.shape.active_params:.3g} params x {tokens:.3g} tokens at "
-                           f"{COSTS.forward_mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
-    return flops / peak * pipeline_bubble(node, ctx)
+    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound."""
+    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu)
 
 
 KIND = NodeKind(

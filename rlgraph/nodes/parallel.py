@@ -1,4 +1,5 @@
-"""Parallelism fields shared by the model-running kinds (tp / pp / ep, backend)."""
+"""What the model-running kinds share: parallelism fields (tp / pp / ep, backend) and the
+compute-bound cost of a pass over every token of the step."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import NodeSpec
+from rlgraph.nodes.base import CostContext, NodeSpec
 
 
 class ParallelNodeSpec(NodeSpec):
@@ -20,3 +21,25 @@ class ParallelNodeSpec(NodeSpec):
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
         return self.tp * self.pp
+
+
+def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
+    """Time factor of a pp-stage pipeline over one-sequence micro-batches: (m + pp - 1) / m."""
+    pp = getattr(node, "pp", 1)
+    if pp <= 1:
+        return 1.0
+    data_parallel = max(1, ctx.gpus // node.model_parallel())
+    micro = max(1, ctx.spec.data.samples_per_step() // data_parallel)
+    return (micro + pp - 1) / micro
+
+
+def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float) -> float:
+    """A compute-bound pass over every token of the step: flops_per_param * N_active * tokens
+    FLOPs at `mfu` of the group's peak (times the pipeline bubble when pp > 1)."""
+    data = ctx.spec.data
+    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    flops = flops_per_param * ctx.shape.active_params * tokens
+    peak = ctx.gpu.bf16_flops * mfu * ctx.gpus
+    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
+                           f"{tokens:.3g} tokens at {mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
+    return flops / peak * pipeline_bubble(node, ctx)

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.nodes.logp import pipeline_bubble
-from rlgraph.nodes.parallel import ParallelNodeSpec
+from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -33,14 +32,8 @@ class TrainSpec(ParallelNodeSpec):
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
-    compute-bound at train_mfu of the group's peak (times the pipeline bubble when pp > 1)."""
-    data = ctx.spec.data
-    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
-    flops = 6 * ctx.shape.active_params * tokens
-    peak = ctx.gpu.bf16_flops * COSTS.train_mfu * ctx.gpus
-    ctx.extra["detail"] = (f"6 x {ctx.shape.active_params:.3g} params x {tokens:.3g} tokens at "
-                           f"{COSTS.train_mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
-    return flops / peak * pipeline_bubble(node, ctx)
+    compute-bound."""
+    return token_pass_cost(node, ctx, 6, COSTS.train_mfu)
 
 
 KIND = NodeKind(
