@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 from pathlib import Path
@@ -14,3 +15,16 @@ def machine() -> dict:
     """Where the figures come from."""
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+
+
+def quickstart_args(description: str, argv: list[str] | None, steps: int | None = None
+                    ) -> argparse.Namespace:
+    """The options every quickstart benchmark takes: the graph, a finished run to reuse
+    instead of running, key=value overrides and (where it applies) the number of steps."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--graph", default=str(ROOT / "graphs" / "quickstart.yaml"))
+    if steps is not None:
+        parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--run-dir", help="use this finished run instead of running")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides")
+    return parser.parse_args(argv)

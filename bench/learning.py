@@ -11,7 +11,6 @@ Writes bench/results/learning.json and bench/results/learning.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, quickstart_args
 
 WALL_TARGET_S = 300.0
 GAIN_TARGET = 0.3
@@ -69,11 +68,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default=str(ROOT / "graphs" / "quickstart.yaml"))
-    parser.add_argument("--run-dir", help="reuse this finished run instead of running")
-    parser.add_argument("overrides", nargs="*", help="extra key=value overrides")
-    args = parser.parse_args(argv)
+    args = quickstart_args(__doc__.splitlines()[0], argv)
     wall = None
     if args.run_dir:
         run_dir = Path(args.run_dir)

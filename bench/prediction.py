@@ -13,7 +13,6 @@ Writes bench/results/prediction.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, quickstart_args
 
 TARGET = 0.15
 WARMUP_STEPS = 3
@@ -40,12 +39,7 @@ def rlgraph(*words: str) -> subprocess.CompletedProcess:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default=str(ROOT / "graphs" / "quickstart.yaml"))
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--run-dir", help="use this finished run instead of running")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = quickstart_args(__doc__.splitlines()[0], argv, steps=30)
     graph = str(Path(args.graph))
     if args.run_dir:
         run_dir, wall = Path(args.run_dir), None

@@ -13,7 +13,6 @@ Writes bench/results/runtime_overhead.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -21,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, machine, quickstart_args
 
 TARGET = 0.05
 WARMUP_STEPS = 2  # the first steps pay one-off costs (allocator, first forward)
@@ -44,12 +43,7 @@ def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default=str(ROOT / "graphs" / "quickstart.yaml"))
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--run-dir", help="analyse this finished run instead of running")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = quickstart_args(__doc__.splitlines()[0], argv, steps=30)
 
     from rlgraph.errors import SourceMap
     from rlgraph.graph import build_graph
