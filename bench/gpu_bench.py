@@ -28,6 +28,7 @@ import platform
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -513,7 +514,8 @@ def table(nccl: dict[str, Any] | None, decode: dict[str, Any] | None) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
+    ap.add_argument("--out", default=None, help="default: $OUT, else bench/results (a dry run "
+                    "writes to a temporary folder, never over measured results)")
     ap.add_argument("--parts", default="nccl,decode")
     ap.add_argument("--stages", default=",".join(STAGES[:-1]),
                     help=f"decode stages to run, of {','.join(STAGES)} (ours-autotune: "
@@ -524,7 +526,8 @@ def main() -> int:
     if not torch.cuda.is_available() and not DRY:
         print("gpu_bench: no CUDA device on this machine; skipped (run it on a GPU machine)")
         return 0
-    out = Path(args.out)
+    out = Path(args.out or os.environ.get("OUT") or
+               (tempfile.mkdtemp(prefix="gpu-bench-dry-") if DRY else ROOT / "bench" / "results"))
     out.mkdir(parents=True, exist_ok=True)
     info = {"machine": machine(), "device": device_name(),
             "command": "python bench/gpu_bench.py " + " ".join(sys.argv[1:])}

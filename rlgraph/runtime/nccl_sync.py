@@ -35,184 +35,28 @@ so actors that already own a default process group (FSDP, megatron) are not dist
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import datetime
-import functools
-import hashlib
-import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rlgraph.errors import MissingDependencyError, RLGraphError
+from rlgraph.errors import MissingDependencyError
+from rlgraph.runtime.weight_layout import (
+    ALIGN,
+    CopyPlan,
+    Layout,
+    WeightSyncError,
+    as_bytes,
+    bytes_view,
+)
 
 MB = 1 << 20
-ALIGN = 16  # byte alignment of every tensor in the stream (vectorised copies)
 MAGIC = 0x726C6772  # "rlgr"
-BIG_COPY = 4 << 20  # pieces at least this large get their own copy; smaller ones are batched
 _STORE_PREFIX = "rlgraph/weight_sync/"
-
-
-class WeightSyncError(RLGraphError):
-    """The two sides of a weight sync disagree (model layout, bucket sizes, protocol)."""
-
-
-# ----------------------------------------------------------------------------- layout
-
-
-@dataclass(frozen=True)
-class TensorSlot:
-    """One tensor's place in the byte stream."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # "bfloat16", "float32", ...
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True, eq=False)
-class Layout:
-    """The agreed order and byte offsets of every tensor that a sync moves."""
-
-    slots: tuple[TensorSlot, ...]
-    total: int
-
-    @classmethod
-    def build(cls, specs: Iterable[tuple[str, tuple[int, ...], torch.dtype]]) -> Layout:
-        """Layout of (name, shape, dtype) in the given order, each start aligned to 16 bytes."""
-        slots, offset, seen = [], 0, set()
-        for name, shape, dtype in specs:
-            if name in seen:
-                raise WeightSyncError(f"tensor {name!r} appears twice in the weights to sync")
-            seen.add(name)
-            numel = 1
-            for dim in shape:
-                numel *= int(dim)
-            nbytes = numel * dtype.itemsize
-            slots.append(TensorSlot(name, tuple(int(d) for d in shape), _dtype_name(dtype),
-                                    offset, nbytes))
-            offset += -(-nbytes // ALIGN) * ALIGN
-        return cls(tuple(slots), offset)
-
-    @classmethod
-    def of(cls, named: Iterable[tuple[str, torch.Tensor]]) -> Layout:
-        """Layout of named tensors, in the order given."""
-        return cls.build((name, tuple(t.shape), t.dtype) for name, t in named)
-
-    def copies(self, lo: int, hi: int, dst: Any, src: Any) -> _Copies:
-        """The copies that move stream bytes [lo, hi): `dst(i, a, b)` / `src(i, a, b)` give the
-        byte ranges for slot i's bytes [a, b)."""
-        pairs = [(dst(i, a, b), src(i, a, b)) for i, a, b in self.pieces(lo, hi)]
-        return _Copies([d for d, _ in pairs], [s for _, s in pairs])
-
-    @functools.cached_property
-    def json(self) -> str:
-        """Serialised form published in the store."""
-        return json.dumps([[s.name, list(s.shape), s.dtype] for s in self.slots])
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Layout:
-        """Inverse of `json`."""
-        rows = json.loads(text)
-        return cls.build((name, tuple(shape), getattr(torch, dtype)) for name, shape, dtype in rows)
-
-    def __hash__(self) -> int:
-        return self.key
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and self.slots == other.slots
-
-    @functools.cached_property
-    def key(self) -> int:
-        """A 60-bit hash of names, shapes and dtypes (fits the int64 header)."""
-        return int(hashlib.sha1(self.json.encode()).hexdigest()[:15], 16)
-
-    @functools.cached_property
-    def _starts(self) -> list[int]:
-        return [s.offset for s in self.slots]
-
-    def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        """(slot index, first byte, end byte) of each tensor's part inside stream bytes [lo, hi)."""
-        i = max(bisect.bisect_right(self._starts, lo) - 1, 0)
-        while i < len(self.slots) and self.slots[i].offset < hi:
-            slot = self.slots[i]
-            a = max(lo, slot.offset) - slot.offset
-            b = min(hi, slot.offset + slot.nbytes) - slot.offset
-            if b > a:
-                yield i, a, b
-            i += 1
-
-    def match(self, targets: Mapping[str, torch.Tensor], strict: bool = True) -> list[torch.Tensor]:
-        """The receiver's tensor for each slot; a clear error when the two models differ."""
-        missing = [s.name for s in self.slots if s.name not in targets]
-        if missing:
-            raise WeightSyncError(
-                f"the sender sends {len(missing)} tensor(s) this receiver does not have, e.g. "
-                f"{missing[:3]}: train and generate must hold the same model (names as in the "
-                "generate engine's layout)")
-        extra = [n for n in targets if n not in {s.name for s in self.slots}]
-        if strict and extra:
-            raise WeightSyncError(
-                f"{len(extra)} receiver tensor(s) are never sent, e.g. {extra[:3]}: they would "
-                "keep stale weights (pass strict=False to allow)")
-        out = []
-        for slot in self.slots:
-            t = targets[slot.name]
-            if tuple(t.shape) != slot.shape or _dtype_name(t.dtype) != slot.dtype:
-                raise WeightSyncError(
-                    f"tensor {slot.name!r}: sender has {slot.dtype}{list(slot.shape)}, receiver "
-                    f"has {_dtype_name(t.dtype)}{list(t.shape)}")
-            if not t.is_contiguous():
-                raise WeightSyncError(f"receiver tensor {slot.name!r} is not contiguous")
-            out.append(t)
-        return out
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous tensor (a copy if it is not contiguous)."""
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8)
-
-
-def _bytes_view(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view that aliases `t` (receivers write through it)."""
-    return t.detach().view(-1).view(torch.uint8)
-
-
-class _Copies:
-    """Precomputed copies: large pieces one by one (memcpy), small ones in one batched call.
-
-    Built once per layout and reused every sync, so a sync costs the host a few launches per
-    chunk instead of slicing every tensor again.
-    """
-
-    def __init__(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
-        big = [i for i, d in enumerate(dsts) if d.numel() >= BIG_COPY]
-        small = [i for i, d in enumerate(dsts) if d.numel() < BIG_COPY]
-        self.big = [(dsts[i], srcs[i]) for i in big]
-        self.small_dst = [dsts[i] for i in small]
-        self.small_src = [srcs[i] for i in small]
-
-    def run(self) -> None:
-        for d, s in self.big:
-            d.copy_(s)
-        if self.small_dst:
-            try:
-                torch._foreach_copy_(self.small_dst, self.small_src)
-            except (RuntimeError, NotImplementedError):  # no batched copy for bytes here
-                for d, s in zip(self.small_dst, self.small_src):
-                    d.copy_(s)
 
 
 # ----------------------------------------------------------------------------- group
@@ -392,7 +236,7 @@ class WeightSender:
         self._published: set[int] = set()
         self._streams = _Streams(group, ["pack"])
         self._plan_key: tuple | None = None
-        self._plan: list[tuple[int, torch.Tensor, _Copies]] = []
+        self._plan: list[tuple[int, torch.Tensor, CopyPlan]] = []
         self._keep: list[Any] = []
 
     def _layout(self, items: list[tuple[str, torch.Tensor]]) -> Layout:
@@ -402,7 +246,7 @@ class WeightSender:
         return self._layouts[spec]
 
     def _make_plan(self, layout: Layout, tensors: list[torch.Tensor]
-                   ) -> list[tuple[int, torch.Tensor, _Copies]]:
+                   ) -> list[tuple[int, torch.Tensor, CopyPlan]]:
         """Per consume chunk: its produce bucket, its slice of the bucket buffer, the copies
         that gather its bytes. Cached while the tensors stay where they are."""
         key = (layout.key, tuple(t.data_ptr() for t in tensors))
@@ -412,7 +256,7 @@ class WeightSender:
         if not self._bufs or self._bufs[0].numel() < size:
             self._bufs = [torch.empty(size, dtype=torch.uint8, device=self.group.device)
                           for _ in range(2)]
-        srcs = [_bytes(t) for t in tensors]  # a non-contiguous tensor is copied here
+        srcs = [as_bytes(t) for t in tensors]  # a non-contiguous tensor is copied here
         plan = []
         for c in range(0, layout.total, self.chunk):
             k = c // self.produce
@@ -490,7 +334,7 @@ class WeightReceiver:
         self.strict = strict
         self.version = version  # the version the live tensors hold
         self.pending_version: int | None = None  # received into staging, not yet committed
-        self._plans: dict[int, tuple[Layout, list[Any], _Copies | None]] = {}
+        self._plans: dict[int, tuple[Layout, list[Any], CopyPlan | None]] = {}
         self._staging: torch.Tensor | None = None
         self._bufs: list[torch.Tensor] = []
         self._streams = _Streams(group, ["recv", "unpack"])
@@ -498,13 +342,13 @@ class WeightReceiver:
         self._commit_done: Any = None
         self._pending: Layout | None = None
 
-    def _plan(self, key: int) -> tuple[Layout, list[Any], _Copies | None]:
+    def _plan(self, key: int) -> tuple[Layout, list[Any], CopyPlan | None]:
         """For a layout: its chunks (staged: views of staging; direct: (buffer view, unpack
         copies)) and, staged, the commit copies. Built once per layout."""
         if key in self._plans:
             return self._plans[key]
         layout = Layout.from_json(self.group.store.get(f"layout/{key}"))
-        dsts = [_bytes_view(t) for t in layout.match(self.targets, self.strict)]
+        dsts = [bytes_view(t) for t in layout.match(self.targets, self.strict)]
         dev, total, step = self.group.device, layout.total, self.chunk
         ranges = [(c, min(c + step, total)) for c in range(0, total, step)]
         commit = None
@@ -514,7 +358,7 @@ class WeightReceiver:
                 self._plans.clear()  # their views point into the old staging buffer
             staging = self._staging
             chunks = [staging[lo:hi] for lo, hi in ranges]
-            commit = _Copies(dsts, [staging[s.offset:s.offset + s.nbytes] for s in layout.slots])
+            commit = CopyPlan(dsts, [staging[s.offset:s.offset + s.nbytes] for s in layout.slots])
         else:
             if not self._bufs:
                 self._bufs = [torch.empty(step, dtype=torch.uint8, device=dev) for _ in range(2)]
@@ -566,7 +410,7 @@ class WeightReceiver:
                 w.wait()
             self._recv_done = st.event()
 
-    def _receive_direct(self, chunks: list[tuple[torch.Tensor, _Copies]]) -> None:
+    def _receive_direct(self, chunks: list[tuple[torch.Tensor, CopyPlan]]) -> None:
         st = self._streams
         st.wait_current("recv")
         st.wait_current("unpack")  # generation's reads of the live weights come first
