@@ -45,11 +45,11 @@ def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = quickstart_args(__doc__.splitlines()[0], argv, steps=30)
 
+    from rlgraph.chrome_trace import events_from_trace
     from rlgraph.errors import SourceMap
     from rlgraph.graph import build_graph
     from rlgraph.runtime.tracing import critical_path
     from rlgraph.spec import validate_spec
-    from rlgraph.timeline import events_from_trace
 
     if args.run_dir:
         out, wall = Path(args.run_dir), None

@@ -119,7 +119,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_timeline(args: argparse.Namespace) -> int:
     """Redraw a run dir's timeline.html/png from its plan.json and trace.json."""
-    from rlgraph.timeline import events_from_trace, write_timeline
+    from rlgraph.chrome_trace import events_from_trace
+    from rlgraph.timeline import write_timeline
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

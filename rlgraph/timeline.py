@@ -4,9 +4,7 @@ Everything here reads event dicts `{node, step, start, end, group, occupies}` (s
 the start), the format both the compiler's simulator (`plan.schedule.events`) and the
 runtime's `trace.json` use, so one renderer draws both and puts them side by side.
 
-- `chrome_trace` / `events_from_trace`: event dicts <-> Chrome trace (Perfetto,
-  chrome://tracing): one process per group, one thread per node, flow arrows from
-  generate(t) to train(t) that show the off-policy lag.
+- event dicts <-> Chrome trace live in `rlgraph.chrome_trace`; `write_timeline` uses them.
 - `write_timeline`: timeline.json, timeline.html (self-contained inline SVG, no network)
   and timeline.png (matplotlib, imported only here, Agg backend).
 
@@ -25,150 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgraph.chrome_trace import (
+    KIND_COLORS,
+    NO_GROUP,
+    OTHER_COLOR,
+    chrome_trace,
+    kind_of,
+    occupied_groups,
+)
+
 DRAWN_STEPS = 10
 MIN_BAR = 0.002  # shortest bar drawn, as a fraction of the time axis
 PNG_WIDTH_IN, PNG_DPI = 13.0, 110
-NO_GROUP = "cpu"  # lane of nodes that hold no GPU group (reward on CPU)
-
-KIND_COLORS: dict[str, str] = {
-    "generate": "#59a14f",
-    "reward": "#edc948",
-    "logp": "#76b7b2",
-    "ref_logp": "#f28e2b",
-    "train": "#4e79a7",
-    "param_update": "#e15759",
-    "validate": "#b07aa1",
-}
-OTHER_COLOR = "#9c9c9c"
-
-
-# ---------------------------------------------------------------- Chrome trace
-
-
-def _kind_of(event: Mapping[str, Any], kinds: Mapping[str, str] | None) -> str:
-    """An event's node kind: its own `kind`, the plan's, or the node name's known kind."""
-    if event.get("kind"):
-        return str(event["kind"])
-    node = str(event["node"])
-    if kinds and node in kinds:
-        return kinds[node]
-    known = sorted(KIND_COLORS, key=len, reverse=True)
-    return next((k for k in known if node == k or node.startswith(k)), node)
-
-
-def _occupied(event: Mapping[str, Any]) -> list[str | None]:
-    """The groups an event is drawn on: every occupied group, or its group (None: no group)."""
-    occupies = list(event.get("occupies") or [])
-    return occupies if occupies else [event.get("group")]
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
-
-
-def chrome_trace(
-    events: list[dict],
-    title: str,
-    groups: list[str] | None = None,
-    kinds: Mapping[str, str] | None = None,
-) -> dict:
-    """Event dicts -> Chrome trace: a process per group, a thread per node, flow arrows.
-
-    A node that occupies several groups (param_update) appears once in each. `groups` fixes
-    the process order (pid 1, 2, ...); `kinds` maps node names to kinds for the `cat` field.
-    """
-    order: list[str | None] = list(groups or [])
-    for event in events:
-        for group in _occupied(event):
-            if group not in order:
-                order.append(group)
-    if None in order:  # nodes in no group go last
-        order.remove(None)
-        order.append(None)
-    pids = {group: i + 1 for i, group in enumerate(order)}
-    tids: dict[tuple[int, str], int] = {}
-    spans: list[dict] = []
-    for event in sorted(events, key=lambda e: (e["start"], str(e["node"]))):
-        kind = _kind_of(event, kinds)
-        args = {k: v for k, v in event.items() if k not in ("start", "end")}
-        args.setdefault("kind", kind)
-        for group in _occupied(event):
-            pid = pids[group]
-            tid = tids.setdefault((pid, str(event["node"])), 1 + sum(p == pid for p, _ in tids))
-            spans.append({
-                "name": str(event["node"]), "cat": kind, "ph": "X",
-                "ts": _us(event["start"]), "dur": _us(event["end"] - event["start"]),
-                "pid": pid, "tid": tid, "args": args,
-            })
-    meta: list[dict] = []
-    for group, pid in pids.items():
-        label = NO_GROUP if group is None else str(group)
-        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                     "args": {"name": label}})
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
-                     "args": {"sort_index": pid}})
-    for (pid, node), tid in tids.items():
-        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                     "args": {"name": node}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                     "args": {"sort_index": tid}})
-    return {
-        "traceEvents": meta + spans + _flows(spans),
-        "displayTimeUnit": "ms",
-        "otherData": {"title": title, "groups": [NO_GROUP if g is None else g for g in order]},
-    }
-
-
-def _flows(spans: list[dict]) -> list[dict]:
-    """Flow arrows from the end of generate(t) to the start of train(t), for every t."""
-    first: dict[tuple[str, str, int], dict] = {}
-    for span in spans:  # a node on two groups starts its arrow on the first one
-        key = (span["cat"], span["name"], span["args"].get("step"))
-        first.setdefault(key, span)
-    trains = [s for (cat, _, _), s in first.items() if cat == "train"]
-    flows: list[dict] = []
-    for (cat, _, step), gen in first.items():
-        if cat != "generate":
-            continue
-        for train in trains:
-            if train["args"].get("step") != step:
-                continue
-            flow_id = len(flows) // 2 + 1
-            end = gen["ts"] + gen["dur"]
-            flows.append({"name": f"batch {step}", "cat": "batch", "ph": "s", "id": flow_id,
-                          "ts": round(max(gen["ts"], end - 1), 3),
-                          "pid": gen["pid"], "tid": gen["tid"]})
-            flows.append({"name": f"batch {step}", "cat": "batch", "ph": "f", "bp": "e",
-                          "id": flow_id, "ts": train["ts"], "pid": train["pid"],
-                          "tid": train["tid"]})
-    return flows
-
-
-def events_from_trace(trace: dict | list) -> list[dict]:
-    """Chrome trace -> event dicts (the inverse of `chrome_trace`; duplicates merged)."""
-    raw = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    names = {e["pid"]: e["args"]["name"] for e in raw
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    events: dict[tuple[str, Any, float], dict] = {}
-    for span in raw:
-        if span.get("ph") != "X":
-            continue
-        args = dict(span.get("args") or {})
-        start = span["ts"] / 1e6
-        node = str(args.pop("node", span.get("name")))
-        step = args.pop("step", -1)
-        key = (node, step, round(start, 6))
-        if key in events:
-            continue
-        group = args.pop("group", names.get(span.get("pid")))
-        group = None if group == NO_GROUP else group
-        occupies = list(args.pop("occupies", None) or ([group] if group else []))
-        event = {"node": node, "step": step, "start": start,
-                 "end": start + span.get("dur", 0) / 1e6, "group": group, "occupies": occupies}
-        event.update(args)
-        event.setdefault("kind", span.get("cat", node))
-        events[key] = event
-    return sorted(events.values(), key=lambda e: (e["start"], e["node"]))
 
 
 # ---------------------------------------------------------------- layout shared by HTML and PNG
@@ -219,7 +85,7 @@ def _panel(title: str, events: Sequence[dict], plan: Mapping[str, Any],
     end = max((e["end"] for e in events if e["step"] in shown), default=0.0) or 1.0
     drawn = [e for e in events if e["start"] < end]
     for event in drawn:
-        for group in _occupied(event):
+        for group in occupied_groups(event):
             lane = NO_GROUP if group is None else str(group)
             if lane not in lanes:
                 lanes.append(lane)
@@ -229,7 +95,7 @@ def _panel(title: str, events: Sequence[dict], plan: Mapping[str, Any],
     ends: dict[int, list[float]] = {i: [] for i in range(len(lanes))}
     bars: list[Bar] = []
     for event in sorted(drawn, key=lambda e: (e["start"], e["end"])):
-        for group in _occupied(event):
+        for group in occupied_groups(event):
             lane = lanes.index(NO_GROUP if group is None else str(group))
             rows = ends[lane]
             row = next((r for r, end in enumerate(rows) if end <= event["start"] + 1e-12),
@@ -237,7 +103,7 @@ def _panel(title: str, events: Sequence[dict], plan: Mapping[str, Any],
             if row == len(rows):
                 rows.append(0.0)
             rows[row] = event["end"]
-            bars.append(Bar(event, _kind_of(event, kinds), lane, row))
+            bars.append(Bar(event, kind_of(event, kinds), lane, row))
     unit = "slot" if plan.get("placement", {}).get("local") else "GPU"
     labels = [f"{lane} ({gpus[lane]} {unit}{'s' if gpus[lane] != 1 else ''})"
               if gpus.get(lane) else lane for lane in lanes]
@@ -251,7 +117,7 @@ def steady_period(events: Iterable[dict], kinds: Mapping[str, str] | None = None
     """Seconds per step in the second half of a timeline (from train's end times), or None."""
     ends: dict[int, float] = {}
     for event in events:
-        if _kind_of(event, kinds) == "train" and isinstance(event.get("step"), int):
+        if kind_of(event, kinds) == "train" and isinstance(event.get("step"), int):
             ends[event["step"]] = max(ends.get(event["step"], 0.0), event["end"])
     steps = sorted(ends)
     if len(steps) < 3:
@@ -371,7 +237,7 @@ def _svg(panel: Panel, index: int) -> str:
         centers[id(bar)] = (top + _ROW / 2, top)
         tip = (f"{e['node']} ({bar.kind}) step {e['step']}: {fmt_seconds(e['start'])} → "
                f"{fmt_seconds(e['end'])} ({fmt_seconds(e['end'] - e['start'])})"
-               f" on {', '.join(str(g) for g in _occupied(e) if g) or NO_GROUP}")
+               f" on {', '.join(str(g) for g in occupied_groups(e) if g) or NO_GROUP}")
         color = KIND_COLORS.get(bar.kind, OTHER_COLOR)
         out.append(f'<g><title>{html.escape(tip)}</title><rect class="bar" x="{x0:.1f}" '
                    f'y="{top + 1}" width="{w:.1f}" height="{_ROW - 3}" rx="2" fill="{color}" '

@@ -147,7 +147,7 @@ def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
 def test_timeline_redraws_a_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_timeline import fake_plan, simulate
 
-    from rlgraph.timeline import chrome_trace
+    from rlgraph.chrome_trace import chrome_trace
 
     (tmp_path / "plan.json").write_text(json.dumps(fake_plan()))
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(simulate(8, 1, 1.3), "run")))
@@ -259,7 +259,7 @@ def test_calibrate_replaces_modelled_costs_with_measured_ones(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from test_timeline import simulate
 
-    from rlgraph.timeline import chrome_trace
+    from rlgraph.chrome_trace import chrome_trace
 
     events = simulate(6, max_lag=1)  # same node names as the quickstart
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(events, "run")))

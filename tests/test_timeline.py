@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlgraph.chrome_trace import chrome_trace, events_from_trace
 from rlgraph.timeline import (
-    chrome_trace,
-    events_from_trace,
     fmt_seconds,
     render_html,
     steady_period,

@@ -50,7 +50,7 @@ class Tracer:
     def write(self, path: Path, title: str, groups: list[str], kinds: dict[str, str],
               other: dict[str, Any] | None = None) -> Path:
         """trace.json: the spans as a Chrome trace (Perfetto / chrome://tracing)."""
-        from rlgraph.timeline import chrome_trace
+        from rlgraph.chrome_trace import chrome_trace
 
         trace = chrome_trace(sorted(self.events, key=lambda e: (e["start"], e["node"])),
                              title, groups=groups, kinds=kinds)
@@ -63,7 +63,7 @@ class Tracer:
 
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The event dicts of an earlier trace.json (a resumed run keeps them)."""
-    from rlgraph.timeline import events_from_trace
+    from rlgraph.chrome_trace import events_from_trace
 
     if not path.exists():
         return []
