@@ -30,6 +30,8 @@ def summarize(kind: str, out: Batch) -> dict[str, Any]:
                 "trained_uids": list(out.get("trained_uids", [])),
                 "policy_version": int(out.get("policy_version", 0))}
     summary: dict[str, Any] = {}
+    if isinstance(out.get("metrics"), dict):  # e.g. rollout/* of generate, val/* of validate
+        summary["metrics"] = dict(out["metrics"])
     if kind == "generate":
         summary["policy_version"] = int(out.get("policy_version", 0))
         if "response_mask" in out:

@@ -237,6 +237,8 @@ class Runner:
                 for done in executor.wait(timeout=WAIT_S):
                     event = self._record(done, tracer)
                     report.latest[done.task.node] = event
+                    if done.task.kind != "train":
+                        report.node_metrics.update(done.info["summary"].get("metrics", {}))
                     pipeline.complete(done.task.node, done.task.step, done.output,
                                       done.info.get("version"))
                     if done.task.kind == "train":
@@ -304,6 +306,7 @@ class _Report:
         self.latest: dict[str, dict[str, Any] | None] = dict.fromkeys(runner.kinds)
         self.last_train_end: float | None = None
         self.tracer: Tracer | None = None
+        self.node_metrics: dict[str, float] = {}  # other nodes' metrics since the last row
 
     def train_step(self, done: Completion, event: dict[str, Any]) -> None:
         """Row, ledger and progress of the train step that just finished."""
@@ -317,6 +320,8 @@ class _Report:
         row = step_row(step, summary, (self.last_train_end, event["end"]), self.latest,
                        recent, runner.groups)
         row["lag/bound"] = runner.lag_bound
+        row.update(self.node_metrics)
+        self.node_metrics.clear()
         if row["lag/max"] > runner.lag_bound:
             result.lag_violations += 1
         self.last_train_end = event["end"]
