@@ -1,7 +1,8 @@
 """Spec -> networkx DiGraph: the dataflow of one step plus the weight back edge.
 
 Node attributes: `kind`, `spec` (the node's pydantic spec), `group` (its group or None),
-`occupies` (the groups whose GPUs it holds while it runs), `uses_gpu`. Edge attribute
+`occupies` (the groups whose GPUs it holds while it runs: param_update its sender's only),
+`uses_gpu`. Edge attribute
 `distance`: 0 for data within a step, `max_lag + 1` on edges leaving a weight-carrying node
 (param_update -> generate): generate of step t waits for param_update of t - max_lag - 1.
 Passes add their own attributes (`duration`, ...) to copies, never to this graph.
@@ -66,7 +67,7 @@ def _check_groups(spec: Spec) -> dict[str, str]:
                                 key, hint="a task runs in exactly one group")
             if spec.nodes[task].kind == "param_update":
                 raise SpecError(f"'{task}' (param_update) cannot be a group's task", key,
-                                hint="it occupies the groups of its src and dst by itself")
+                                hint="it occupies the group of its src by itself")
             owner[task] = group
     for name, node in spec.nodes.items():
         if KINDS[node.kind].uses_gpu and name not in owner:
@@ -77,10 +78,13 @@ def _check_groups(spec: Spec) -> dict[str, str]:
 
 
 def _occupies(spec: Spec, name: str, owner: dict[str, str]) -> tuple[str, ...]:
+    """The groups a node holds while it runs. A weight sync holds its sender's group only:
+    the receiver stages the version beside generation (dual buffer) and generation pays only
+    the switch, which the cost pass puts on generate."""
     node = spec.nodes[name]
     if KINDS[node.kind].carries_weights:
-        groups = [owner.get(node.src), owner.get(node.dst)]
-        return tuple(dict.fromkeys(g for g in groups if g))
+        group = owner.get(node.src) or owner.get(node.dst)
+        return (group,) if group else ()
     return (owner[name],) if name in owner else ()
 
 

@@ -45,9 +45,21 @@ def last_number_match(data_source: str, solution_str: str, ground_truth: Any,
     return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
 
 
+def length_credit(data_source: str, solution_str: str, ground_truth: Any,
+                  extra_info: dict | None = None) -> float:
+    """Partial credit for long answers: half for the length (1 - |len - n| / n, at least 0),
+    half for the exact answer, so GRPO has signal before the answer is exact."""
+    response, truth = str(solution_str).strip(), str(ground_truth).strip()
+    n = max(len(truth), 1)
+    return 0.5 * max(0.0, 1.0 - abs(len(response) - n) / n) + 0.5 * float(response == truth)
+
+
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
                           extra_info: dict | None = None) -> float:
-    """The default verifier: exact match of the whole response (every built-in task)."""
+    """The default verifier: length credit for the longtail task, exact match of the whole
+    response for every other built-in task (dispatch on data_source, as verl's)."""
+    if data_source == "longtail":
+        return length_credit(data_source, solution_str, ground_truth, extra_info)
     return exact_match(data_source, solution_str, ground_truth, extra_info)
 
 

@@ -4,7 +4,10 @@ Prompts are left-padded to a common length P, responses right-padded to R (verl'
 `sequences = [prompt | response]`). Each sampled token records its behaviour log-prob
 `log_softmax(logits / temperature)` (top-p truncation is not part of it, as in verl and
 vLLM) and the policy version that sampled it. Because the loop state lives in `Decoder`, a
-caller may stop between steps, swap weights, and continue (partial rollout).
+caller may stop between steps, swap weights, and continue (partial rollout): `reencode()`
+drops the KV cache so the next step recomputes it under the new weights, and a row may start
+from a response prefix sampled earlier (it is part of the row's left-padded context) with its
+own budget of new tokens.
 """
 
 from __future__ import annotations
@@ -59,23 +62,32 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class Decoder:
-    """The state of one batched decode: cache, tokens so far, which rows have finished."""
+    """The state of one batched decode: cache, tokens so far, which rows have finished.
+
+    `prefixes[i]` (optional) is a response prefix row i sampled earlier: it is appended to the
+    prompt as context (re-encoded under the current weights) and is not part of what this
+    decoder returns. `budgets[i]` (optional) is row i's own limit of new tokens."""
 
     def __init__(self, model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,
                  eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
                  greedy: bool = False, generator: torch.Generator | None = None,
-                 use_cache: bool = True):
+                 use_cache: bool = True, prefixes: list[list[int]] | None = None,
+                 budgets: list[int] | None = None):
         self.model, self.eos_id, self.pad_id = model, eos_id, pad_id
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.greedy, self.generator, self.use_cache = greedy, generator, use_cache
         device = next(model.parameters()).device
-        self.prompt_ids, self.prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+        contexts = prompts if prefixes is None else [p + q for p, q in zip(prompts, prefixes)]
+        self.prompt_ids, self.prompt_mask = (t.to(device) for t in left_pad(contexts, pad_id))
         batch = len(prompts)
+        limit = [max_new_tokens] * batch if budgets is None else budgets
+        self.budgets = torch.tensor(limit, dtype=torch.long, device=device).clamp(
+            max=max_new_tokens)
         self.tokens: list[torch.Tensor] = []
         self.logps: list[torch.Tensor] = []
         self.versions: list[torch.Tensor] = []
         self.alive: list[torch.Tensor] = []  # mask of rows still generating at each step
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.finished = self.budgets <= 0
         self.cache = None
 
     @property
@@ -99,6 +111,11 @@ class Decoder:
             self.cache = out.past_key_values
         return out.logits[:, -1].float()
 
+    def reencode(self) -> None:
+        """Forget the KV cache: the next step recomputes it for every row's prompt, prefix and
+        tokens so far under the model's current weights (after a weight switch)."""
+        self.cache = None
+
     @torch.no_grad()
     def step(self, policy_version: int = 0) -> bool:
         """Sample one token for every unfinished row; returns False once the decode is done."""
@@ -117,8 +134,19 @@ class Decoder:
         self.logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
         self.versions.append(torch.where(alive, policy_version, -1))
         self.alive.append(alive)
-        self.finished |= alive & (token == self.eos_id)
+        self.finished |= alive & ((token == self.eos_id) | (len(self.tokens) >= self.budgets))
         return not self.done
+
+    def rows(self) -> list[tuple[list[int], list[float], list[int]]]:
+        """Per row, the new tokens it sampled, their behaviour log-probs and versions (host
+        lists, padding left out): what a partial rollout appends to each sample."""
+        if not self.tokens:
+            return [([], [], []) for _ in range(len(self.finished))]
+        alive = torch.stack(self.alive, dim=1).cpu()
+        tokens, logps, versions = (torch.stack(x, dim=1).cpu()
+                                   for x in (self.tokens, self.logps, self.versions))
+        return [(tokens[i][alive[i]].tolist(), logps[i][alive[i]].tolist(),
+                 versions[i][alive[i]].tolist()) for i in range(len(alive))]
 
     def result(self) -> Rollout:
         """The sampled batch so far, as a Rollout."""
@@ -132,6 +160,29 @@ class Decoder:
             behavior_logp=torch.stack(self.logps, dim=1),
             token_version=torch.stack(self.versions, dim=1),
         )
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], logps: list[list[float]],
+         versions: list[list[int]], pad_id: int) -> Rollout:
+    """Per-row token lists -> a Rollout in the batch layout (prompt left-padded, response
+    right-padded to the longest; behaviour log-prob 0 and version -1 on padding)."""
+    ids, mask = left_pad(prompts, pad_id)
+    width = max((len(r) for r in responses), default=0)
+    rows = len(responses)
+    response = torch.full((rows, width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, width), dtype=torch.long)
+    logp = torch.zeros((rows, width), dtype=torch.float32)
+    version = torch.full((rows, width), -1, dtype=torch.long)
+    for i, (r, lp, v) in enumerate(zip(responses, logps, versions)):
+        n = len(r)
+        response[i, :n] = torch.tensor(r, dtype=torch.long)
+        response_mask[i, :n] = 1
+        logp[i, :n] = torch.tensor(lp, dtype=torch.float32)
+        version[i, :n] = torch.tensor(v, dtype=torch.long)
+    return Rollout(sequences=torch.cat([ids, response], dim=1),
+                   attention_mask=torch.cat([mask, response_mask], dim=1),
+                   prompt_len=ids.shape[1], response_mask=response_mask,
+                   behavior_logp=logp, token_version=version)
 
 
 def sample(model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: int,

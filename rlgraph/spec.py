@@ -88,6 +88,12 @@ class ResponseLength(StrictModel):
 
     mean: float = Field(default=256, gt=0)
     max: int = Field(default=512, ge=1)
+    dist: Literal["lognormal", "pareto"] = Field(
+        default="lognormal", description="length distribution of the longtail task's targets: "
+        "mean as above, clipped at max (which lowers the realized mean, a pareto's most)")
+    sigma: float = Field(default=1.0, gt=0, description="lognormal: std of log length")
+    alpha: float = Field(default=1.5, gt=1, description="pareto: tail index (smaller: "
+                         "heavier tail)")
 
     @model_validator(mode="after")
     def _mean_below_max(self) -> ResponseLength:

@@ -2,10 +2,19 @@
 
 Colocated tasks (e.g. logp and train in the trainer group) share one Workspace and so one
 copy of the policy. Every Workspace builds its models from the same seed (and the same
-warm start), so all groups start from identical version-0 weights. Weight sync goes through
-`export_weights` on the sender and `receive_bucket` / `commit_weights` on the receiver; the
-commit takes the workspace lock, which workers hold while they use the policy, so a worker
-never sees a half-updated model even if buckets arrive on another thread.
+warm start), so all groups start from identical version-0 weights.
+
+Weight sync (dual buffer): the sender's `export_weights` cuts the policy into buckets; the
+receiver stages them beside the live weights (`receive_bucket`, or a transport's own buffer)
+and `stage_weights(version)` marks the version staged whole. Nothing the policy's users see
+changes until `switch_if_staged()` swaps the staged version in under `lock`: generate calls
+it at the start of a call and between decode steps, the Ray actor at the start of every task
+it runs (so a task that starts when no generation is running sees the newest weights).
+Workers hold `lock` for a whole call that uses the policy (generate: all its decode steps),
+so a switch never lands inside one except through their own `switch_if_staged`. A receive
+that would overwrite a staged version nobody switched in yet switches it in first (under
+the lock, so it waits for a generate call in flight). `commit_weights` stages and switches at
+once (the serial loop and tests).
 """
 
 from __future__ import annotations
@@ -14,15 +23,18 @@ import copy
 import hashlib
 import importlib
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlgraph.dual_buffer import DualBuffer
 from rlgraph.models import build_model
 from rlgraph.tokenizer import build_tokenizer
 from rlgraph.warm_start import warm_start
-from rlgraph.weights import WeightReceiver, digest, export_buckets
+from rlgraph.weights import WeightSyncError, digest, export_buckets
 
 if TYPE_CHECKING:
     from rlgraph.spec import Spec
@@ -40,7 +52,9 @@ class Workspace:
         self.base_dir = source.parent if source.exists() else None
         self.policy_version = 0
         self.lock = threading.RLock()
-        self.receiver = WeightReceiver()
+        self.staged: tuple[int, Callable[[], object]] | None = None  # whole, not switched in
+        self.pause_s = 0.0  # time policy users waited for switches (taken by `take_pause_s`)
+        self._buffer: DualBuffer | None = None
         self.tokenizer = build_tokenizer(spec.model.path)
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
@@ -92,15 +106,64 @@ class Workspace:
         with self.lock:
             return export_buckets(self.policy.state_dict(), self.policy_version, bucket_mb)
 
-    def receive_bucket(self, bucket: dict) -> None:
-        """Stage a bucket in the second buffer; the live policy is untouched."""
-        self.receiver.receive(bucket)
+    def receive_bucket(self, bucket: dict, consume_mb: float | None = None) -> None:
+        """Stage a bucket in the second buffer, `consume_mb` at a time; the live policy is
+        untouched."""
+        self.flush_staged()
+        if self._buffer is None:
+            self._buffer = DualBuffer(self.policy)
+        consume = None if consume_mb is None else max(1, int(consume_mb * 2**20))
+        self._buffer.receive(bucket, consume)
+
+    def stage_weights(self, version: int, switch: Callable[[], object] | None = None) -> None:
+        """Mark `version` staged whole: the buckets received (default), or a transport's own
+        buffer whose `switch()` copies it into the live policy. Switched in at the next
+        `switch_if_staged`."""
+        if switch is None:
+            if self._buffer is None:
+                raise WeightSyncError(f"cannot commit version {version}: staged no bucket")
+            self._buffer.check(version)
+            switch = self._buffer.switch
+        self.staged = (version, switch)
+
+    def switch_if_staged(self) -> int | None:
+        """Swap a version staged whole into the policy (under the lock) and return it; None,
+        cheaply, when nothing new is staged. The time it takes is added to `pause_s`."""
+        if self.staged is None:
+            return None
+        with self.lock:
+            staged, self.staged = self.staged, None
+            if staged is None:
+                return None
+            start = time.perf_counter()
+            version, switch = staged
+            switch()
+            self.policy_version = version
+            self.pause_s += time.perf_counter() - start
+            return version
+
+    def flush_staged(self) -> None:
+        """Before the staging buffer is written again: a staged version nobody switched in
+        yet is switched in now (waiting for the policy's current user)."""
+        if self.staged is not None:
+            self.switch_if_staged()
+
+    def take_pause_s(self) -> float:
+        """Switch time accumulated since the last call (the `generate/pause_s` metric)."""
+        with self.lock:
+            pause, self.pause_s = self.pause_s, 0.0
+        return pause
+
+    def staging_pieces(self) -> tuple[int, int]:
+        """(consume-sized copies, bytes of the largest) of the last version received in buckets."""
+        if self._buffer is None:
+            return 0, 0
+        return self._buffer.pieces, self._buffer.largest_piece
 
     def commit_weights(self, version: int) -> None:
-        """Swap the staged version in atomically (under the lock) and adopt its version."""
-        with self.lock:
-            self.receiver.commit(self.policy, version)
-            self.policy_version = version
+        """Stage the received buckets as `version` and switch them in at once."""
+        self.stage_weights(version)
+        self.switch_if_staged()
 
     def weights_digest(self) -> str:
         """SHA-256 of the policy weights: equal on sender and receiver after a sync."""
@@ -128,3 +191,4 @@ class Workspace:
             if self.optimizer is not None and state.get("optimizer") is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
             self.policy_version = int(state["policy_version"])
+            self.staged = None  # a version staged before the restore is not newer than it

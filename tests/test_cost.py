@@ -20,6 +20,7 @@ from rlgraph.compiler.model import shape_of
 from rlgraph.compiler.placement import place
 from rlgraph.errors import SourceMap
 from rlgraph.graph import build_graph
+from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets import COST_SOURCES, COSTS, GPU_PRESETS, CostConstants
 from rlgraph.spec import validate_spec
 
@@ -70,9 +71,13 @@ def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:
     partial = seconds(spec_of(data=data, schedule={"partial_rollout": True}), "generate")
     assert partial < 0.25 * sync  # 1024 steps instead of 8192
     flat = dict(data, response_len={"mean": 1024, "max": 1024})
-    same = [seconds(spec_of(data=flat, schedule={"partial_rollout": p}), "generate")
+    one = dict(NODES, generate={"oversample": 1})
+    same = [seconds(spec_of(data=flat, nodes=one, schedule={"partial_rollout": p}), "generate")
             for p in (False, True)]
-    assert same[0] == pytest.approx(same[1])  # no tail: nothing to gain
+    assert same[0] == pytest.approx(same[1])  # no tail, no spare rows: nothing to gain
+    # no tail but twice the rows in flight: half the decode steps (decode is flat in batch)
+    spare = seconds(spec_of(data=flat, schedule={"partial_rollout": True}), "generate")
+    assert 0.45 * same[0] < spare < 0.75 * same[0]
 
 
 def test_forward_and_train_are_compute_bound_and_scale_with_gpus() -> None:
@@ -131,7 +136,12 @@ def test_colocating_train_with_generate_pays_the_switch() -> None:
     switch = switch_seconds(together, place(together), "hybrid", shape_of(together))
     assert switch > 0.1  # 16 B/param / 4 GPUs + weights, out and back over PCIe
     generate = costs_of(together)["generate"]
-    assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds + switch)
+    # apart, generate pays only the dual-buffer switch (the receive overlaps generation)
+    shape, gpu = shape_of(apart), GPU_PRESETS[apart.cluster.gpu]
+    dual = switch_cost(apart.nodes["generate"], shape, gpu, local=False)
+    assert 0 < dual < switch / 10 and "dual-buffer switch" in costs_of(apart)["generate"].detail
+    assert dual == pytest.approx(4 * shape.params / gpu.hbm_bytes_per_s)  # bf16 read + write
+    assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds - dual + switch)
     assert "colocation switch" in generate.detail
     local = spec_of(groups={"hybrid": {"share": 1.0, "tasks": ["generate", "logp", "train"]}},
                     cluster={"local": True, "cpus": 2}, model={"preset": "tiny"})

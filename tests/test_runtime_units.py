@@ -150,16 +150,16 @@ def test_default_run_dir_is_named_after_the_graph_and_time():
     assert len(path.name.rsplit("-", 2)[-2]) == 8  # YYYYmmdd
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("nodes.param_update.transport=nccl", "nodes.param_update.transport"),
-    ("schedule.partial_rollout=true", "schedule.partial_rollout"),
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["nodes.param_update.transport=nccl",
+      "nodes.param_update.bucket_mb={produce: 100, consume: 64}"], "nodes.param_update.bucket_mb"),
 ])
-def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, override, key):
+def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, overrides, key):
     from rlgraph.compiler import compile_plan
     from rlgraph.errors import SpecError
     from rlgraph.runtime.runner import Runner, RunOptions
 
-    spec = load_spec(QUICKSTART, [override])
+    spec = load_spec(QUICKSTART, overrides)
     with pytest.raises(SpecError) as err:
         Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1))
     assert f"{key}:" in err.value.render() and "<override" in err.value.render()

@@ -1,8 +1,8 @@
 """Calibration: node seconds per step measured by a run, to replace the modelled costs.
 
 `rlgraph run` writes `trace.json` (Chrome trace: spans `{"ph": "X", "dur": us, "args":
-{node, step, group, occupies}}`). A node that occupies two groups (param_update) appears once
-per group lane; it is counted once per step. Per node the figure is the median over its
+{node, step, group, occupies}}`). A node that occupies several groups appears once per group
+lane; it is counted once per step. Per node the figure is the median over its
 steps, without the first step (warm-up: compilation, caches, allocator) when there are at
 least three.
 """

@@ -7,6 +7,9 @@ source "model"). A group that holds both a train and a generate node pays the co
 switch on its generate node every step: train states and rollout weights go to host memory
 and come back (bytes over PCIe), as verl's hybrid engine does with offload / sleep mode.
 Local CPU clusters pay no switch: train and generate already share host memory.
+A generate node that receives weights from another group pays the dual-buffer switch instead
+(`nodes.param_update.switch_cost`): param_update stages the new version beside generation
+and holds only the sender's group, so the copy into the live weights is all generate waits.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rlgraph.compiler.placement import Placement
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import CostContext
+from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets import COSTS, ModelShape
 from rlgraph.spec import Spec
 
@@ -61,13 +65,29 @@ def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]
     return out
 
 
+def _fed_by_other_group(graph: nx.DiGraph) -> set[str]:
+    """Nodes that receive weights from a weight sync whose sender is in another group."""
+    out = set()
+    for src, dst in graph.edges():
+        if KINDS[graph.nodes[src]["kind"]].carries_weights:
+            sender = graph.nodes[src]["spec"].src
+            if sender in graph and graph.nodes[sender]["group"] != graph.nodes[dst]["group"]:
+                out.add(dst)
+    return out
+
+
 def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
              shape: ModelShape, kinds: dict[str, frozenset[str]]) -> CostContext:
     attrs = graph.nodes[name]
     occupies = attrs["occupies"]
     home = attrs["group"] or (occupies[0] if occupies else None)
     colocated = kinds.get(home, frozenset())
-    hosts = set().union(*(placement.groups[g].nodes() for g in occupies)) if occupies else set()
+    ends = occupies
+    if KINDS[attrs["kind"]].carries_weights:  # the link spans sender and receiver groups
+        node = attrs["spec"]
+        ends = tuple(dict.fromkeys(graph.nodes[n]["group"] for n in (node.src, node.dst)
+                                   if n in graph and graph.nodes[n]["group"]))
+    hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
     extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies}
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
@@ -80,6 +100,7 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
     carry a calibration over to the synchronous baseline)."""
     shape = shape_of(spec)
     switches = _colocated_switch_groups(spec, placement)
+    fed = _fed_by_other_group(graph)
     kinds = {g: frozenset(spec.nodes[t].kind for t in group.tasks)
              for g, group in placement.groups.items()}
     costs: dict[str, NodeCost] = {}
@@ -103,6 +124,10 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
                 seconds += switch
                 detail += (f" + colocation switch {switch:.3g} s (train states and weights "
                            f"offloaded and reloaded over PCIe)")
+            elif name in fed:
+                switch = switch_cost(node, shape, placement.preset, placement.local)
+                seconds += switch
+                detail += f" + dual-buffer switch {switch:.3g} s"
         if not math.isfinite(seconds) or seconds < 0:
             raise SpecError(f"the cost of '{name}' is not a finite time ({seconds})",
                             ("nodes", name), hint="give cost: {seconds: S}")

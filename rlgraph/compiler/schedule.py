@@ -10,12 +10,13 @@ Policy (`LowestStepFirst`, shared with the Ray runtime, `rlgraph.runtime.pipelin
 through the ready tasks by lowest step, ties broken by the step's topological order, and
 start each whose groups are ALL free; the first task that cannot start (the oldest blocked
 one) holds its free groups, so it starts as soon as its busy groups free, and the others
-backfill the groups nobody holds; repeat until none can start. No preemption. The hold is
-what verl's one-step-off loop does: after train(t) the trainer waits for the rollout group
-to finish its generate and take the weights (param_update(t) holds both groups) before it
-starts train(t+1); holding for only the oldest blocked task keeps one busy group from
-idling every other (a fan-out of weight syncs). A node in no group starts as soon as it
-is ready (it only waits for its inputs, its own previous step and channel room).
+backfill the groups nobody holds; repeat until none can start. No preemption. Holding for
+only the oldest blocked task keeps one busy group from idling every other (a task that
+spans several groups). A weight sync holds only its sender's group (param_update(t) runs on
+the trainer after train(t); the receiver stages the version beside generation, which pays
+only the switch), so the trainer never waits for a generate to finish. A node in no group
+starts as soon as it is ready (it only waits for its inputs, its own previous step and
+channel room).
 
 The simulator keeps the same states in flat per-task arrays (`remaining` dependency counts
 for waiting tasks, one heap of ready tasks per occupancy signature, a heap of running tasks

@@ -336,10 +336,11 @@ class Evaluator:
         for name in seconds:
             if name in owner:
                 loads[owner[name]] += seconds[name]
-        for name in self.weight_nodes:
+        for name in self.weight_nodes:  # a weight sync holds its sender's group only
             node = self.space.spec.nodes[name]
-            for i in {owner[t] for t in (node.src, node.dst) if t in owner}:
-                loads[i] += seconds.get(name, 0.0)
+            sender = node.src if node.src in owner else node.dst
+            if sender in owner:
+                loads[owner[sender]] += seconds.get(name, 0.0)
         load = max([*loads, *seconds.values()])
         path = 0.0
         for u, v in self.back:  # the data path v -> ... -> u plus the back edge u -> v

@@ -30,10 +30,14 @@ class ParamUpdateSpec(NodeSpec):
 
 
 def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """bf16 weights over the link (NVLink within a node, the network across nodes, the Ray
-    object store, or a memory copy on a local CPU cluster), pipelined by buckets: one produce
+    """The transfer, which holds the sender's group only: bf16 weights over the link (NVLink
+    within a node, the network across nodes, the Ray object store, or a memory copy on a
+    local CPU cluster), pipelined by buckets (gather, send and load overlap): one produce
     bucket to gather before the first send, one consume bucket to load after the last, and a
-    fixed overhead per bucket. Reads ctx.extra["local"] and ctx.extra["cross_node"]."""
+    fixed overhead per bucket. The receiver stages the version in its second buffer while
+    generation runs, so generate pays only `switch_cost`. `auto` is NCCL on GPUs (priced as
+    NVLink / network) and the object store's shared memory on a local CPU cluster (priced as
+    a memory copy). Reads ctx.extra["local"] and ctx.extra["cross_node"]."""
     gpu = ctx.gpu
     weight_bytes = 2 * ctx.shape.params
     local = bool(ctx.extra.get("local"))
@@ -53,6 +57,16 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     ctx.extra["detail"] = (f"{weight_bytes / 1e9:.3g} GB over {via} at {link / 1e9:.3g} GB/s + "
                            f"{buckets} buckets x {COSTS.bucket_overhead_s * 1e3:.3g} ms")
     return weight_bytes / link + fill_drain + buckets * COSTS.bucket_overhead_s
+
+
+def switch_cost(node: NodeSpec, shape: object, gpu: object, local: bool) -> float:
+    """The dual-buffer switch generate pays per step: the staged weights copied into the live
+    ones in place (read + write of a replica's bf16 weights at HBM speed; a memory copy on a
+    local CPU cluster)."""
+    weights = 2 * shape.params / getattr(node, "tp", 1)
+    if local:
+        return weights / gpu.host_bytes_per_s
+    return 2 * weights / gpu.hbm_bytes_per_s
 
 
 def param_update_edges(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:

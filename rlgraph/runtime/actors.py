@@ -1,10 +1,14 @@
 """Ray actors: one per plan group (its tasks share one Workspace), one per CPU node (reward).
 
-An actor runs one task at a time (Ray's default for a synchronous actor), which is what
-"tasks of one group never overlap" means; the driver submits a group's next task only when
-the group is free, in the plan's order. Batches travel between actors as object references
-(the driver never touches them); each call returns the output batch and, separately, a small
-`info` dict (span and scalar summary) that is all the driver reads.
+An actor runs one task at a time in its default concurrency group (max concurrency 1, tasks
+in submission order), which is what "tasks of one group never overlap" means; the driver
+submits a group's next task only when the group is free, in the plan's order. The receiving
+half of a weight sync runs in the `sync` concurrency group (one at a time too), beside the
+running task, staging the new version in the workspace's second buffer; every task of the
+default group first switches in a version staged whole (`Workspace.switch_if_staged`).
+Batches travel between actors as object references (the driver never touches them); each
+call returns the output batch and, separately, a small `info` dict (span and scalar
+summary) that is all the driver reads.
 
 The class is plain Python and wrapped by `ray.remote` in `start_actor`, so a unit test can
 also call it in-process.
@@ -17,7 +21,7 @@ import time
 from typing import Any
 
 from rlgraph.batch import Batch
-from rlgraph.runtime.weight_sync import apply_from_store, export_to_store, local_sync
+from rlgraph.runtime import weight_sync as ws_sync
 from rlgraph.spec import Spec
 
 KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
@@ -73,6 +77,8 @@ class GroupActor:
         self.workspace = Workspace(spec, tasks, seed=seed, device=device)
         self.workers = {t: self.workspace.worker(t) for t in tasks}
         self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
+        self.outbox = ws_sync.Outbox()  # object-store sync: buckets produced, not yet pulled
+        self.sync_ends: dict[str, ws_sync.NcclEnd] = {}  # nccl sync: route -> this side
 
     def ready(self) -> dict[str, Any]:
         """Returns once the workspace is built: the version it holds and the process id."""
@@ -86,6 +92,7 @@ class GroupActor:
         all on this actor, and only a stub travels: no batch is pickled twice in one place."""
         inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
+        self.workspace.switch_if_staged()  # no task of this group runs now: a free switch
         out = self.workers[node].run(step, inputs)
         if self.device != "cpu":
             import torch
@@ -94,6 +101,9 @@ class GroupActor:
             out = to_host(out)
         end = time.time()
         info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+        if self.kinds[node] == "generate":
+            metrics = info["summary"].setdefault("metrics", {})
+            metrics["generate/pause_s"] = self.workspace.take_pause_s()
         if keep:
             self.kept[(node, step)] = [out, keep]
             return {KEPT: (node, step)}, info
@@ -112,31 +122,57 @@ class GroupActor:
 
     # ------------------------------------------------------------ weight sync
 
-    def export_weights(self, bucket_mb: float) -> tuple[list[Any], dict]:
-        """Sender half of param_update (see weight_sync)."""
-        return export_to_store(self.workspace, bucket_mb)
+    def export_weights(self, key: str, bucket_mb: float) -> dict:
+        """Sender half of an object-store param_update (default group: holds the group)."""
+        return ws_sync.export_to_store(self.workspace, self.outbox, key, bucket_mb)
 
-    def apply_weights(self, refs: list[Any], sent: dict) -> dict:
-        """Receiver half of param_update (see weight_sync)."""
-        return apply_from_store(self.workspace, refs, sent)
+    def next_bucket(self, key: str) -> dict:
+        """The next bucket reference of sync `key` for its receiver (`sync` group)."""
+        return self.outbox.take(key)
+
+    def apply_weights(self, src_actor: Any, key: str, consume_mb: float | None) -> dict:
+        """Receiver half of an object-store param_update (`sync` group: beside generate)."""
+        return ws_sync.apply_from_store(self.workspace, src_actor, key, consume_mb)
+
+    def free_address(self) -> tuple[str, int]:
+        """IP and free port for a sync group's rendezvous hosted by this actor."""
+        return ws_sync.free_address()
+
+    def join_sync(self, route: str, rank: int, addr: str, port: int, backend: str,
+                  produce_mb: float, consume_mb: float) -> int:
+        """Join route's torch.distributed group (rank 0 sends, rank 1 receives)."""
+        self.sync_ends[route] = ws_sync.join_group(self.workspace, rank, addr, port, backend,
+                                                   produce_mb, consume_mb)
+        return rank
+
+    def send_weights(self, route: str) -> dict:
+        """Sender half of an nccl param_update (default group)."""
+        return ws_sync.send_nccl(self.workspace, self.sync_ends[route])
+
+    def receive_weights(self, route: str) -> dict:
+        """Receiver half of an nccl param_update (`sync` group)."""
+        return ws_sync.receive_nccl(self.workspace, self.sync_ends[route])
 
     def local_sync(self) -> dict:
         """param_update within this workspace (train and generate colocated)."""
-        return local_sync(self.workspace)
+        return ws_sync.local_sync(self.workspace)
 
     # ------------------------------------------------------------ checkpoints and checks
 
     def policy_version(self) -> int:
-        """The version of the policy this actor holds."""
+        """The version of the policy this actor holds (a staged one is switched in first)."""
+        self.workspace.switch_if_staged()
         return self.workspace.policy_version
 
     def weights_digest(self) -> str:
         """Hash of the policy weights (sender and receiver agree after a sync)."""
+        self.workspace.switch_if_staged()
         return self.workspace.weights_digest()
 
     def state_for_checkpoint(self) -> dict:
         """Weights, optimizer and version of this workspace (CPU tensors: the driver may
         hold no GPU)."""
+        self.workspace.switch_if_staged()
         state = self.workspace.state_for_checkpoint()
         return state if self.device == "cpu" else to_host(state)
 
@@ -151,6 +187,6 @@ def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device
     """A `GroupActor` as a Ray actor with the given resources / placement."""
     import ray
 
-    cls = ray.remote(GroupActor)
+    cls = ray.remote(concurrency_groups={ws_sync.SYNC: 1})(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
         spec, tasks, seed, threads, device, os.getcwd())

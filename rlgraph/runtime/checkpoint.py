@@ -5,6 +5,9 @@
 - `trainer.pt`: the rest of the train workspace's state (optimizer, seed);
 - `rollout.pt`: the rollout buffer, batches generated but not yet trained (steps >= k),
   with every token's behaviour log-prob and version, so nothing sampled is lost or redone;
+- `rollout_cache.pt` (partial rollout only): per generate node, its rollout cache (the prompt
+  groups in flight with their unfinished samples' tokens, log-probs and versions, and the
+  next data position) as it stood after the last buffered step;
 - `meta.json`: step k, policy version, data position (the next step generate samples),
   the buffered steps and where the trace's clock stood.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +35,13 @@ class CheckpointError(RLGraphError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: meta, the train workspace's state, the rollout buffer."""
+    """A loaded checkpoint: meta, the train workspace's state, the rollout buffer and the
+    partial-rollout caches (generate node -> cache state)."""
 
     meta: dict[str, Any]
     state: dict[str, Any]
     rollout: dict[tuple[str, int], dict[str, Any]]
+    caches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def step(self) -> int:
@@ -45,7 +50,8 @@ class Checkpoint:
 
 
 def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
-                    rollout: dict[tuple[str, int], dict[str, Any]]) -> Path:
+                    rollout: dict[tuple[str, int], dict[str, Any]],
+                    caches: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write DIR/checkpoint atomically (a crash mid-write leaves the previous one)."""
     import torch
     from safetensors.torch import save_file
@@ -60,6 +66,8 @@ def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
     torch.save({k: v for k, v in state.items() if k != "weights"}, tmp / "trainer.pt")
     torch.save([{"node": n, "step": s, "batch": b} for (n, s), b in sorted(rollout.items())],
                tmp / "rollout.pt")
+    if caches:
+        torch.save(caches, tmp / "rollout_cache.pt")
     meta = {**meta, "rollout_steps": sorted({s for _, s in rollout}), "written": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     old = run_dir / f"{CHECKPOINT}.old"
@@ -90,7 +98,9 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     state["policy_version"] = int(meta["policy_version"])
     rows = torch.load(folder / "rollout.pt", weights_only=False)
     rollout = {(r["node"], int(r["step"])): r["batch"] for r in rows}
-    return Checkpoint(meta, state, rollout)
+    cache_file = folder / "rollout_cache.pt"
+    caches = torch.load(cache_file, weights_only=False) if cache_file.exists() else {}
+    return Checkpoint(meta, state, rollout, caches)
 
 
 class Ledger:

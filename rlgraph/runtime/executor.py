@@ -2,13 +2,16 @@
 
 `submit` sends a task to its node's actor with the input batches as object references (Ray
 moves the data actor to actor); a chained task goes out at once, queued behind the running
-task it follows: an input that is that task's output goes as its (pending) reference, and
-behind a param_update the receiver's commit is an explicit dependency. `wait` blocks in
-`ray.wait` until at least one task is done and returns every finished one with its output
+task it follows on the same actor (Ray runs an actor's default-group tasks in submission
+order): an input that is that task's output goes as its (pending) reference. `wait` blocks
+in `ray.wait` until at least one task is done and returns every finished one with its output
 reference and its `info` (span and summary). Per task the driver makes one actor call (two
-for param_update: export and apply, chained without a round trip) and reads one small dict:
-no per-tensor traffic. A node whose consumers all run on its own actor (logp and ref_logp
-feeding train in the trainer group) keeps its output there (`keep`): only a stub moves.
+for param_update: the sender's half on the train actor, the receiver's half in the generate
+actor's `sync` group, both sent at once) and reads one small dict: no per-tensor traffic.
+param_update completes when the receiver has the version staged whole; the sender's
+reference is watched only so that its failure is reported, not waited on. A node whose
+consumers all run on its own actor (logp and ref_logp feeding train in the trainer group)
+keeps its output there (`keep`): only a stub moves.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime.pipeline import Pending, Task
-from rlgraph.runtime.weight_sync import submit_param_update
+from rlgraph.runtime.weight_sync import Route, start_param_update
 
 
 class WorkerError(RLGraphError):
@@ -36,13 +39,7 @@ class Completion:
     submitted: float = 0.0  # wall-clock time the driver sent it
 
 
-@dataclass
-class ParamRoute:
-    """Where a param_update node moves weights: sender and receiver actors, bucket size."""
-
-    src_actor: Any
-    dst_actor: Any
-    bucket_mb: float
+ParamRoute = Route  # where a param_update node moves weights, and how
 
 
 class RayExecutor:
@@ -55,25 +52,23 @@ class RayExecutor:
         self.keep = keep or {}  # node -> consumers on its own actor (its output stays there)
         self.pending: dict[Any, tuple[Task, Any, float]] = {}  # info ref -> task, output, sent
         self.refs: dict[tuple[str, int], tuple[Any, Any, str]] = {}  # running: output, info
+        self.senders: dict[Any, Task] = {}  # param_update senders' refs, watched for failures
 
     def submit(self, task: Task) -> None:
         """Start `task` on its actor (queued behind `task.behind` when chained)."""
         sent = time.time()
         if task.kind == "param_update":
-            route = self.routes[task.node]
-            info = submit_param_update(route.src_actor, route.dst_actor, route.bucket_mb)
+            info, sender = start_param_update(self.routes[task.node], task.step)
+            if sender is not None:
+                self.senders[sender] = task
             self._track(task, None, info, sent)
             return
         names = list(task.inputs)
         values = [self.refs[(v.node, v.step)][0] if isinstance(v, Pending) else v
                   for v in task.inputs.values()]
-        after = {}
-        if task.behind is not None and self.refs[task.behind][2] == "param_update":
-            # param_update ends on the receiver's actor: wait for its commit explicitly
-            after = {"after": self.refs[task.behind][1]}
         keep = self.keep.get(task.node, 0)
         output, info = self.actors[task.node].run.options(num_returns=2).remote(
-            task.node, task.step, names, *values, keep=keep, **after)
+            task.node, task.step, names, *values, keep=keep)
         self._track(task, output, info, sent)
 
     def _track(self, task: Task, output: Any, info: Any, sent: float) -> None:
@@ -89,11 +84,14 @@ class RayExecutor:
 
         if not self.pending:
             return []
-        refs = list(self.pending)
+        refs = list(self.pending) + list(self.senders)
         ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready and rest:
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
+        for ref in [r for r in ready if r in self.senders]:
+            self._get(ref, self.senders.pop(ref))  # raises if the sender failed
+        ready = [r for r in ready if r in self.pending]
         try:
             infos = ray.get(ready)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
@@ -126,3 +124,4 @@ class RayExecutor:
         """Forget pending tasks (their actors are killed by the caller)."""
         self.pending.clear()
         self.refs.clear()
+        self.senders.clear()

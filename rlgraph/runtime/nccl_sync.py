@@ -30,7 +30,11 @@ Design (the dots.rl nccl-sync recipe, expressed once):
 
 The group is a private torch.distributed backend over a TCPStore (rank 0 sends, ranks 1.. receive),
 so actors that already own a default process group (FSDP, megatron) are not disturbed. `backend`
-"nccl" needs CUDA; "gloo" runs the same protocol on CPU tensors (tests, CI).
+"nccl" needs CUDA; "gloo" runs the same protocol on CPU tensors (tests, CI). The runtime uses it
+for `param_update.transport: nccl` (rlgraph.runtime.weight_sync): one group per route, the
+receive in the generate actor's `sync` concurrency group, dual buffer, switch on request.
+Through `rlgraph run` on 2x H200 (Ray actors, one GPU each, NCCL P2P/CUMEM over NVLink) a
+716 MB bf16 policy synced in 2.3-2.5 ms (282-305 GB/s) and generate paused ~1 ms per switch.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ State (all here, as in dask's local scheduler):
 - `machines`: one `NodeMachine` per node (IDLE -> WAITING_INPUT -> PROCESSING -> ...);
 - `channels`: one bounded `Channel` per data edge, capacities from the plan;
 - `holders`: per group, the tasks holding it, running or queued behind (tasks of one group
-  never overlap; param_update holds the groups of its src and dst);
+  never overlap; param_update holds its sender's group only: the receiver stages the version
+  in the generate actor's `sync` concurrency group, beside generate, and its completion
+  means "staged whole", which is what the back edge waits for);
 - `versions`: the policy version each generate node's workspace holds;
 - `generated`: generate outputs not yet trained on (the rollout buffer of a checkpoint).
 

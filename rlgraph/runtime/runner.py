@@ -81,19 +81,24 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
-        if self.spec.schedule.partial_rollout:
-            err = SpecError("rlgraph run does not interrupt and resume rollouts yet",
-                            ("schedule", "partial_rollout"), hint="write partial_rollout: false")
-            err.source = self.spec.source
-            raise err
         for node, kind in self.kinds.items():
-            if kind == "param_update" and self.spec.nodes[node].transport == "nccl":
-                err = SpecError("rlgraph run moves weights through the Ray object store; the "
-                                "NCCL transport is not wired into the runtime yet",
-                                ("nodes", node, "transport"),
-                                hint="write transport: auto or object_store")
-                err.source = self.spec.source
-                raise err
+            if kind == "param_update" and self._transport(node) == "nccl":
+                buckets = self.spec.nodes[node].bucket_mb
+                if int(buckets.produce * 2**20) % int(buckets.consume * 2**20):
+                    err = SpecError(f"the nccl transport cuts each produce bucket into consume "
+                                    f"chunks: produce {buckets.produce:g} MB is not a multiple "
+                                    f"of consume {buckets.consume:g} MB",
+                                    ("nodes", node, "bucket_mb"),
+                                    hint="e.g. bucket_mb: {produce: 512, consume: 128}")
+                    err.source = self.spec.source
+                    raise err
+
+    def _transport(self, node: str) -> str:
+        """The param_update's transport with `auto` resolved (see runtime.weight_sync)."""
+        from rlgraph.runtime.weight_sync import resolve_transport
+
+        return resolve_transport(self.spec.nodes[node].transport,
+                                 "cpu" if self.local else "cuda")
 
     def _weight_bytes(self) -> float:
         """Bytes of the policy: fp32 on a local CPU cluster, bf16 on GPUs."""
@@ -129,12 +134,19 @@ class Runner:
                 self.actors[node] = actor
 
     def _routes(self) -> dict[str, ParamRoute]:
+        """Every param_update's route; an nccl route's group is built here, once."""
+        from rlgraph.runtime.weight_sync import backend_for, connect_route
+
         routes = {}
         for node, kind in self.kinds.items():
             if kind == "param_update":
                 nspec = self.spec.nodes[node]
-                routes[node] = ParamRoute(self.actors[nspec.src], self.actors[nspec.dst],
-                                          float(nspec.bucket_mb.produce))
+                route = ParamRoute(node, self.actors[nspec.src], self.actors[nspec.dst],
+                                   float(nspec.bucket_mb.produce),
+                                   float(nspec.bucket_mb.consume), self._transport(node))
+                if route.transport == "nccl" and route.src_actor is not route.dst_actor:
+                    connect_route(route, backend_for("cpu" if self.local else "cuda"))
+                routes[node] = route
         return routes
 
     def _kept_outputs(self) -> dict[str, int]:
@@ -190,6 +202,8 @@ class Runner:
                          for name, a in self.group_actors.items() if name in self.groups])
                 preloaded = {k: ray.put(b) for k, b in resume.rollout.items()
                              if first <= k[1] < self.options.steps}
+                ray.get([self.actors[node].__ray_call__.remote(_load_cache, node, state)
+                         for node, state in resume.caches.items() if node in self.actors])
             self.first_step = first
             if self.options.on_ready:
                 self.options.on_ready(self)
@@ -282,19 +296,47 @@ class Runner:
         buffer = pipeline.rollout_buffer()
         rollout = dict(zip(buffer, ray.get(list(buffer.values())))) if buffer else {}
         gens = [m.step + 1 for m in pipeline.machines.values() if m.kind == "generate"]
+        caches = self._rollout_caches(rollout, step)
         meta = {"graph": self.spec.name, "step": step,
                 "policy_version": int(state.get("policy_version", step)),
                 "data_position": max([step, *(s + 1 for _, s in rollout)]),
                 "generate_next_step": min(gens) if gens else step,
                 "max_lag": self.max_lag, "steps": self.options.steps,
                 "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
-        return ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout)
+        return ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches)
+
+    def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int
+                        ) -> dict[str, dict[str, Any]]:
+        """Partial rollout: each generate node's rollout cache as it stood after the last
+        step in the checkpoint's buffer (or the last trained step), so a resumed run carries
+        the same unfinished samples on. Read through Ray's `__ray_call__` from the worker."""
+        import ray
+
+        if not self.spec.schedule.partial_rollout:
+            return {}
+        refs = {}
+        for node, kind in self.kinds.items():
+            if kind == "generate":
+                last = max((s for n, s in rollout if n == node), default=trained - 1)
+                refs[node] = self.actors[node].__ray_call__.remote(_cache_state, node, last)
+        states = dict(zip(refs, ray.get(list(refs.values()))))
+        return {node: state for node, state in states.items() if state is not None}
 
     def _write_trace(self, tracer: Tracer) -> None:
         tracer.write(self.options.out_dir / "trace.json", f"{self.spec.name} (measured)",
                      self.groups, self.kinds,
                      {"source": "rlgraph run", "max_lag": self.max_lag,
                       "max_policy_lag": self.lag_bound})
+
+
+def _cache_state(actor: Any, node: str, step: int) -> dict[str, Any] | None:
+    """On a generate actor: its worker's rollout cache after `step` (see GenerateWorker)."""
+    return actor.workers[node].cache_state(step)
+
+
+def _load_cache(actor: Any, node: str, state: dict[str, Any]) -> None:
+    """On a generate actor: restore its worker's rollout cache from a checkpoint."""
+    actor.workers[node].load_cache_state(state)
 
 
 class _Report:

@@ -1,24 +1,75 @@
-"""param_update over Ray's object store: versioned buckets, staged receive, atomic commit.
+"""param_update in the runtime: the sender streams buckets, the receiver stages them while
+generation runs, and the new version is switched in between generate calls (dual buffer).
 
-The sender (the train group's actor) cuts its policy into buckets of `bucket_mb.produce`
-and puts each into the object store; the receiver (the generate group's actor) fetches
-them one by one into its second buffer (`Workspace.receive_bucket`) and swaps the whole
-version in at once (`Workspace.commit_weights`), so generate never samples from a
-half-updated model. The driver submits both halves back to back without waiting: the
-receiver's call takes the sender's result as an argument, so Ray starts it the moment the
-buckets exist, and the driver hears of the update once, when the commit is done.
+Two transports, one shape (the dots.rl overlapped sync: gather -> send -> load per bucket):
 
+- `object_store`: the sender (train group's actor, its default group: it holds that group)
+  cuts the policy into `bucket_mb.produce` buckets one at a time and puts each into the
+  object store, at most `OUTBOX` ahead of the receiver; the receiver (generate group's actor,
+  in its `sync` concurrency group, so it runs beside a generate call) pulls bucket i+1 while
+  it copies bucket i into its second buffer `bucket_mb.consume` at a time.
+- `nccl`: a private torch.distributed group per route (NCCL on GPUs, gloo on CPU), built
+  once at start (`connect_route`); the sender broadcasts produce buckets in consume chunks
+  (`nccl_sync.WeightSender`), the receiver receives into its staging buffer
+  (`nccl_sync.WeightReceiver(dual_buffer=True)`), again in the `sync` group.
+
+Either way the receiver's call ends when the version is staged whole
+(`Workspace.stage_weights`): that is what the driver hears as param_update's completion, and
+the live weights change only at `Workspace.switch_if_staged` (the generate worker calls it,
+the actor calls it before every task). `auto` means `nccl` when the actors hold GPUs and
+`object_store` on a local CPU cluster (where the object store is one shared-memory copy).
 When train and generate share a workspace (a colocated group), nothing moves.
 """
 
 from __future__ import annotations
 
+import queue
+import socket
+import threading
 import time
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from rlgraph.weights import WeightSyncError
 
 if TYPE_CHECKING:
     from rlgraph.workspace import Workspace
+
+SYNC = "sync"  # the Ray concurrency group of the receiving halves (beside generate)
+OUTBOX = 2  # produce buckets the sender may have in the object store ahead of the receiver
+TIMEOUT_S = 3600.0  # a side that waits longer for the other fails with a clear error
+# (a receiver may be sent while its sender still queues behind a long train step)
+
+
+def resolve_transport(transport: str, device: str) -> str:
+    """`auto` -> `nccl` on GPUs, `object_store` on CPU; the others as written."""
+    if transport == "auto":
+        return "object_store" if device == "cpu" else "nccl"
+    return transport
+
+
+def backend_for(device: str) -> str:
+    """torch.distributed backend of the nccl transport: NCCL on GPUs, gloo on CPU."""
+    return "gloo" if device == "cpu" else "nccl"
+
+
+def _metrics(start: float, end: float, nbytes: int) -> dict[str, float]:
+    seconds = max(end - start, 1e-9)
+    return {"time/param_update_s": end - start, "sync/bytes": float(nbytes),
+            "sync/GBps": nbytes / seconds / 1e9}
+
+
+def _info(start: float, end: float, version: int, nbytes: int, buckets: int,
+          **extra: Any) -> dict[str, Any]:
+    """The dict the driver reads: span, version delivered, and the metrics of the row."""
+    return {"start": start, "end": end, "version": version, "bytes": nbytes,
+            "buckets": buckets, **extra,
+            "summary": {"policy_version": version, "bytes": nbytes, "buckets": buckets,
+                        "metrics": _metrics(start, end, nbytes)}}
+
+
+# ----------------------------------------------------------------------------- object store
 
 
 def _to_store(bucket: dict) -> dict:
@@ -38,7 +89,7 @@ def _to_store(bucket: dict) -> dict:
 
 
 def _from_store(stored: dict) -> dict:
-    """The bucket back as tensors (read-only views of the stored arrays; commit copies)."""
+    """The bucket back as tensors (read-only views of the stored arrays; staging copies)."""
     import torch
 
     tensors = {}
@@ -51,42 +102,246 @@ def _from_store(stored: dict) -> dict:
             "tensors": tensors}
 
 
-def export_to_store(workspace: Workspace, bucket_mb: float) -> tuple[list[Any], dict]:
-    """Sender half: the policy's buckets into the object store; their references back."""
+def bucket_names(state: dict[str, Any], bucket_mb: float) -> list[list[str]]:
+    """Names per bucket of at most `bucket_mb` (state-dict order; a larger tensor alone)."""
+    limit = max(1, int(bucket_mb * 2**20))
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+class Outbox:
+    """Per sync key, the bucket references the sender produced and the receiver has not
+    pulled yet (bounded: the sender waits when the receiver is OUTBOX buckets behind)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+
+    def _queue(self, key: str) -> queue.Queue:
+        with self._lock:
+            return self._queues.setdefault(key, queue.Queue(maxsize=OUTBOX))
+
+    def put(self, key: str, item: dict) -> None:
+        """Hand over one item; waits while the receiver is behind."""
+        try:
+            self._queue(key).put(item, timeout=TIMEOUT_S)
+        except queue.Full:
+            raise WeightSyncError(f"weight sync {key}: the receiver took no bucket for "
+                                  f"{TIMEOUT_S:.0f} s") from None
+
+    def take(self, key: str) -> dict:
+        """The next item of `key` (waits for the sender); the key is forgotten after its last."""
+        try:
+            item = self._queue(key).get(timeout=TIMEOUT_S)
+        except queue.Empty:
+            raise WeightSyncError(f"weight sync {key}: the sender produced no bucket for "
+                                  f"{TIMEOUT_S:.0f} s") from None
+        if "ref" not in item:
+            with self._lock:
+                self._queues.pop(key, None)
+        return item
+
+
+def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: float) -> dict:
+    """Sender half: each produce bucket into the object store as soon as it is cut, its
+    reference into `outbox` for the receiver; returns the span and what was sent."""
     import ray
 
     start = time.time()
-    buckets = workspace.export_weights(bucket_mb)
-    refs = [ray.put(_to_store(bucket)) for bucket in buckets]
-    version = buckets[0]["version"] if buckets else workspace.policy_version
-    nbytes = sum(t.numel() * t.element_size() for b in buckets for t in b["tensors"].values())
-    return refs, {"start": start, "end": time.time(), "version": version,
-                  "buckets": len(refs), "bytes": nbytes}
+    nbytes = 0
+    try:
+        with workspace.lock:
+            state = workspace.policy.state_dict()
+            version = workspace.policy_version
+            groups = bucket_names(state, bucket_mb)
+            for index, names in enumerate(groups):
+                tensors = {n: state[n] for n in names}
+                nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
+                ref = ray.put(_to_store({"version": version, "index": index,
+                                         "total": len(groups), "tensors": tensors}))
+                outbox.put(key, {"ref": [ref]})  # in a list: Ray passes it on unresolved
+        sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
+                "buckets": len(groups)}
+    except BaseException as exc:
+        outbox.put(key, {"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    outbox.put(key, {"done": sent})
+    return sent
 
 
-def apply_from_store(workspace: Workspace, refs: list[Any], sent: dict) -> dict:
-    """Receiver half: stage every bucket in the second buffer, then commit the version."""
+def apply_from_store(workspace: Workspace, src_actor: Any, key: str,
+                     consume_mb: float | None) -> dict:
+    """Receiver half: pull bucket i+1 while bucket i is copied into the second buffer in
+    `consume_mb` pieces; ends when the version is staged whole (not yet switched in)."""
     import ray
 
-    for ref in refs:
-        workspace.receive_bucket(_from_store(ray.get(ref)))
-    workspace.commit_weights(sent["version"])
-    return {**sent, "end": time.time(), "send_end": sent["end"],
-            "summary": {"policy_version": sent["version"], "bytes": sent["bytes"],
-                        "buckets": sent["buckets"]}}
+    def pull() -> Any:
+        return src_actor.next_bucket.options(concurrency_group=SYNC).remote(key)
+
+    recv_start = time.time()
+    nxt = pull()
+    load_s = 0.0
+    while True:
+        item = ray.get(nxt)
+        if "error" in item:
+            raise WeightSyncError(f"the sender of {key} failed: {item['error']}")
+        if "done" in item:
+            sent = item["done"]
+            break
+        nxt = pull()  # the next bucket travels while this one is loaded
+        began = time.time()
+        workspace.receive_bucket(_from_store(ray.get(item["ref"][0])), consume_mb)
+        load_s += time.time() - began
+    workspace.stage_weights(sent["version"])
+    pieces, largest = workspace.staging_pieces()
+    return _info(sent["start"], time.time(), sent["version"], sent["bytes"], sent["buckets"],
+                 send_end=sent["end"], recv_start=recv_start, load_s=load_s, pieces=pieces,
+                 largest_piece=largest)
+
+
+# ----------------------------------------------------------------------------- nccl / gloo
+
+
+def free_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port (for the rendezvous store of a sync group)."""
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+@dataclass
+class NcclEnd:
+    """One actor's side of a route's torch.distributed group."""
+
+    group: Any
+    produce_bytes: int
+    sender: Any = None
+    receiver: Any = None
+    syncs: int = 0  # syncs so far: names the store key that starts the next one
+
+
+def join_group(workspace: Workspace, rank: int, addr: str, port: int, backend: str,
+               produce_mb: float, consume_mb: float) -> NcclEnd:
+    """Join the route's group: rank 0 sends the policy, rank 1 receives into staging."""
+    from rlgraph.runtime import nccl_sync
+
+    device = None if backend == "gloo" else workspace.device
+    if device == "cuda":
+        device = None  # the actor's one visible GPU
+    group = nccl_sync.init(rank, 2, addr, port, backend=backend, device=device)
+    produce = int(produce_mb * 2**20)
+    if rank == 0:
+        return NcclEnd(group, produce, sender=nccl_sync.WeightSender(group, produce_mb,
+                                                                     consume_mb))
+    targets = workspace.policy.state_dict()
+    receiver = nccl_sync.WeightReceiver(group, targets, consume_mb=consume_mb,
+                                        dual_buffer=True, version=workspace.policy_version)
+    return NcclEnd(group, produce, receiver=receiver)
+
+
+def send_nccl(workspace: Workspace, end: NcclEnd) -> dict:
+    """Sender half: broadcast the policy as its current version (produce buckets, consume
+    chunks, gather overlapped with the send on GPUs)."""
+    start = time.time()
+    with workspace.lock:
+        version = workspace.policy_version
+        end.syncs += 1
+        end.group.store.set(f"go/{end.syncs}", str(version))  # the receiver may enter
+        stats = end.sender.send(workspace.policy.state_dict().items(), version)
+    return {"start": start, "end": time.time(), "version": version, "bytes": stats.bytes,
+            "buckets": stats.produce_buckets}
+
+
+def receive_nccl(workspace: Workspace, end: NcclEnd) -> dict:
+    """Receiver half: the next version into the staging buffer, then staged whole."""
+    import datetime
+
+    end.syncs += 1
+    # wait on the host for the sender to start: a collective entered early would spin on
+    # the GPU beside generation (and run into the communicator's timeout) while train runs
+    end.group.store.wait([f"go/{end.syncs}"], datetime.timedelta(seconds=TIMEOUT_S))
+    workspace.flush_staged()  # staging is about to be overwritten
+    stats = end.receiver.receive()
+    finish = time.time()
+    workspace.stage_weights(stats.version, end.receiver.commit)
+    return _info(finish - stats.seconds, finish, stats.version, stats.bytes,
+                 -(-stats.bytes // max(end.produce_bytes, 1)), recv_start=finish - stats.seconds,
+                 pieces=stats.chunks)
+
+
+# ----------------------------------------------------------------------------- driver side
 
 
 def local_sync(workspace: Workspace) -> dict:
     """param_update inside one workspace: the policy is already the trained one."""
     now = time.time()
     version = workspace.policy_version
-    return {"start": now, "end": now, "version": version,
-            "summary": {"policy_version": version, "bytes": 0, "buckets": 0}}
+    return _info(now, now, version, 0, 0)
 
 
-def submit_param_update(src_actor: Any, dst_actor: Any, bucket_mb: float) -> Any:
-    """Start a sync from `src_actor` to `dst_actor`; returns the reference of its info dict."""
-    if src_actor is dst_actor:
-        return src_actor.local_sync.remote()
-    refs, sent = src_actor.export_weights.options(num_returns=2).remote(bucket_mb)
-    return dst_actor.apply_weights.remote(refs, sent)
+@dataclass
+class Route:
+    """Where a param_update node moves weights, and how."""
+
+    name: str
+    src_actor: Any
+    dst_actor: Any
+    produce_mb: float
+    consume_mb: float | None = None
+    transport: str = "object_store"  # resolved: object_store | nccl
+
+
+def connect_route(route: Route, backend: str) -> None:
+    """Build the route's torch.distributed group once, before the first sync (both actors
+    join at the same time: rank 0 hosts the rendezvous store on a free port of its node)."""
+    import ray
+
+    addr, port = ray.get(route.src_actor.free_address.remote())
+    consume = route.consume_mb or route.produce_mb
+    try:
+        ray.get([
+            route.src_actor.join_sync.remote(route.name, 0, addr, port, backend,
+                                             route.produce_mb, consume),
+            route.dst_actor.join_sync.options(concurrency_group=SYNC).remote(
+                route.name, 1, addr, port, backend, route.produce_mb, consume),
+        ])
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+        raise WeightSyncError(f"{route.name}: the {backend} weight-sync group between its "
+                              f"actors could not be built ({addr}:{port}): "
+                              f"{type(cause).__name__}: {cause}") from None
+
+
+def start_param_update(route: Route, step: int) -> tuple[Any, Any]:
+    """Start one sync; returns (receiver's info reference: the version staged whole, sender's
+    reference: watched for failures only)."""
+    src, dst = route.src_actor, route.dst_actor
+    if src is dst:
+        ref = src.local_sync.remote()
+        return ref, None
+    if route.transport == "nccl":
+        sent = src.send_weights.remote(route.name)
+        return dst.receive_weights.options(concurrency_group=SYNC).remote(route.name), sent
+    key = f"{route.name}:{step}"
+    sent = src.export_weights.remote(key, route.produce_mb)
+    info = dst.apply_weights.options(concurrency_group=SYNC).remote(src, key, route.consume_mb)
+    return info, sent
+
+
+def submit_param_update(src_actor: Any, dst_actor: Any, bucket_mb: float,
+                        consume_mb: float | None = None, step: int = 0) -> Any:
+    """Start an object-store sync from `src_actor` to `dst_actor`; returns the reference of
+    its info dict (the version staged whole on the receiver)."""
+    route = Route("param_update", src_actor, dst_actor, bucket_mb, consume_mb)
+    return start_param_update(route, step)[0]
