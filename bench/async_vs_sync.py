@@ -6,8 +6,10 @@ GRPO on this machine's CPU cores) in each mode below, the same steps and so the 
 - sync: one group holding every task on both cores, max_lag 0 (verl's hybrid engine);
 - one_step_off: trainer | rollout groups of one core each, max_lag 1 (verl's one-step-off);
 - max_lag_2: the same groups, max_lag 2;
-- partial_rollout: the same groups, max_lag 1, `schedule.partial_rollout: true` (skipped with
-  the runtime's reason while `rlgraph run` refuses it).
+- partial_rollout: the same groups, max_lag 2, `schedule.partial_rollout: true` (skipped with
+  the runtime's reason while `rlgraph run` refuses it). max_lag 2, not 1: generate(t) runs
+  beside train(t-1) on version t-1, so a sample it leaves unfinished would be trained at t+1
+  with tokens two versions old; at max_lag 1 the rollout cache carries nothing.
 
 Per mode: samples/s over the steady steps (without the first WARMUP_STEPS, where caches and
 the pipeline fill, and the last max_lag + 1, where it drains; start-up is never counted),
@@ -22,6 +24,10 @@ last 10 steps), and the compiler's predicted speedup over sync, three ways:
   costs what the model says one core costs relative to two, and partial rollout's generate
   what the model says its mean length costs relative to the max); then the period of
   `compile_plan(mode, calibration=those)` against `compile_plan(sync, calibration=trace)`;
+- calibrated as is: `compile_plan(mode, calibration=the sync trace)`, what `rlgraph compile
+  --calibrate SYNC_RUN` says: each node costs what it measured on two threads (no thread
+  effect); the calibrated figure above assumes the model's perfect scaling with slots; CPU
+  threads on a tiny model fall between the two;
 - as measured: `compile_plan(mode, calibration=the mode's own trace)`: the schedule model
   alone, given each node's measured time (known only after the run).
 
@@ -56,8 +62,8 @@ MODES: dict[str, tuple[str, list[str]]] = {
              [SYNC_GROUPS, "schedule.max_lag=0"]),
     "one_step_off": ("trainer | rollout, max_lag 1 (one-step-off)", ["schedule.max_lag=1"]),
     "max_lag_2": ("trainer | rollout, max_lag 2", ["schedule.max_lag=2"]),
-    "partial_rollout": ("trainer | rollout, max_lag 1, partial rollout",
-                        ["schedule.max_lag=1", "schedule.partial_rollout=true"]),
+    "partial_rollout": ("trainer | rollout, max_lag 2, partial rollout",
+                        ["schedule.max_lag=2", "schedule.partial_rollout=true"]),
 }
 
 
@@ -81,8 +87,8 @@ def refusal(graph: Path, overrides: list[str]) -> str | None:
     return None
 
 
-def run_mode(graph: Path, overrides: list[str], steps: int, out: Path) -> float:
-    """`rlgraph run` as a user would; returns its wall time (start-up included)."""
+def run_mode(graph: Path, overrides: list[str], steps: int, out: Path) -> float | str:
+    """`rlgraph run` as a user would; its wall time (start-up included), or why it failed."""
     cmd = [sys.executable, "-m", "rlgraph", "run", str(graph), *overrides, "--steps",
            str(steps), "--out", str(out), "--no-progress"]
     print("$", " ".join(cmd[2:]), flush=True)
@@ -90,7 +96,8 @@ def run_mode(graph: Path, overrides: list[str], steps: int, out: Path) -> float:
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
-        raise SystemExit(f"rlgraph run failed with status {proc.returncode}")
+        return f"rlgraph run failed with status {proc.returncode}: " + \
+            (proc.stderr.strip().splitlines() or ["?"])[-1]
     return time.time() - start
 
 
@@ -147,12 +154,15 @@ def predictions(graph: Path, modes: dict[str, list[str]], runs: dict[str, Path]
         carried = {n: measured[n] * model["costs"][n]["seconds"] / model_sync[n]
                    for n in measured if n in model["costs"] and model_sync.get(n)}
         calibrated = plan(name, carried)["schedule"]["period_s"]
+        as_is = plan(name, measured)["schedule"]["period_s"]
         own = plan(name, runs[name] / "trace.json")["schedule"]["period_s"]
         out[name] = {
             "uncalibrated_period_s": model["schedule"]["period_s"],
             "uncalibrated_speedup": model["schedule"]["speedup_vs_sync"],
             "calibrated_period_s": calibrated,
             "calibrated_speedup": sync_cal / calibrated,
+            "as_is_period_s": as_is,
+            "as_is_speedup": sync_cal / as_is,
             "own_trace_period_s": own,
             "calibrated_costs_s": carried,
         }
@@ -209,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "metrics.jsonl").exists():
             load = os.getloadavg()[0]
             wall = run_mode(graph, overrides, args.steps, out)
+            if isinstance(wall, str):
+                if name == "sync":
+                    raise SystemExit(wall)
+                print(f"skip {name}: {wall}", flush=True)
+                skipped[name] = wall
+                continue
             print(f"  {name}: {wall:.0f} s wall (load average before: {load:.1f})", flush=True)
         modes[name], runs[name] = overrides, out
         lag = int(next(o.split("=")[1] for o in overrides if o.startswith("schedule.max_lag")))
@@ -220,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     sync = results["sync"]["measured"]
     level = LEVEL_FRACTION * min(r["measured"]["reward_final"] for r in results.values())
     lines = [f"{'mode':16} {'samples/s':>9} {'speedup':>8} {'pred(uncal)':>11} "
-             f"{'pred(cal)':>9} {'err(cal)':>8} {'t→level':>8} {'final':>6}"]
+             f"{'pred(cal)':>9} {'err(cal)':>8} {'pred(as is)':>11} {'t→level':>8} "
+             f"{'final':>6}"]
     for name, res in results.items():
         m, p = res["measured"], res["predicted"]
         m["speedup"] = m["samples_per_s"] / sync["samples_per_s"]
@@ -230,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         ttl = f"{m['time_to_level_s']:.0f} s" if m["time_to_level_s"] is not None else "never"
         lines.append(f"{name:16} {m['samples_per_s']:9.1f} {m['speedup']:7.2f}x "
                      f"{p['uncalibrated_speedup']:10.2f}x {p['calibrated_speedup']:8.2f}x "
-                     f"{p['calibrated_error']:+8.0%} {ttl:>8} {m['reward_final']:6.2f}")
+                     f"{p['calibrated_error']:+8.0%} {p['as_is_speedup']:10.2f}x {ttl:>8} "
+                     f"{m['reward_final']:6.2f}")
     best = max((r["measured"]["speedup"] for n, r in results.items() if n != "sync"),
                default=float("nan"))
     result = {

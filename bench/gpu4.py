@@ -18,6 +18,10 @@ per param_update node, and a timeline PNG (calibrated prediction above, measured
 Writes DIR/gpu4-TAG.json after every plan (a timeout still leaves data), DIR/gpu4-TAG-PLAN.png
 and DIR/gpu4-TAG-runs.tar.gz (plan, trace, metrics of each run; no checkpoints).
 RLGRAPH_GPU4_DRY=1 rehearses the same code on a local CPU cluster with the tiny preset.
+On the device machine (no ray / pydantic there) carry the wheel folder `.whl` that
+../shared/tools/device-wheels.sh builds and start with `python3 -m pip install -q --no-index
+--no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD`. One call with
+the three plans takes about 4.5 minutes on 4x H200 (bench/results/gpu4-*.json).
 """
 
 from __future__ import annotations
@@ -91,6 +95,29 @@ def weight_sync(events: list[dict[str, Any]], kinds: dict[str, str]) -> dict[str
     return out
 
 
+def trace_idle(events: list[dict[str, Any]], groups: list[str]) -> dict[str, float]:
+    """Idle fraction of each group from the whole trace, between the ends of the first and
+    the last train span (steady state). metrics.jsonl's idle/<group> of step t sees only the
+    spans finished when train(t) ends, so a task still running then (generate(t+1) beside
+    train(t)) counts as idle there; the trace has every span."""
+    trains = sorted(e["end"] for e in events if e.get("kind", e["node"]) == "train")
+    lo, hi = (trains[0], trains[-1]) if len(trains) > 1 else (0.0, max(e["end"] for e in events))
+    out = {}
+    for group in groups:
+        spans = sorted((max(lo, e["start"]), min(hi, e["end"])) for e in events
+                       if group in (e.get("occupies") or []) and e["end"] > lo and e["start"] < hi)
+        busy, cur = 0.0, None
+        for start, end in spans:  # union: a param_update may overlap its receiver's work
+            if cur is None or start > cur[1]:
+                busy += cur[1] - cur[0] if cur else 0.0
+                cur = [start, end]
+            else:
+                cur[1] = max(cur[1], end)
+        busy += cur[1] - cur[0] if cur else 0.0
+        out[group] = round(1.0 - busy / max(hi - lo, 1e-9), 3)
+    return out
+
+
 def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """One plan for `args.steps` train steps: measured, predicted, calibrated; its PNG."""
     from rlgraph.chrome_trace import events_from_trace
@@ -154,8 +181,9 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
         "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
         "predicted_speedup_vs_sync": plan["schedule"].get("speedup_vs_sync"),
         "calibrated_bottleneck": calibrated["schedule"].get("bottleneck"),
-        "idle_measured": {g["name"]: median([r.get(f"idle/{g['name']}", 0.0) for r in rows])
-                          for g in groups},
+        "idle_measured": trace_idle(measured, [g["name"] for g in groups]),
+        "idle_metrics_jsonl": {g["name"]: median([r.get(f"idle/{g['name']}", 0.0) for r in rows])
+                               for g in groups},
         "idle_calibrated": {g: round(1.0 - u, 3) for g, u in util.items()},
         "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
         "weight_sync": weight_sync(result.events, kinds),

@@ -12,7 +12,13 @@ position in the synchronous order, step * prompts_per_step); running totals.
    the bound; its group is dropped (`stale: drop`, every sample counted in `rollout/dropped`)
    or the sample restarts from no tokens (`stale: restart`, counted in `rollout/restarted`);
 2. refill (supplementation): admit new prompts in data order, deterministic in (seed,
-   position), until `ceil(oversample * prompts_per_step)` groups are in flight;
+   position), until `ceil(oversample * prompts_per_step)` groups are in flight. When the
+   round's weights are already as old as the bound allows (version <= t - max_lag), a sample
+   started now can only be trained in batch t, so spares would be decoded only to be dropped
+   (and would favour short responses): the round then admits just enough groups to fill
+   batch t. This is the case with max_lag 0, and whenever generate runs max_lag versions
+   behind (a separated plan whose trainer is the bottleneck); carrying pays when generate is
+   the bottleneck and runs fresher than the bound;
 3. decode every unfinished sample in one `sampling.Decoder`: its prompt and prefix are
    re-encoded under the current weights (no KV from older weights is reused), its budget is
    response_len.max minus its prefix; the round stops once `prompts_per_step` groups are
@@ -109,12 +115,16 @@ class RolloutCache:
         self.totals["restarted"] += restarted
         return dropped, restarted
 
-    def refill(self, step: int) -> int:
-        """Admit new prompt groups in data order until `in_flight` are in flight; how many."""
+    def refill(self, step: int, version: int) -> int:
+        """Admit new prompt groups in data order until `in_flight` are in flight, or only
+        until batch `step` can be filled when nothing sampled with `version` could be
+        carried to a later batch (see the module docstring); how many were admitted."""
         if self.next_position is None:
             self.next_position = step * self.prompts_per_step
+        can_carry = version > step - self.max_lag
+        target = self.in_flight if can_carry else self.prompts_per_step
         added = 0
-        while len(self.groups) < self.in_flight:
+        while len(self.groups) < target:
             position = self.next_position
             self.groups.append(PromptGroup(position, list(self.prompt_of(position)),
                                            [Sample() for _ in range(self.samples_per_prompt)]))
@@ -213,7 +223,7 @@ def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, versi
     """generate(step) with the cache: evict, refill, decode, emit (see the module docstring).
     Returns the emitted groups and the round's `rollout/*` metrics."""
     dropped, restarted = cache.evict(step)
-    cache.refill(step)
+    cache.refill(step, version)
     stats = decode(cache, step, model, version, switch, **sampling)
     groups = cache.take()
     spans = [s.versions[-1] - s.versions[0] for g in groups for s in g.samples if s.versions]

@@ -90,7 +90,7 @@ class Versions:
 
     def set(self, version: int) -> None:
         self.model.inner.load_state_dict(WEIGHTS[version])
-        self.version = version
+        self.version, self.pending = version, None
 
     def stage(self, version: int, after: int) -> None:
         self.pending = (after, version)
@@ -201,10 +201,11 @@ def test_is_weight_uses_each_tokens_behaviour_logp() -> None:
     assert out["metrics"]["lag/max"] == 4 - int(rollout.token_version[mask].min())
 
 
-def schedule(step: int, max_lag: int) -> tuple[int, int | None]:
-    """The slowest versions a run may give generate(step): it starts with step - max_lag and
-    may switch mid-round to one more version only if that version exists by then (<= step)."""
-    start = max(0, step - max_lag)
+def schedule(step: int, max_lag: int, version: int) -> tuple[int, int | None]:
+    """Versions a run may give generate(step), never older than the last one: every
+    max_lag + 1 steps it catches up (lag 0), in between it falls behind to the bound; it may
+    switch mid-round to one more version if that version exists by then (<= step)."""
+    start = max(version, step - step % (max_lag + 1))
     return start, (start + 1 if start + 1 <= step else None)
 
 
@@ -214,8 +215,8 @@ def test_full_batches_lag_bound_and_counted_drops(max_lag: int, stale: str) -> N
     cache, live = new_cache(max_lag, stale, oversample=2.5), Versions(0)
     n, emitted_positions = cache.samples_per_prompt, []
     totals = {"rollout/dropped": 0.0, "rollout/restarted": 0.0}
-    for step in range(6):
-        start, mid = schedule(step, max_lag)
+    for step in range(7):
+        start, mid = schedule(step, max_lag, live.version)
         live.set(start)
         if mid is not None:
             live.stage(mid, after=step % 3)
@@ -246,8 +247,10 @@ def test_full_batches_lag_bound_and_counted_drops(max_lag: int, stale: str) -> N
         assert t["dropped"] == 0
     else:
         assert t["restarted"] == 0
-    if max_lag == 0:
-        assert t["dropped"] + t["restarted"] > 0  # something was unfinished and went stale
+    if max_lag == 0:  # nothing can be carried: no spares admitted, nothing dropped
+        assert t["admitted"] == t["emitted"] and cache.samples() == 0
+    else:
+        assert t["dropped"] + t["restarted"] > 0  # some spares went stale and were counted
 
 
 @pytest.mark.parametrize("stale", ["drop", "restart"])
@@ -259,6 +262,19 @@ def test_max_lag_zero_never_carries_a_token(stale: str) -> None:
         rollout = as_rollout(groups)
         assert metrics["rollout/carried"] == 0 and metrics["rollout/version_span"] == 0
         assert (rollout.token_version[rollout.response_mask.bool()] == step).all()
+
+
+def test_no_spares_when_the_rounds_weights_are_as_old_as_the_bound() -> None:
+    cache, live = new_cache(max_lag=1), Versions(0)
+    run_round(cache, 0, live)  # version 0 at step 0: spares may be carried to step 1
+    assert len(cache.groups) == cache.in_flight - cache.prompts_per_step
+    run_round(cache, 1, live)  # version 0 at step 1: nothing started now outlives batch 1
+    assert all(s.versions[0] == 0 for g in cache.groups for s in g.samples if s.versions)
+    assert len(cache.groups) <= cache.in_flight - cache.prompts_per_step
+    admitted = cache.next_position
+    live.set(2)
+    run_round(cache, 2, live)  # step 2, version 2: fresh again, spares admitted
+    assert cache.next_position - admitted > cache.prompts_per_step
 
 
 def test_oversample_one_decodes_the_batch_to_its_end() -> None:

@@ -19,9 +19,11 @@ ray = pytest.importorskip("ray")
 
 from rlgraph.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.graph import build_graph  # noqa: E402
 from rlgraph.runtime import weight_sync  # noqa: E402
 from rlgraph.runtime.actors import start_actor  # noqa: E402
 from rlgraph.runtime.metrics import read_rows  # noqa: E402
+from rlgraph.runtime.pipeline import Pipeline  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 from rlgraph.spec import load_spec  # noqa: E402
 from rlgraph.weights import WeightSyncError  # noqa: E402
@@ -161,6 +163,38 @@ def test_gloo_transport_between_two_actors(actors):
         assert out["policy_version"] == version
         assert ginfo["summary"]["metrics"]["generate/pause_s"] > 0
         assert ray.get(rollout.weights_digest.remote()) == target
+
+
+def test_param_update_holds_only_the_trainer_and_never_waits_for_generate() -> None:
+    from test_runtime_pipeline import drive
+
+    graph = build_graph(load_spec(QUICKSTART, SMALL))
+    assert graph.nodes["param_update"]["occupies"] == ("trainer",)
+    seconds = {"generate": 5.0, "reward": 0.1, "logp": 1.0, "ref_logp": 1.0, "train": 1.0,
+               "param_update": 0.5}
+    events = drive(Pipeline(graph, steps=6, max_lag=1), seconds)
+    by = {(e["node"], e["step"]): e for e in events}
+    syncs = [e for e in events if e["node"] == "param_update"]
+    assert syncs and all(e["start"] == pytest.approx(by[("train", e["step"])]["end"])
+                         for e in syncs), "a sync starts as soon as its train step ends"
+    gens = [e for e in events if e["node"] == "generate"]
+    assert any(g["start"] < s["end"] and s["start"] < g["end"] for s in syncs for g in gens)
+
+
+def test_a_sync_to_logp_holds_its_sender_and_completes() -> None:
+    from test_runtime_pipeline import drive
+
+    spec = load_spec(QUICKSTART, [
+        *SMALL, "cluster.cpus=4",
+        "groups={g: {share: 0.25, tasks: [generate]}, l: {share: 0.25, tasks: [logp]},"
+        " r: {share: 0.25, tasks: [ref_logp]}, t: {share: 0.25, tasks: [train]}}",
+        "nodes.param_update_logp={kind: param_update, src: train, dst: logp}"])
+    graph = build_graph(spec)
+    assert graph.nodes["param_update_logp"]["occupies"] == ("t",)
+    seconds = dict.fromkeys(graph, 1.0)
+    events = drive(Pipeline(graph, steps=4, max_lag=1), seconds)
+    assert {e["step"] for e in events if e["node"] == "param_update_logp"} == {0, 1}
+    assert {e["step"] for e in events if e["node"] == "train"} == {0, 1, 2, 3}
 
 
 def test_workspace_dual_buffer_rules() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,9 @@ from rlgraph.errors import SpecError
 def megatron_missing() -> str | None:
     """Why megatron-core cannot be used here (None when it imports)."""
     try:
-        from megatron.core.models.gpt import GPTModel  # noqa: F401
+        with warnings.catch_warnings():  # it warns that Apex / Transformer Engine are absent
+            warnings.simplefilter("ignore")
+            from megatron.core.models.gpt import GPTModel  # noqa: F401
     except Exception as exc:  # ImportError, or a missing optional dependency such as triton
         return f"megatron-core does not import: {type(exc).__name__}: {exc}"
     return None
@@ -202,24 +205,20 @@ class MegatronPolicy(torch.nn.Module):
         return None
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """`clip_grad_norm_` over the whole model: tp-sharded gradients are summed over the tp
-        group, replicated ones (norm weights) counted once."""
+        """`clip_grad_norm_` over the whole model: with tp > 1 the squared norms of sharded
+        gradients are summed over the tp group, replicated ones (norm weights) counted once."""
         params = [p for p in self.parameters() if p.grad is not None]
-        sharded = sum((p.grad.float().pow(2).sum() for p in params
-                       if getattr(p, "tensor_model_parallel", False)), torch.zeros(()))
-        replicated = sum((p.grad.float().pow(2).sum() for p in params
-                          if not getattr(p, "tensor_model_parallel", False)), torch.zeros(()))
-        device = params[0].grad.device if params else torch.device("cpu")
-        sharded, replicated = sharded.to(device), replicated.to(device)
-        if self.tp > 1:
-            import torch.distributed as dist
-            from megatron.core import parallel_state
+        if self.tp == 1:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        import torch.distributed as dist
+        from megatron.core import parallel_state
 
-            dist.all_reduce(sharded, group=parallel_state.get_tensor_model_parallel_group())
-        norm = (sharded + replicated).sqrt()
-        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for p in params:
-            p.grad.mul_(scale.to(p.grad.dtype))
+        sharded = [p.grad for p in params if getattr(p, "tensor_model_parallel", False)]
+        replicated = [p.grad for p in params if not getattr(p, "tensor_model_parallel", False)]
+        squares = torch.nn.utils.get_total_norm(sharded).float() ** 2
+        dist.all_reduce(squares, group=parallel_state.get_tensor_model_parallel_group())
+        norm = (squares + torch.nn.utils.get_total_norm(replicated).float() ** 2).sqrt()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm
 
 

@@ -57,7 +57,10 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps where this gives 1.02-1.04 / 0.68-0.69 x
     mean; oversample 1.5 took 1.86-1.88 x mean where this gives 1.37-1.39 (the last groups of
     few spares set the pace there); oversample 1 decodes the whole batch. Every call also
-    re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n of them)."""
+    re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n of them). This
+    assumes generate runs fresher than the bound (it is the bottleneck, or colocated with
+    train); a call that holds the oldest version the bound allows admits no spares and
+    decodes like the synchronous batch (see rlgraph.rollout)."""
     data, shape, gpu = ctx.spec.data, ctx.shape, ctx.gpu
     tp = node.tp
     batch = data.samples_per_step()

@@ -127,7 +127,7 @@ class GroupActor:
         return ws_sync.export_to_store(self.workspace, self.outbox, key, bucket_mb)
 
     def next_bucket(self, key: str) -> dict:
-        """The next bucket reference of sync `key` for its receiver (`sync` group)."""
+        """The next bucket reference of sync `key` for its receiver (`serve` group)."""
         return self.outbox.take(key)
 
     def apply_weights(self, src_actor: Any, key: str, consume_mb: float | None) -> dict:
@@ -187,6 +187,7 @@ def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device
     """A `GroupActor` as a Ray actor with the given resources / placement."""
     import ray
 
-    cls = ray.remote(concurrency_groups={ws_sync.SYNC: 1})(GroupActor)
+    groups = {ws_sync.SYNC: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS}
+    cls = ray.remote(concurrency_groups=groups)(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
         spec, tasks, seed, threads, device, os.getcwd())

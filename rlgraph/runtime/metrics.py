@@ -9,7 +9,11 @@ A row is written when train step t finishes. Its keys:
   over `time/step_s`;
 - `time/<node>_s`: the duration of the node's latest finished step (param_update of step t
   runs after train(t), so its row shows param_update(t-1); 0 before its first step);
-- `idle/<group>`: the fraction of the step's window in which the group ran nothing.
+- `idle/<group>`: the fraction of the step's window in which the group ran nothing. When
+  train(t) ends, tasks still running (generate(t+1) on another group) are not yet in the
+  trace, so the streamed value overstates idle; at the end of the run `settle_idle`
+  recomputes it from the whole trace and metrics.jsonl is rewritten (TensorBoard keeps the
+  streamed value).
 """
 
 from __future__ import annotations
@@ -54,6 +58,16 @@ def step_row(step: int, train_summary: dict[str, Any], window: tuple[float, floa
     return row
 
 
+def settle_idle(rows: list[dict[str, Any]], windows: dict[int, tuple[float, float]],
+                events: list[dict[str, Any]], groups: list[str]) -> None:
+    """Recompute each row's `idle/<group>` from the finished trace (in place)."""
+    for row in rows:
+        lo, hi = windows[row["step"]]
+        span = max(hi - lo, 1e-9)
+        for group in groups:
+            row[f"idle/{group}"] = max(0.0, 1.0 - busy_in(events, group, lo, hi) / span)
+
+
 class MetricsWriter:
     """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard."""
 
@@ -80,6 +94,16 @@ class MetricsWriter:
             for key, value in row.items():
                 if key != "step" and isinstance(value, int | float):
                     self.tb.add_scalar(key, value, row["step"])
+
+    def rewrite(self, rows: list[dict[str, Any]]) -> None:
+        """Replace this run's rows in metrics.jsonl (rows of earlier runs stay)."""
+        first = min((r["step"] for r in rows), default=None)
+        if first is None:
+            return
+        self.file.close()
+        keep = [r for r in read_rows(self.path) if r.get("step", 0) < first]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep + rows))
+        self.file = self.path.open("a")
 
     def close(self) -> None:
         """Flush and close both outputs."""

@@ -267,7 +267,8 @@ class Pipeline:
         if kind == "param_update":
             dst = self.graph.nodes[node]["spec"].dst
             delivered = step + 1 if version is None else version
-            self.versions[dst] = max(self.versions[dst], delivered)
+            if dst in self.versions:  # a generate; a sync to logp is gated by its back edge
+                self.versions[dst] = max(self.versions[dst], delivered)
         elif kind == "train":
             self.trained[node] = step + 1
             for gen in self.versions:

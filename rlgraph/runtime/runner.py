@@ -24,7 +24,7 @@ from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster
 from rlgraph.runtime.executor import Completion, ParamRoute, RayExecutor, WorkerError
-from rlgraph.runtime.metrics import MetricsWriter, step_row
+from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.tracing import Tracer, load_events
 from rlgraph.spec import Spec
@@ -252,7 +252,8 @@ class Runner:
                     event = self._record(done, tracer)
                     report.latest[done.task.node] = event
                     if done.task.kind != "train":
-                        report.node_metrics.update(done.info["summary"].get("metrics", {}))
+                        report.node_metrics.setdefault(done.task.step, {}).update(
+                            done.info["summary"].get("metrics", {}))
                     pipeline.complete(done.task.node, done.task.step, done.output,
                                       done.info.get("version"))
                     if done.task.kind == "train":
@@ -271,6 +272,8 @@ class Runner:
             err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
             raise
         finally:
+            settle_idle(result.rows, report.windows, tracer.events, self.groups)
+            report.metrics.rewrite(result.rows)
             report.metrics.close()
             result.events = tracer.events
             result.wall_s = time.time() - t0
@@ -348,7 +351,9 @@ class _Report:
         self.latest: dict[str, dict[str, Any] | None] = dict.fromkeys(runner.kinds)
         self.last_train_end: float | None = None
         self.tracer: Tracer | None = None
-        self.node_metrics: dict[str, float] = {}  # other nodes' metrics since the last row
+        self.windows: dict[int, tuple[float, float]] = {}  # step -> its row's time window
+        # other nodes' metrics by step, until the row of that step (or a later one) takes them
+        self.node_metrics: dict[int, dict[str, float]] = {}
 
     def train_step(self, done: Completion, event: dict[str, Any]) -> None:
         """Row, ledger and progress of the train step that just finished."""
@@ -359,11 +364,11 @@ class _Report:
             self.last_train_end = min(e["start"] for e in tracer.events
                                       if e["step"] >= result.first_step)
         recent = tracer.events[-len(runner.kinds) * (runner.max_lag + 4):]
-        row = step_row(step, summary, (self.last_train_end, event["end"]), self.latest,
-                       recent, runner.groups)
+        self.windows[step] = (self.last_train_end, event["end"])
+        row = step_row(step, summary, self.windows[step], self.latest, recent, runner.groups)
         row["lag/bound"] = runner.lag_bound
-        row.update(self.node_metrics)
-        self.node_metrics.clear()
+        for done_step in sorted(s for s in self.node_metrics if s <= step):
+            row.update(self.node_metrics.pop(done_step))
         if row["lag/max"] > runner.lag_bound:
             result.lag_violations += 1
         self.last_train_end = event["end"]

@@ -6,8 +6,9 @@ Two transports, one shape (the dots.rl overlapped sync: gather -> send -> load p
 - `object_store`: the sender (train group's actor, its default group: it holds that group)
   cuts the policy into `bucket_mb.produce` buckets one at a time and puts each into the
   object store, at most `OUTBOX` ahead of the receiver; the receiver (generate group's actor,
-  in its `sync` concurrency group, so it runs beside a generate call) pulls bucket i+1 while
-  it copies bucket i into its second buffer `bucket_mb.consume` at a time.
+  in its `sync` concurrency group, so it runs beside a generate call) pulls bucket i+1's
+  reference (from the sender's `serve` group) while it copies bucket i into its second
+  buffer `bucket_mb.consume` at a time.
 - `nccl`: a private torch.distributed group per route (NCCL on GPUs, gloo on CPU), built
   once at start (`connect_route`); the sender broadcasts produce buckets in consume chunks
   (`nccl_sync.WeightSender`), the receiver receives into its staging buffer
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from rlgraph.workspace import Workspace
 
 SYNC = "sync"  # the Ray concurrency group of the receiving halves (beside generate)
+SERVE = "serve"  # the sender's group that hands bucket references out (one thread per
+SERVE_THREADS = 8  # waiting receiver: a receiver of one route never blocks another's)
 OUTBOX = 2  # produce buckets the sender may have in the object store ahead of the receiver
 TIMEOUT_S = 3600.0  # a side that waits longer for the other fails with a clear error
 # (a receiver may be sent while its sender still queues behind a long train step)
@@ -184,7 +187,7 @@ def apply_from_store(workspace: Workspace, src_actor: Any, key: str,
     import ray
 
     def pull() -> Any:
-        return src_actor.next_bucket.options(concurrency_group=SYNC).remote(key)
+        return src_actor.next_bucket.options(concurrency_group=SERVE).remote(key)
 
     recv_start = time.time()
     nxt = pull()
