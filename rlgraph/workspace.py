@@ -70,6 +70,9 @@ class Workspace:
             if warm:
                 initial = initial.to(device=device, dtype=torch.bfloat16)
             initial.eval()
+            from rlgraph.backends.megatron import for_group
+
+            initial = for_group(initial, spec, self.tasks, device)  # backend: torch -> as is
             if "ref_logp" in self.kinds:
                 self.reference = copy.deepcopy(initial) if self.kinds & POLICY_KINDS else initial
                 self.reference.requires_grad_(False)

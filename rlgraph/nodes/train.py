@@ -145,7 +145,9 @@ class TrainWorker:
             figures["actor/clip_frac"] += share * terms.clip_frac
             figures["actor/is_weight_mean"] += share * terms.is_weight_mean
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip)
+        clip = getattr(policy, "clip_grad_norm", None)  # megatron: the norm over its tp group
+        grad_norm = (clip(self.node.grad_clip) if clip is not None else
+                     torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip))
         optimizer.step()
         figures["actor/grad_norm"] = float(grad_norm)
         return figures

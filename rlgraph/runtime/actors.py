@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from rlgraph.batch import Batch
+from rlgraph.errors import RLGraphError
 from rlgraph.runtime import weight_sync as ws_sync
 from rlgraph.spec import Spec
 
@@ -74,14 +75,21 @@ class GroupActor:
 
         self.spec, self.device = spec, device
         self.kinds = {t: spec.nodes[t].kind for t in tasks}
-        self.workspace = Workspace(spec, tasks, seed=seed, device=device)
-        self.workers = {t: self.workspace.worker(t) for t in tasks}
+        self.build_error: RLGraphError | None = None  # raised by ready(), where Ray keeps it
+        try:
+            self.workspace = Workspace(spec, tasks, seed=seed, device=device)
+            self.workers = {t: self.workspace.worker(t) for t in tasks}
+        except RLGraphError as err:
+            self.build_error = err
         self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
         self.outbox = ws_sync.Outbox()  # object-store sync: buckets produced, not yet pulled
         self.sync_ends: dict[str, ws_sync.NcclEnd] = {}  # nccl sync: route -> this side
 
     def ready(self) -> dict[str, Any]:
-        """Returns once the workspace is built: the version it holds and the process id."""
+        """Returns once the workspace is built: the version it holds and the process id (or
+        raises the user-facing error that stopped the build, e.g. a missing package)."""
+        if self.build_error is not None:
+            raise self.build_error
         return {"policy_version": self.workspace.policy_version, "pid": os.getpid()}
 
     def run(self, node: str, step: int, names: list[str], *batches: Batch,
@@ -158,6 +166,14 @@ class GroupActor:
         return ws_sync.local_sync(self.workspace)
 
     # ------------------------------------------------------------ checkpoints and checks
+
+    def rollout_cache(self, node: str, step: int) -> dict[str, Any] | None:
+        """A generate worker's rollout cache as it stood after `step` (partial rollout)."""
+        return self.workers[node].cache_state(step)
+
+    def load_rollout_cache(self, node: str, state: dict[str, Any]) -> None:
+        """Restore a generate worker's rollout cache from a checkpoint."""
+        self.workers[node].load_cache_state(state)
 
     def policy_version(self) -> int:
         """The version of the policy this actor holds (a staged one is switched in first)."""

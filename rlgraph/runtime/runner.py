@@ -82,6 +82,14 @@ class Runner:
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
         for node, kind in self.kinds.items():
+            spec = self.spec.nodes[node]
+            if getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1:
+                err = SpecError("rlgraph run drives one process per group, so a megatron node "
+                                "runs with tp 1 and pp 1 only", ("nodes", node, "tp"),
+                                hint="write tp: 1, pp: 1 (bench/megatron_check.py shows tp 2 "
+                                "outside the runtime)")
+                err.source = self.spec.source
+                raise err
             if kind == "param_update" and self._transport(node) == "nccl":
                 buckets = self.spec.nodes[node].bucket_mb
                 if int(buckets.produce * 2**20) % int(buckets.consume * 2**20):
@@ -202,7 +210,7 @@ class Runner:
                          for name, a in self.group_actors.items() if name in self.groups])
                 preloaded = {k: ray.put(b) for k, b in resume.rollout.items()
                              if first <= k[1] < self.options.steps}
-                ray.get([self.actors[node].__ray_call__.remote(_load_cache, node, state)
+                ray.get([self.actors[node].load_rollout_cache.remote(node, state)
                          for node, state in resume.caches.items() if node in self.actors])
             self.first_step = first
             if self.options.on_ready:
@@ -312,7 +320,7 @@ class Runner:
                         ) -> dict[str, dict[str, Any]]:
         """Partial rollout: each generate node's rollout cache as it stood after the last
         step in the checkpoint's buffer (or the last trained step), so a resumed run carries
-        the same unfinished samples on. Read through Ray's `__ray_call__` from the worker."""
+        the same unfinished samples on."""
         import ray
 
         if not self.spec.schedule.partial_rollout:
@@ -321,7 +329,7 @@ class Runner:
         for node, kind in self.kinds.items():
             if kind == "generate":
                 last = max((s for n, s in rollout if n == node), default=trained - 1)
-                refs[node] = self.actors[node].__ray_call__.remote(_cache_state, node, last)
+                refs[node] = self.actors[node].rollout_cache.remote(node, last)
         states = dict(zip(refs, ray.get(list(refs.values()))))
         return {node: state for node, state in states.items() if state is not None}
 
@@ -330,16 +338,6 @@ class Runner:
                      self.groups, self.kinds,
                      {"source": "rlgraph run", "max_lag": self.max_lag,
                       "max_policy_lag": self.lag_bound})
-
-
-def _cache_state(actor: Any, node: str, step: int) -> dict[str, Any] | None:
-    """On a generate actor: its worker's rollout cache after `step` (see GenerateWorker)."""
-    return actor.workers[node].cache_state(step)
-
-
-def _load_cache(actor: Any, node: str, state: dict[str, Any]) -> None:
-    """On a generate actor: restore its worker's rollout cache from a checkpoint."""
-    actor.workers[node].load_cache_state(state)
 
 
 class _Report:
