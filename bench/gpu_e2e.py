@@ -1,15 +1,23 @@
 """End to end on GPUs: `rlgraph run`'s Runner on a 2-GPU machine, split one-step-off vs
 colocated synchronous, side by side in one process on one machine.
 
-  PYTHONUNBUFFERED=1 python bench/gpu_e2e.py [--steps N] [--out DIR]
+  PYTHONUNBUFFERED=1 python bench/gpu_e2e.py [--steps N] [--out DIR] [--name NAME]
+  PYTHONUNBUFFERED=1 python bench/gpu_e2e.py --check [--out DIR]
 
 Runs bench/graphs_gpu/split-one-step-off.yaml (train on GPU 0, generate on GPU 1, max_lag 1,
-weights through the Ray object store) and bench/graphs_gpu/colocated-sync.yaml (every task in
-one group holding both GPUs, max_lag 0) for a few steps each on a local Ray cluster that the
-runtime starts with the machine's GPUs. Records samples/s and step time (steady state: the
-first step, which includes CUDA warm-up, is left out), the compiler's predicted period, the
-period recompiled with the run's measured node times (`rlgraph compile --calibrate RUN_DIR`)
-and the measured one; writes OUT/gpu-e2e.json (default bench/results/gpu-e2e.json).
+weights over NCCL) and bench/graphs_gpu/colocated-sync.yaml (every task in one group holding
+both GPUs, max_lag 0) for a few steps each on a local Ray cluster that the runtime starts with
+the machine's GPUs. Records samples/s and step time (steady state: the first step, which
+includes CUDA warm-up and the decode engine's compile, is left out), generate's own metrics
+(static engine: decode steps, device ms per step), the compiler's predicted period, the period
+recompiled with the run's measured node times (`rlgraph compile --calibrate RUN_DIR`) and the
+measured one; writes OUT/NAME.json (default bench/results/gpu-e2e.json).
+
+`--check` (one GPU): the generate worker of the split graph's rollout workspace, on the static
+engine, against a fresh forward pass of the sequences it sampled (behaviour log-probs within
+bf16 tolerance, masks, eos, token versions), before and after an in-place weight switch, beside
+the Decoder (dynamic cache) path on the same prompts; writes OUT/NAME-check.json.
+`--device cpu` rehearses the check on CPU (static engine forced, eager).
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
         "step_s_all": [round(r["time/step_s"], 4) for r in result.rows],
         "samples_per_s": round(samples / step_s, 2),
         "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
+        "generate_metrics_median": generate_metrics(result.rows[1:] or result.rows),
         "predicted_period_s": round(plan["schedule"]["period_s"], 4),
         "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
         "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
@@ -88,15 +97,147 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     }
 
 
+def verify(ws, batch: dict, version: int, temperature: float) -> dict:
+    """Masks, eos, versions of one generate batch, and |behaviour - fresh forward| log-probs."""
+    import torch
+
+    from rlgraph.sampling import token_logp
+
+    tok, P = ws.tokenizer, batch["prompt_len"]
+    mask = batch["response_mask"].bool()
+    response = batch["sequences"][:, P:]
+    lengths = mask.sum(1)
+    width = response.shape[1]
+    contiguous = torch.equal(mask, torch.arange(width)[None, :] < lengths[:, None])
+    stops_ok = all(
+        tok.eos_id not in row[:n - 1] and (row[n - 1] == tok.eos_id or n == width)
+        and row[n:] == [tok.pad_id] * (width - n)
+        for row, n in zip(response.tolist(), lengths.tolist()))
+    versions_ok = torch.equal(batch["token_version"], torch.where(mask, version, -1))
+    dev = next(ws.policy.parameters()).device
+    with torch.no_grad():
+        fresh = token_logp(ws.policy, batch["sequences"].to(dev),
+                           batch["attention_mask"].to(dev), P, temperature).float().cpu()
+    diff = (batch["behavior_logp"] - fresh)[mask].abs()
+    return {"rows": int(mask.shape[0]), "tokens": int(mask.sum()), "width": width,
+            "eos_rows": int((lengths < width).sum()), "mask_contiguous": contiguous,
+            "eos_and_padding_ok": stops_ok, "versions_ok": versions_ok,
+            "off_mask_logp_zero": bool((batch["behavior_logp"][~mask] == 0).all()),
+            "logp_abs_diff_mean": round(float(diff.mean()), 5),
+            "logp_abs_diff_p99": round(float(diff.quantile(0.99)), 5),
+            "logp_abs_diff_max": round(float(diff.max()), 5)}
+
+
+def check(out: Path, name: str, device: str) -> int:
+    """The static engine's generate batches against a fresh forward (see the docstring)."""
+    import torch
+
+    from rlgraph.nodes import generate as generate_mod
+    from rlgraph.sampling import sample
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    overrides = []
+    if device == "cpu":  # a rehearsal: tiny model, the static engine forced (eager)
+        overrides = ["model={preset: tiny}", "data.prompts_per_step=4",
+                     "data.samples_per_prompt=2"]
+        generate_mod.use_static_engine = lambda *args: True
+    spec = load_spec(GRAPHS / "split-one-step-off.yaml", overrides)
+    temp = spec.nodes["generate"].temperature
+    began = time.perf_counter()
+    ws = Workspace(spec, ["generate"], seed=0, device=device)
+    worker = ws.worker("generate")
+    res: dict = {"machine": machine(), "device": device_info(),
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "graph": "bench/graphs_gpu/split-one-step-off.yaml (rollout workspace)",
+                 "build_s": round(time.perf_counter() - began, 2)}
+    timings = {}
+    for step in range(3):
+        t = time.perf_counter()
+        batch = worker.run(step)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        timings[step] = round(time.perf_counter() - t, 4)
+        if step == 1:
+            first = batch
+    res["engine"] = type(worker.static.engine).__name__ if worker.static else "Decoder"
+    res["generate_s_per_call"] = timings  # call 0 holds the compile and graph capture
+    res["engine_metrics_last_call"] = batch.get("metrics")
+    res["version0"] = verify(ws, first, 0, temp)
+    res["same_seed_same_batch"] = bool(torch.equal(worker.run(1)["sequences"],
+                                                   first["sequences"]))
+    # the Decoder (transformers' dynamic cache) on the same prompts, same process
+    data = spec.data
+    _, ids = worker.prompts(1)
+    prompts = [p for p in ids for _ in range(data.samples_per_prompt)]
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        with torch.no_grad():
+            ref = sample(ws.policy, prompts, max_new_tokens=data.response_len.max,
+                         eos_id=ws.tokenizer.eos_id, pad_id=ws.tokenizer.pad_id,
+                         temperature=temp, generator=ws.generator("generate", 1))
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    res["decoder_dynamic_cache_s"] = round(times[-1], 4)
+    dyn = {"step": 1, "prompt_len": ref.prompt_len, "sequences": ref.sequences.cpu(),
+           "attention_mask": ref.attention_mask.cpu(), "response_mask": ref.response_mask.cpu(),
+           "behavior_logp": ref.behavior_logp.cpu(), "token_version": ref.token_version.cpu()}
+    res["decoder_dynamic_cache_check"] = verify(ws, dyn, 0, temp)
+    # an in-place weight switch (what the dual buffer does): the captured graphs must see it
+    live = {k: v.data_ptr() for k, v in ws.policy.state_dict().items()}
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    new = {k: (v.float() + 0.02 * torch.randn(v.shape, generator=gen).to(v.device)).to(v.dtype)
+           for k, v in ws.policy.state_dict().items()}
+
+    def switch() -> None:
+        for k, v in ws.policy.state_dict().items():
+            v.copy_(new[k])
+
+    ws.stage_weights(1, switch)
+    batch = worker.run(3)
+    res["after_switch"] = verify(ws, batch, 1, temp)
+    res["after_switch"]["addresses_kept"] = live == {
+        k: v.data_ptr() for k, v in ws.policy.state_dict().items()}
+    # the batch sampled before the switch no longer matches the (new) weights' forward
+    res["after_switch"]["old_batch_vs_new_weights_diff_mean"] = verify(
+        ws, first, 0, temp)["logp_abs_diff_mean"]
+    checks = [res["version0"], res["after_switch"]]
+    res["ok"] = bool(
+        res["same_seed_same_batch"] and res["after_switch"]["addresses_kept"]
+        and all(c["mask_contiguous"] and c["eos_and_padding_ok"] and c["versions_ok"]
+                and c["off_mask_logp_zero"] and c["logp_abs_diff_mean"] < 0.05
+                and c["logp_abs_diff_p99"] < 0.25 for c in checks)
+        and res["after_switch"]["old_batch_vs_new_weights_diff_mean"]
+        > 5 * res["after_switch"]["logp_abs_diff_mean"])
+    (out / f"{name}-check.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    print(json.dumps(res, indent=1, default=str), flush=True)
+    return 0 if res["ok"] else 1
+
+
+def generate_metrics(rows: list[dict]) -> dict:
+    """Medians of generate's own `generate/*` metrics over the steady rows."""
+    keys = sorted({k for r in rows for k in r if k.startswith("generate/")})
+    return {k: round(statistics.median([r[k] for r in rows if k in r]), 4) for k in keys}
+
+
 def main() -> int:
     """Run both graphs, print a table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--name", default="gpu-e2e", help="OUT/NAME.json")
+    parser.add_argument("--check", action="store_true", help="the static engine check only")
+    parser.add_argument("--device", default="cuda", help="--check's device (cpu: rehearsal)")
+    parser.add_argument("--baseline", type=Path, help="an earlier gpu-e2e.json to compare with")
     parser.add_argument("overrides", nargs="*", help="key=value for both graphs (CPU checks)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"machine": machine(), "device": device_info(), "runs": {}}
+    if args.check:
+        return check(args.out, args.name, args.device)
+    results = {"machine": machine(), "device": device_info(),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
     runs = Path(tempfile.mkdtemp(prefix="rlgraph-gpu-e2e-"))
     for name in RUNS:
         try:
@@ -110,6 +251,19 @@ def main() -> int:
     if "samples_per_s" in split and "samples_per_s" in sync:
         results["split_over_sync_samples_per_s"] = round(
             split["samples_per_s"] / sync["samples_per_s"], 3)
+    if args.baseline and args.baseline.exists():
+        base = json.loads(args.baseline.read_text())["runs"]
+        results["vs_baseline"] = {"baseline": str(args.baseline.relative_to(ROOT))
+                                  if args.baseline.is_relative_to(ROOT) else str(args.baseline)}
+        for name, r in results["runs"].items():
+            b = base.get(name, {})
+            if "samples_per_s" in r and "samples_per_s" in b:
+                results["vs_baseline"][name] = {
+                    "samples_per_s": [b["samples_per_s"], r["samples_per_s"]],
+                    "step_s": [b["step_s_median"], r["step_s_median"]],
+                    "generate_s": [b["node_s_median"].get("generate"),
+                                   r["node_s_median"].get("generate")],
+                    "speedup_samples_per_s": round(r["samples_per_s"] / b["samples_per_s"], 3)}
     print(f"\n{'plan':<22}{'step s':>9}{'samples/s':>11}{'predicted':>11}{'calibrated':>12}"
           f"{'lag max':>9}")
     for name, r in results["runs"].items():
@@ -119,7 +273,7 @@ def main() -> int:
         print(f"{name:<22}{r['step_s_median']:>9.3f}{r['samples_per_s']:>11.1f}"
               f"{r['predicted_period_s']:>11.3f}{r['calibrated_period_s']:>12.3f}"
               f"{r['lag_max']:>9.0f}")
-    (args.out / "gpu-e2e.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0 if all("error" not in r for r in results["runs"].values()) else 1
 
 

@@ -103,7 +103,26 @@ def build_graph(spec: Spec) -> nx.DiGraph:
         graph.add_edge(src, dst, distance=spec.schedule.max_lag + 1 if back else 0, key=key)
     _refuse_deadlock(graph)
     _refuse_dead_ends(spec, graph)
+    _refuse_stale_policy(graph)
     return graph
+
+
+def _refuse_stale_policy(graph: nx.DiGraph) -> None:
+    """A logp node scores with the policy: its group must hold the policy (train runs there,
+    or a param_update delivers to one of its tasks), or it receives the weights itself;
+    otherwise it would score every batch with the initial weights."""
+    fed = {n for n in graph if any(d > 0 for _, _, d in graph.in_edges(n, data="distance"))}
+    holding = {g for n, k, g in _kind_group(graph) if g and (k == "train" or n in fed)}
+    for name, kind, group in _kind_group(graph):
+        if kind == "logp" and name not in fed and group not in holding:
+            raise SpecError(f"'{name}' (logp) never receives the policy's weights: its group "
+                            "has no train and no param_update delivers to it",
+                            ("nodes", name), hint=f"add param_update_{name}: {{kind: "
+                            f"param_update, src: train, dst: {name}}}, or put it in train's group")
+
+
+def _kind_group(graph: nx.DiGraph) -> list[tuple[str, str, str | None]]:
+    return [(n, a["kind"], a["group"]) for n, a in graph.nodes(data=True)]
 
 
 def _refuse_deadlock(graph: nx.DiGraph) -> None:

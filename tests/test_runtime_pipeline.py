@@ -37,7 +37,8 @@ LAYOUTS = {
     "hybrid": ["groups={all: {share: 1, tasks: [generate, logp, ref_logp, train]}}"],
     "separate": ["cluster.cpus=4",
                  "groups={g: {share: 0.25, tasks: [generate]}, l: {share: 0.25, tasks: [logp]},"
-                 " r: {share: 0.25, tasks: [ref_logp]}, t: {share: 0.25, tasks: [train]}}"],
+                 " r: {share: 0.25, tasks: [ref_logp]}, t: {share: 0.25, tasks: [train]}}",
+                 "nodes.param_update_logp={kind: param_update, src: train, dst: logp}"],
 }
 
 
@@ -162,6 +163,7 @@ durations = st.fixed_dictionaries({
 @given(seconds=durations, max_lag=st.integers(0, 2), layout=st.sampled_from(sorted(LAYOUTS)))
 def test_pipeline_equals_the_compilers_simulation(seconds, max_lag, layout):
     graph = graph_of(layout, max_lag)
+    seconds = {n: seconds[graph.nodes[n]["kind"] if n not in seconds else n] for n in graph}
     steps = 10
     events = drive(Pipeline(graph, steps=steps, max_lag=max_lag), seconds)
     plain = drive(Pipeline(graph, steps=steps, max_lag=max_lag, chaining=False), seconds)

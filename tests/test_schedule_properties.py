@@ -78,6 +78,11 @@ def random_graphs(draw: Any, layout: str = "any") -> Any:
         k = draw(st.integers(1, min(4, len(gpu_tasks))))
         assign = {t: draw(st.integers(0, k - 1)) for t in gpu_tasks}
         assign.update({r: draw(st.integers(0, k - 1)) for r in rewards if draw(st.booleans())})
+    if "logp" in assign and not any(assign.get(t) == assign["logp"] for t in nodes
+                                    if t == "train" or t.startswith("gen")):
+        nodes["pu_logp"] = {"kind": "param_update", "src": "train", "dst": "logp",
+                            "cost": {"seconds": 0.0 if zero_sync else draw(COSTS)}}
+        edges += ["train -> pu_logp", "pu_logp -> logp"]  # logp needs the policy's weights
     groups: dict[str, Any] = {}
     for task, g in assign.items():
         groups.setdefault(f"g{g}", {"share": 0.0, "tasks": []})["tasks"].append(task)

@@ -289,7 +289,10 @@ class _Search:
     # ------------------------------------------------------------ local search
 
     def fit_sizes(self, blocks: tuple, partial: bool, tp: int | None) -> tuple[int, ...] | None:
-        """Water-filling: smallest accepted sizes, then grow the most loaded group that can."""
+        """Water-filling: smallest accepted sizes, then grow the most loaded group that can
+        (None when no sizes fit, or a group would run logp without the policy's weights)."""
+        if not all(self.space.holds_policy(b) for b in blocks):
+            return None
         key = (blocks, partial, tp)
         if key not in self._fitted:
             self._fitted[key] = self._water_fill(blocks, partial, tp)

@@ -134,8 +134,17 @@ class SearchSpace:
     def partitions(self) -> list[tuple[Block, ...]]:
         """Every partition (canonical), fewest groups first."""
         order = {t: i for i, t in enumerate(self.tasks)}
-        out = [self.canonical(part) for part in set_partitions(list(self.tasks))]
+        out = [self.canonical(part) for part in set_partitions(list(self.tasks))
+               if all(self.holds_policy(block) for block in part)]
         return sorted(out, key=lambda p: (len(p), [[order[t] for t in b] for b in p]))
+
+    def holds_policy(self, block: Sequence[str]) -> bool:
+        """A block with a logp task must get the policy's weights: it runs train or generate
+        (which param_update feeds) or a param_update delivers to one of its tasks."""
+        nodes = self.spec.nodes
+        fed = {getattr(n, "dst", None) for n in nodes.values() if n.kind == "param_update"}
+        kinds = {nodes[t].kind for t in block}
+        return "logp" not in kinds or bool(kinds & {"train", "generate"} or fed & set(block))
 
     def lags_for(self, partial: bool) -> tuple[int, ...]:
         """max_lag values allowed with this partial-rollout setting (partial needs >= 1)."""

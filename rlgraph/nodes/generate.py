@@ -28,6 +28,10 @@ class GenerateSpec(NodeSpec):
     stale: Literal["drop", "restart"] = Field(
         default="drop", description="partial rollout: a cached sample whose oldest token would "
         "exceed max_lag is dropped with its group, or restarted from no tokens")
+    cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
+        default="compiled", description="engine native on a GPU: the static decoder "
+        "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
+        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
 
     def model_parallel(self) -> int:
         """GPUs one engine replica spans."""
@@ -108,6 +112,13 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     return prefill + decode
 
 
+def use_static_engine(node: GenerateSpec, device: str, partial_rollout: bool) -> bool:
+    """Whether generate decodes with the static decoder: engine native on a CUDA device and no
+    partial rollout (whose round re-encodes carried prefixes through `sampling.Decoder`)."""
+    return (node.engine == "native" and node.cuda_decode != "dynamic" and not partial_rollout
+            and device.split(":")[0] == "cuda")
+
+
 KIND = NodeKind(
     name="generate",
     spec=GenerateSpec,
@@ -133,6 +144,7 @@ class GenerateWorker:
         self.name, self.node, self.ws = name, node, workspace
         self.data = DataSource(workspace.spec.data, "train", workspace.base_dir)
         self.cache = None
+        self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
         if workspace.spec.schedule.partial_rollout:
             from rlgraph.rollout import RolloutCache
@@ -161,6 +173,20 @@ class GenerateWorker:
         examples = self.data.batch(step)
         return examples, [self._encode(ex) for ex in examples]
 
+    def _static_engine(self) -> Any:
+        """The workspace's static decoder (GPU, synchronous path), built on first use and
+        sized from the spec; None where generate decodes through `sampling.Decoder`."""
+        if self.static is None and use_static_engine(
+                self.node, self.ws.device, self.ws.spec.schedule.partial_rollout):
+            from rlgraph.engines.static_rollout import StaticRollout
+
+            data = self.ws.spec.data
+            self.static = StaticRollout(
+                self.ws.policy, slots=data.samples_per_step(),
+                max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
+                compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu")
+        return self.static
+
     def _switch(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
         return self.ws.switch_if_staged()
@@ -177,16 +203,28 @@ class GenerateWorker:
         data, tok = self.ws.spec.data, self.ws.tokenizer
         examples, ids = self.prompts(step)
         n = data.samples_per_prompt
+        prompts = [p for p in ids for _ in range(n)]
+        metrics = None
+        engine = self._static_engine()
         with self.ws.lock, torch.no_grad():
             self._switch()
             version = self.ws.policy_version
-            rollout = sample(self.ws.policy, [p for p in ids for _ in range(n)],
-                             max_new_tokens=data.response_len.max, eos_id=tok.eos_id,
-                             pad_id=tok.pad_id, policy_version=version,
-                             temperature=self.node.temperature, top_p=self.node.top_p,
-                             generator=self.ws.generator(self.name, step))
+            generator = self.ws.generator(self.name, step)
+            if engine is not None:
+                rollout, metrics = engine.sample(
+                    prompts, max_new_tokens=data.response_len.max, pad_id=tok.pad_id,
+                    policy_version=version, temperature=self.node.temperature,
+                    top_p=self.node.top_p, seed=generator.initial_seed())
+            else:
+                rollout = sample(self.ws.policy, prompts, max_new_tokens=data.response_len.max,
+                                 eos_id=tok.eos_id, pad_id=tok.pad_id, policy_version=version,
+                                 temperature=self.node.temperature, top_p=self.node.top_p,
+                                 generator=generator)
         positions = [step * data.prompts_per_step + i for i in range(len(examples))]
-        return self._batch(step, version, examples, positions, rollout)
+        batch = self._batch(step, version, examples, positions, rollout)
+        if metrics is not None:
+            batch["metrics"] = metrics
+        return batch
 
     def _partial(self, step: int) -> Batch:
         """Batch `step` from the rollout cache (rlgraph.rollout.generate_round)."""

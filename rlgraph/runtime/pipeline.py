@@ -10,7 +10,8 @@ State (all here, as in dask's local scheduler):
   never overlap; param_update holds its sender's group only: the receiver stages the version
   in the generate actor's `sync` concurrency group, beside generate, and its completion
   means "staged whole", which is what the back edge waits for);
-- `versions`: the policy version each generate node's workspace holds;
+- `versions`: the policy version each generate node's workspace holds (and each logp node's
+  that param_update feeds from another group);
 - `generated`: generate outputs not yet trained on (the rollout buffer of a checkpoint).
 
 Rules:
@@ -121,12 +122,12 @@ class Pipeline:
         self.versions: dict[str, int] = {}
         self.feeders: dict[str, list[str]] = {}
         for name in order:
-            if self.kinds[name] == "generate":
+            feeders = [src for src, _, d in graph.in_edges(name, data="distance") if d > 0]
+            if self.kinds[name] == "generate" or feeders:  # holds weights sent by param_update
                 self.versions[name] = start_step
-                self.feeders[name] = [
-                    src for src, _, d in graph.in_edges(name, data="distance") if d > 0
-                ]
-                if not self.feeders[name] and not self._colocated_train(name):
+                self.feeders[name] = feeders
+                if self.kinds[name] == "generate" and not feeders and not self._colocated_train(
+                        name):
                     raise RLGraphError(
                         f"generate node '{name}' never receives new weights: it has no "
                         "param_update and shares no group with train "
@@ -163,8 +164,9 @@ class Pipeline:
         return {g for g, tasks in self.holders.items() if tasks}
 
     def version_ok(self, node: str, step: int) -> bool:
-        """The back edge: generate of step t needs version >= t - max_lag."""
-        if self.kinds[node] != "generate":
+        """The back edge: generate (or a logp fed by param_update) of step t needs version
+        >= t - max_lag."""
+        if node not in self.versions:
             return True
         return self.versions[node] >= step - self.max_lag
 
@@ -267,7 +269,7 @@ class Pipeline:
         if kind == "param_update":
             dst = self.graph.nodes[node]["spec"].dst
             delivered = step + 1 if version is None else version
-            if dst in self.versions:  # a generate; a sync to logp is gated by its back edge
+            if dst in self.versions:
                 self.versions[dst] = max(self.versions[dst], delivered)
         elif kind == "train":
             self.trained[node] = step + 1

@@ -1,0 +1,67 @@
+"""The static decoder as `generate`'s GPU engine (engine: native on a CUDA device).
+
+`StaticRollout` holds one `StaticDecoder`, built once per workspace and sized from the spec
+(slots: the samples of one step; positions: prompt_len + response_len.max), and samples a batch
+into the `Rollout` layout of `rlgraph.sampling.sample`: prompts left-padded, responses
+right-padded to the longest, the behaviour log-prob log_softmax(logits / temperature) of every
+sampled token (top-p truncation not part of it), the policy version of every token, and pad /
+0 / -1 after a row's eos or length stop. Weights change in place (dual-buffer switch, checkpoint
+load, a colocated optimizer step), so the captured CUDA graphs read the new values with no
+rebuild. Projections are not fused: an NCCL weight receiver holds the parameters' storage from
+the start of the run, and a colocated group trains them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlgraph.engines.static_decode import Request, StaticDecoder
+from rlgraph.sampling import Rollout, pack
+
+
+def seed_device(device: torch.device, seed: int) -> None:
+    """Seed the default generator the decoder samples from (inside and outside CUDA graphs,
+    whose replays read its current seed and offset)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
+class StaticRollout:
+    """One StaticDecoder reused across steps; `sample` is `rlgraph.sampling.sample`'s twin."""
+
+    def __init__(self, model: torch.nn.Module, *, slots: int, max_len: int, eos_id: int,
+                 compile: bool, sync_every: int = 8):
+        self.engine = StaticDecoder(model, max_batch=slots, max_len=max_len,
+                                    eos_token_id=eos_id, sync_every=sync_every, compile=compile,
+                                    timing=True)
+
+    def sample(self, prompts: list[list[int]], *, max_new_tokens: int, pad_id: int,
+               policy_version: int, temperature: float, top_p: float,
+               seed: int) -> tuple[Rollout, dict[str, float]]:
+        """Decode every prompt to eos or `max_new_tokens`; the rollout and the call's
+        `generate/*` metrics (decode steps, device ms per decode step, wall seconds)."""
+        eng = self.engine
+        if len(prompts) > eng.B:
+            raise ValueError(f"{len(prompts)} prompts for an engine of {eng.B} slots")
+        eng.set_policy_version(policy_version)
+        seed_device(eng.device, seed)
+        steps0, ms0 = eng.stats["decode_steps"], eng.stats["decode_ms"]
+        start = time.perf_counter()
+        done = eng.run([Request(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
+                                request_id=i) for i, p in enumerate(prompts)])
+        wall = time.perf_counter() - start
+        by_id = {c.request.request_id: c for c in done}
+        rows = [by_id[i] for i in range(len(prompts))]
+        rollout = pack(prompts, [c.tokens for c in rows], [c.logprobs for c in rows],
+                       [c.versions for c in rows], pad_id)
+        steps = eng.stats["decode_steps"] - steps0
+        metrics = {"generate/static_engine": 1.0, "generate/decode_steps": float(steps),
+                   "generate/engine_s": wall}
+        if eng.timing and steps:
+            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
+        return rollout, metrics
