@@ -259,7 +259,7 @@ def test_torch_groups_keep_their_model_and_mixed_groups_are_refused(tiny) -> Non
 
 @needs_megatron
 def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> None:
-    from rlgraph.backends.megatron import MegatronPolicy, for_group
+    from rlgraph.backends.megatron import MegatronPolicy
     from rlgraph.workspace import Workspace
 
     torch_spec = _spec({}, {})
@@ -271,10 +271,7 @@ def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> Non
     scored["rewards"] = torch.linspace(0.0, 1.0, len(scored["rewards"])).roll(3)
     outs = []
     for spec in (torch_spec, mg_spec):
-        ws = Workspace(spec, ["logp", "train"], seed=0)
-        if spec is mg_spec and not isinstance(ws.policy, MegatronPolicy):  # until wired
-            ws.policy = for_group(ws.policy, spec, ["logp", "train"], "cpu")
-            ws.optimizer = torch.optim.AdamW(ws.policy.parameters(), lr=1e-2)
+        ws = Workspace(spec, ["logp", "train"], seed=0)  # builds the backend it names
         logp = ws.worker("logp").run(0, {"generate": copy.deepcopy(gen)})
         out = ws.worker("train").run(0, {"reward": copy.deepcopy(scored), "logp": logp})
         outs.append((logp["old_logp"], out["metrics"], ws))
@@ -284,3 +281,7 @@ def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> Non
     for key in ("loss/policy", "loss/kl", "actor/grad_norm", "actor/clip_frac"):
         assert m_m[key] == pytest.approx(m_t[key], rel=1e-4, abs=1e-6), key
     assert m_t["actor/grad_norm"] > 0 and ws_m.policy_version == ws_t.policy_version == 1
+    # param_update sends the transformers layout whatever the trainer's backend
+    sent_t, sent_m = ws_t.export_weights(1.0), ws_m.export_weights(1.0)
+    names = [sorted(b["tensors"]) for b in sent_t]
+    assert names == [sorted(b["tensors"]) for b in sent_m]
