@@ -329,15 +329,14 @@ def test_worker_batch_layout_and_cache_survives_a_checkpoint(tmp_path: Path) -> 
 
 def test_runner_reads_and_restores_the_cache_on_the_generate_actor() -> None:
     from rlgraph.runtime.actors import GroupActor
-    from rlgraph.runtime.runner import _cache_state, _load_cache
 
     spec = partial_spec()
     actor = GroupActor(spec, ["generate"], seed=0, threads=1, device="cpu")
     actor.run("generate", 0, [])
-    state = _cache_state(actor, "generate", 0)
-    assert state["next_position"] == 4 and _cache_state(actor, "generate", -1) is None
+    state = actor.rollout_cache("generate", 0)
+    assert state["next_position"] == 4 and actor.rollout_cache("generate", -1) is None
     other = GroupActor(spec, ["generate"], seed=0, threads=1, device="cpu")
-    _load_cache(other, "generate", state)
+    other.load_rollout_cache("generate", state)
     assert other.workers["generate"].cache.state_dict() == state
 
 

@@ -26,6 +26,7 @@ sequences start, stop and restart independently:
   `generate` in the same run. `fuse=True` is for inference-only models (gradients do not reach
   the parameters through the fused GEMM).
 
+`rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
 transformers' own `generate`. Supported: decoder-only models whose attention goes through
 transformers' AttentionInterface with full (not sliding-window) attention (Llama, Qwen2/3,
@@ -308,6 +309,19 @@ class StaticDecoder:
             self.set_policy_version(version)
         self.submit([c.resume() for c in stopped if not c.finished], front=True)
         return [c for c in stopped if c.finished]
+
+    def warmup(self, use_top_p: bool, greedy: bool = False) -> int:
+        """Compile and capture the step of every attention length now (on CUDA), so that no
+        capture happens later, e.g. while another thread receives weights; returns how many
+        graphs were captured. Run it while no slot is occupied."""
+        if not self.cuda_graphs:
+            return 0
+        lengths = sorted({min(self.L, k * self.attn_block)
+                          for k in range(1, -(-self.L // self.attn_block) + 1)})
+        with torch.no_grad(), self._attn_impl():
+            for attn_len in lengths:
+                self._run(attn_len, use_top_p, greedy)
+        return len(lengths)
 
     def set_policy_version(self, version: int) -> None:
         """The version recorded for tokens sampled from now on."""

@@ -32,13 +32,25 @@ def seed_device(device: torch.device, seed: int) -> None:
 
 
 class StaticRollout:
-    """One StaticDecoder reused across steps; `sample` is `rlgraph.sampling.sample`'s twin."""
+    """One StaticDecoder reused across steps; `sample` is `rlgraph.sampling.sample`'s twin.
+
+    Every attention length's step is compiled and captured when the engine is built (at most
+    MAX_COMPILED_LENGTHS lengths when compiling: each is its own compile), so no capture runs
+    later beside a weight receive on another thread."""
+
+    MAX_COMPILED_LENGTHS = 4
 
     def __init__(self, model: torch.nn.Module, *, slots: int, max_len: int, eos_id: int,
-                 compile: bool, sync_every: int = 8):
+                 compile: bool, top_p: float, sync_every: int = 8):
+        block = 128
+        if compile:
+            block *= -(-max_len // (self.MAX_COMPILED_LENGTHS * block))
         self.engine = StaticDecoder(model, max_batch=slots, max_len=max_len,
-                                    eos_token_id=eos_id, sync_every=sync_every, compile=compile,
-                                    timing=True)
+                                    eos_token_id=eos_id, sync_every=sync_every, attn_block=block,
+                                    compile=compile, timing=True)
+        start = time.perf_counter()
+        self.graphs = self.engine.warmup(use_top_p=top_p < 1.0)
+        self.warmup_s = time.perf_counter() - start
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, pad_id: int,
                policy_version: int, temperature: float, top_p: float,

@@ -134,7 +134,9 @@ class GenerateWorker:
     """Samples `samples_per_prompt` responses to each prompt of the step with the policy,
     recording every token's behaviour log-prob and the policy version that sampled it. With
     `schedule.partial_rollout` the step's batch comes from a rollout cache (rlgraph.rollout):
-    unfinished samples carry over to later steps, new prompts keep the batch full."""
+    unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
+    device the synchronous path decodes with the static decoder (rlgraph.engines.static_rollout,
+    `cuda_decode`); on CPU, and with partial rollout, through `sampling.Decoder`."""
 
     SNAPSHOTS = 8  # cache states kept by step, for a checkpoint taken while generate runs on
 
@@ -184,7 +186,8 @@ class GenerateWorker:
             self.static = StaticRollout(
                 self.ws.policy, slots=data.samples_per_step(),
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
-                compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu")
+                compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
+                top_p=self.node.top_p)
         return self.static
 
     def _switch(self) -> int | None:
@@ -205,8 +208,8 @@ class GenerateWorker:
         n = data.samples_per_prompt
         prompts = [p for p in ids for _ in range(n)]
         metrics = None
-        engine = self._static_engine()
         with self.ws.lock, torch.no_grad():
+            engine = self._static_engine()
             self._switch()
             version = self.ws.policy_version
             generator = self.ws.generator(self.name, step)
