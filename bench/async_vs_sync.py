@@ -4,6 +4,10 @@ Runs `rlgraph run graphs/longtail.yaml` (a tiny model learning long-tailed count
 GRPO on this machine's CPU cores) in each mode below, the same steps and so the same samples:
 
 - sync: one group holding every task on both cores, max_lag 0 (verl's hybrid engine);
+- sync_1core (a control, not an async mode): the same colocated plan on one core, one torch
+  thread: whether the two-thread sync gains anything from its second thread (a tiny model's
+  decode and train barely parallelise, and a thread that waits for a preempted partner
+  stalls the step);
 - one_step_off: trainer | rollout groups of one core each, max_lag 1 (verl's one-step-off);
 - max_lag_2: the same groups, max_lag 2;
 - partial_rollout: the same groups, max_lag 2, `schedule.partial_rollout: true` (skipped with
@@ -28,6 +32,9 @@ last 10 steps), and the compiler's predicted speedup over sync, three ways:
   --calibrate SYNC_RUN` says: each node costs what it measured on two threads (no thread
   effect); the calibrated figure above assumes the model's perfect scaling with slots; CPU
   threads on a tiny model fall between the two;
+- calibrated on one core (with the sync_1core control): node times of the one-thread sync
+  trace (the thread count of the split groups) carried to the mode's plan as above, against
+  `compile_plan(sync, calibration=sync trace)`; `err` in the table is this one's;
 - as measured: `compile_plan(mode, calibration=the mode's own trace)`: the schedule model
   alone, given each node's measured time (known only after the run).
 
@@ -63,6 +70,8 @@ PREDICTION_TARGET = 0.15
 MODES: dict[str, tuple[str, list[str]]] = {
     "sync": ("colocated sync, max_lag 0 (verl hybrid engine)",
              ["groups=COLOCATED", "schedule.max_lag=0"]),
+    "sync_1core": ("control: colocated sync on one core (one torch thread)",
+                   ["groups=COLOCATED", "schedule.max_lag=0", "cluster.cpus=1"]),
     "one_step_off": ("trainer | rollout, max_lag 1 (one-step-off)", ["schedule.max_lag=1"]),
     "max_lag_2": ("trainer | rollout, max_lag 2", ["schedule.max_lag=2"]),
     "partial_rollout": ("trainer | rollout, max_lag 2, partial rollout",
@@ -159,18 +168,29 @@ def predictions(graph: Path, modes: dict[str, list[str]], runs: dict[str, Path]
     def plan(name: str, calibration: Any = None) -> dict[str, Any]:
         return compile_plan(load_spec(graph, modes[name]), calibration)
 
+    def carry(base: str, measured: dict[str, float], model: dict[str, Any]
+              ) -> dict[str, float]:
+        """Measured seconds of plan `base`, scaled by the model's ratio mode / base."""
+        ref = {n: c["seconds"] for n, c in plan(base)["costs"].items()}
+        return {n: measured[n] * model["costs"][n]["seconds"] / ref[n]
+                for n in measured if n in model["costs"] and ref.get(n)}
+
     measured = load_calibration(runs["sync"] / "trace.json")
-    model_sync = {n: c["seconds"] for n, c in plan("sync")["costs"].items()}
+    one_core = (load_calibration(runs["sync_1core"] / "trace.json")
+                if "sync_1core" in runs else None)
     sync_cal = plan("sync", measured)["schedule"]["period_s"]
     out = {}
     for name in modes:
         model = plan(name)
-        carried = {n: measured[n] * model["costs"][n]["seconds"] / model_sync[n]
-                   for n in measured if n in model["costs"] and model_sync.get(n)}
+        carried = carry("sync", measured, model)
         calibrated = plan(name, carried)["schedule"]["period_s"]
+        if one_core is not None:
+            period = plan(name, carry("sync_1core", one_core, model))["schedule"]["period_s"]
+            out.setdefault(name, {}).update(one_core_period_s=period,
+                                            one_core_speedup=sync_cal / period)
         as_is = plan(name, measured)["schedule"]["period_s"]
         own = plan(name, runs[name] / "trace.json")["schedule"]["period_s"]
-        out[name] = {
+        out.setdefault(name, {}).update({
             "uncalibrated_period_s": model["schedule"]["period_s"],
             "uncalibrated_speedup": model["schedule"]["speedup_vs_sync"],
             "calibrated_period_s": calibrated,
@@ -179,7 +199,7 @@ def predictions(graph: Path, modes: dict[str, list[str]], runs: dict[str, Path]
             "as_is_speedup": sync_cal / as_is,
             "own_trace_period_s": own,
             "calibrated_costs_s": carried,
-        }
+        })
     return out
 
 
@@ -261,21 +281,25 @@ def main(argv: list[str] | None = None) -> int:
     sync = results["sync"]["measured"]
     level = LEVEL_FRACTION * min(r["measured"]["reward_final"] for r in results.values())
     lines = [f"{'mode':16} {'samples/s':>9} {'speedup':>8} {'pred(uncal)':>11} "
-             f"{'pred(cal)':>9} {'err(cal)':>8} {'pred(as is)':>11} {'t→level':>8} "
+             f"{'pred(cal)':>9} {'pred(as is)':>11} {'pred(1core)':>11} {'err':>5} {'t→level':>8} "
              f"{'final':>6}  samples/s of every run"]
     for name, res in results.items():
         m, p = res["measured"], res["predicted"]
         m["speedup"] = m["samples_per_s"] / sync["samples_per_s"]
         m["time_to_level_s"] = time_to(m["curve"], level)
         p["calibrated_error"] = (m["speedup"] - p["calibrated_speedup"]) / p["calibrated_speedup"]
+        one = p.get("one_core_speedup", float("nan"))
+        p["one_core_error"] = (m["speedup"] - one) / one
         p["own_trace_error"] = (m["step_s"] - p["own_trace_period_s"]) / p["own_trace_period_s"]
         ttl = f"{m['time_to_level_s']:.0f} s" if m["time_to_level_s"] is not None else "never"
         lines.append(f"{name:16} {m['samples_per_s']:9.1f} {m['speedup']:7.2f}x "
                      f"{p['uncalibrated_speedup']:10.2f}x {p['calibrated_speedup']:8.2f}x "
-                     f"{p['calibrated_error']:+8.0%} {p['as_is_speedup']:10.2f}x {ttl:>8} "
+                     f"{p['as_is_speedup']:10.2f}x {one:10.2f}x {p['one_core_error']:+5.0%} "
+                     f"{ttl:>8} "
                      f"{m['reward_final']:6.2f}  "
                      + ", ".join(f"{r['samples_per_s']:.1f}" for r in res["runs"]))
-    best = max((r["measured"]["speedup"] for n, r in results.items() if n != "sync"),
+    best = max((r["measured"]["speedup"] for n, r in results.items()
+                if not n.startswith("sync")),
                default=float("nan"))
     result = {
         "benchmark": "async_vs_sync",

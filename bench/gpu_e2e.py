@@ -3,6 +3,9 @@ colocated synchronous, side by side in one process on one machine.
 
   PYTHONUNBUFFERED=1 python bench/gpu_e2e.py [--steps N] [--out DIR] [--name NAME]
   PYTHONUNBUFFERED=1 python bench/gpu_e2e.py --check [--out DIR]
+  PYTHONUNBUFFERED=1 python bench/gpu_e2e.py --check-partial [--out DIR] [key=value ...]
+  PYTHONUNBUFFERED=1 python bench/gpu_e2e.py \
+      --runs split-one-step-off+partial,split-one-step-off,colocated-sync [key=value ...]
 
 Runs bench/graphs_gpu/split-one-step-off.yaml (train on GPU 0, generate on GPU 1, max_lag 1,
 weights over NCCL) and bench/graphs_gpu/colocated-sync.yaml (every task in one group holding
@@ -18,6 +21,16 @@ engine, against a fresh forward pass of the sequences it sampled (behaviour log-
 bf16 tolerance, masks, eos, token versions), before and after an in-place weight switch, beside
 the Decoder (dynamic cache) path on the same prompts; writes OUT/NAME-check.json.
 `--device cpu` rehearses the check on CPU (static engine forced, eager).
+
+`--check-partial`: the same for partial rollout (schedule.partial_rollout on the split graph):
+four rounds on the static engine, version 1 switched in the middle of round 1, versions 2 and 3
+before rounds 2 and 3 (a fresh round admits spares, a max_lag-old one does not), every token's
+behaviour log-prob against a fresh forward under the weights of the version that sampled it,
+then two rounds through the Decoder (dynamic cache) in the same process for the time per
+decode step; writes OUT/NAME-check-partial.json.
+
+`--runs`: which plans to run; `NAME+partial` is bench/graphs_gpu/NAME.yaml with
+schedule.partial_rollout=true.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from bench.common import machine  # noqa: E402
 
 GRAPHS = ROOT / "bench" / "graphs_gpu"
 RUNS = ("split-one-step-off", "colocated-sync")
+PARTIAL = "+partial"  # a run name's suffix: the graph with schedule.partial_rollout=true
 
 
 def device_info() -> dict:
@@ -58,7 +72,10 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     from rlgraph.runtime.runner import Runner, RunOptions
     from rlgraph.spec import load_spec
 
-    spec = load_spec(GRAPHS / f"{name}.yaml", overrides)
+    graph = name.removesuffix(PARTIAL)
+    if name.endswith(PARTIAL):
+        overrides = [*overrides, "schedule.partial_rollout=true"]
+    spec = load_spec(GRAPHS / f"{graph}.yaml", overrides)
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
@@ -69,13 +86,14 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     step_s = statistics.median(steady)
     samples = spec.data.prompts_per_step * spec.data.samples_per_prompt
     calibrated = compile_plan(spec, calibration=run_dir)
-    shutil.copy(run_dir / "trace.json", out / f"trace-{name}.json")
+    shutil.copy(run_dir / "trace.json", out / f"trace-{name.replace('+', '-')}.json")
     node_s: dict[str, list[float]] = {}
     for e in result.events:
         if e["step"] >= 1:
             node_s.setdefault(e["node"], []).append(e["end"] - e["start"])
     return {
-        "graph": f"bench/graphs_gpu/{name}.yaml",
+        "graph": f"bench/graphs_gpu/{graph}.yaml",
+        "partial_rollout": spec.schedule.partial_rollout,
         "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"]}
                    for g in plan["placement"]["groups"]},
         "max_lag": spec.schedule.max_lag,
@@ -86,6 +104,8 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
         "samples_per_s": round(samples / step_s, 2),
         "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
         "generate_metrics_median": generate_metrics(result.rows[1:] or result.rows),
+        "rollout_metrics_median": generate_metrics(result.rows[1:] or result.rows,
+                                                   ("rollout/", "response/", "lag/")),
         "predicted_period_s": round(plan["schedule"]["period_s"], 4),
         "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
         "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
@@ -216,9 +236,142 @@ def check(out: Path, name: str, device: str) -> int:
     return 0 if res["ok"] else 1
 
 
-def generate_metrics(rows: list[dict]) -> dict:
-    """Medians of generate's own `generate/*` metrics over the steady rows."""
-    keys = sorted({k for r in rows for k in r if k.startswith("generate/")})
+def verify_partial(ws, batch: dict, weights: dict, temperature: float) -> dict:
+    """`verify` for a partial-rollout batch: every token's behaviour log-prob against a fresh
+    forward under the weights of the version that sampled it (loaded in place, then the live
+    version's again); versions non-decreasing along a row, -1 off the mask."""
+    import torch
+
+    from rlgraph.sampling import token_logp
+
+    res = verify(ws, batch, -1, temperature)  # layout; its log-prob and version parts redone
+    del res["versions_ok"]
+    mask, versions = batch["response_mask"].bool(), batch["token_version"]
+    res["versions_ok"] = bool((versions[~mask] == -1).all() and all(
+        r[m].tolist() == sorted(r[m].tolist()) for r, m in zip(versions, mask)))
+    res["versions"] = sorted(versions[mask].unique().tolist())
+    res["mixed_version_rows"] = int(sum(len(set(r[m].tolist())) > 1
+                                        for r, m in zip(versions, mask)))
+    dev = next(ws.policy.parameters()).device
+    diff = torch.zeros(mask.shape)
+    live = {k: v.clone() for k, v in ws.policy.state_dict().items()}
+    with torch.no_grad():
+        for v in res["versions"]:
+            for k, t in ws.policy.state_dict().items():
+                t.copy_(weights[v][k])
+            fresh = token_logp(ws.policy, batch["sequences"].to(dev),
+                               batch["attention_mask"].to(dev), batch["prompt_len"],
+                               temperature).float().cpu()
+            here = mask & (versions == v)
+            diff[here] = (batch["behavior_logp"] - fresh)[here].abs()
+        for k, t in ws.policy.state_dict().items():
+            t.copy_(live[k])
+    diff = diff[mask]
+    res.update(logp_abs_diff_mean=round(float(diff.mean()), 5),
+               logp_abs_diff_p99=round(float(diff.quantile(0.99)), 5),
+               logp_abs_diff_max=round(float(diff.max()), 5),
+               response_len_mean=round(float(mask.sum(1).float().mean()), 2))
+    return res
+
+
+def check_partial(out: Path, name: str, device: str, overrides: list[str]) -> int:
+    """Partial rollout on the static engine against fresh forwards, and beside the Decoder
+    (see the docstring)."""
+    import torch
+
+    from rlgraph.nodes import generate as generate_mod
+    from rlgraph.nodes.generate import GenerateWorker
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    overrides = [*overrides, "schedule.partial_rollout=true"]
+    real = generate_mod.use_static_engine
+    if device == "cpu":  # a rehearsal: the static engine forced (eager)
+        generate_mod.use_static_engine = lambda *args: True
+    spec = load_spec(GRAPHS / "split-one-step-off.yaml", overrides)
+    temp = spec.nodes["generate"].temperature
+    began = time.perf_counter()
+    ws = Workspace(spec, ["generate"], seed=0, device=device)
+    worker = ws.worker("generate")
+    res: dict = {"machine": machine(), "device": device_info(),
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "graph": "bench/graphs_gpu/split-one-step-off.yaml, rollout workspace, "
+                          "schedule.partial_rollout=true", "overrides": overrides,
+                 "build_s": round(time.perf_counter() - began, 2)}
+    dev = next(ws.policy.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(1)
+    weights = {0: {k: v.clone() for k, v in ws.policy.state_dict().items()}}
+    for v in (1, 2, 3):  # version v: v seeded moves of 0.02 x N(0, 1) per weight
+        weights[v] = {k: (t.float() + 0.02 * torch.randn(t.shape, generator=gen, device=dev))
+                      .to(t.dtype) for k, t in weights[v - 1].items()}
+
+    def stage(v: int) -> None:
+        def switch_in() -> None:
+            for k, t in ws.policy.state_dict().items():
+                t.copy_(weights[v][k])
+        ws.stage_weights(v, switch_in)
+
+    calls, switch = [0], worker._switch
+
+    def mid_round() -> int | None:  # the second check of round 1: between decode steps
+        calls[0] += 1
+        if calls[0] == 2:
+            stage(1)
+        return switch()
+
+    def rounds(w: GenerateWorker, steps: range, tag: str) -> list[dict]:
+        batches = []
+        for step in steps:
+            w._switch = mid_round if (tag == "static" and step == 1) else switch
+            if tag == "static" and step >= 2:
+                stage(step)  # the next version arrives before the round (one step off)
+            t = time.perf_counter()
+            batch = w.run(step)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+            m = batch["metrics"]
+            res.setdefault(f"{tag}_rounds", []).append({
+                "step": step, "s": round(wall, 4),
+                "ms_per_decode_step": round(1e3 * wall / max(m["rollout/decode_steps"], 1), 3),
+                **{k.split("/")[1]: round(v, 4) for k, v in m.items()
+                   if not k.endswith("_total")}})
+            batches.append(batch)
+        return batches
+
+    static = rounds(worker, range(4), "static")  # round 0 holds the compile and graph capture
+    res["engine"] = type(worker.static.engine).__name__ if worker.static else "Decoder"
+    res["static_checks"] = [verify_partial(ws, b, weights, temp) for b in static]
+    generate_mod.use_static_engine = lambda *args: False
+    dyn_worker = GenerateWorker("generate", spec.nodes["generate"], ws)
+    dynamic = rounds(dyn_worker, range(2), "decoder")
+    generate_mod.use_static_engine = real
+    res["decoder_checks"] = [verify_partial(ws, b, weights, temp) for b in dynamic]
+    res["same_keys"] = all(set(b) == set(dynamic[0]) | {"metrics"} for b in static) and all(
+        set(b["metrics"]) >= set(dynamic[0]["metrics"]) for b in static)
+    def per_step(rounds: list[dict]) -> float:  # wall ms per decode step, prefills included
+        return 1e3 * sum(r["s"] for r in rounds) / max(sum(r["decode_steps"] for r in rounds), 1)
+
+    res["wall_ms_per_decode_step"] = {"static": round(per_step(res["static_rounds"][1:]), 3),
+                                      "decoder": round(per_step(res["decoder_rounds"]), 3)}
+    res["ms_per_decode_step_static_over_decoder"] = round(
+        res["wall_ms_per_decode_step"]["static"] / res["wall_ms_per_decode_step"]["decoder"], 4)
+    checks = res["static_checks"]
+    res["ok"] = bool(
+        res["same_keys"] and res["static_rounds"][1]["switches"] == 1
+        and sum(r["carried"] for r in res["static_rounds"]) > 0
+        and any(c["mixed_version_rows"] for c in checks)
+        and all(c["mask_contiguous"] and c["eos_and_padding_ok"] and c["versions_ok"]
+                and c["off_mask_logp_zero"] and c["logp_abs_diff_mean"] < 0.05
+                and c["logp_abs_diff_p99"] < 0.25 for c in checks))
+    (out / f"{name}-check-partial.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    print(json.dumps(res, indent=1, default=str), flush=True)
+    return 0 if res["ok"] else 1
+
+
+def generate_metrics(rows: list[dict], prefixes: tuple[str, ...] = ("generate/",)) -> dict:
+    """Medians of the metrics named `prefixes*` (generate's own) over the steady rows."""
+    keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     return {k: round(statistics.median([r[k] for r in rows if k in r]), 4) for k in keys}
 
 
@@ -229,6 +382,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-e2e", help="OUT/NAME.json")
     parser.add_argument("--check", action="store_true", help="the static engine check only")
+    parser.add_argument("--check-partial", action="store_true",
+                        help="the static engine's partial-rollout check only")
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help="plans to run, comma-separated (NAME or NAME+partial)")
     parser.add_argument("--device", default="cuda", help="--check's device (cpu: rehearsal)")
     parser.add_argument("--baseline", type=Path, help="an earlier gpu-e2e.json to compare with")
     parser.add_argument("overrides", nargs="*", help="key=value for both graphs (CPU checks)")
@@ -236,10 +393,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.check:
         return check(args.out, args.name, args.device)
+    if args.check_partial:
+        return check_partial(args.out, args.name, args.device, args.overrides)
     results = {"machine": machine(), "device": device_info(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
     runs = Path(tempfile.mkdtemp(prefix="rlgraph-gpu-e2e-"))
-    for name in RUNS:
+    for name in args.runs.split(","):
         try:
             results["runs"][name] = run_one(name, args.steps, args.out, args.overrides, runs)
         except Exception as exc:  # record it and go on to the other plan
@@ -247,10 +406,16 @@ def main() -> int:
             if (runs / name / "error.log").exists():
                 shutil.copy(runs / name / "error.log", args.out / f"error-{name}.log")
         print(name, json.dumps(results["runs"][name]), flush=True)
-    split, sync = (results["runs"].get(n, {}) for n in RUNS)
-    if "samples_per_s" in split and "samples_per_s" in sync:
-        results["split_over_sync_samples_per_s"] = round(
-            split["samples_per_s"] / sync["samples_per_s"], 3)
+    sync = results["runs"].get("colocated-sync", {})
+    for name, r in results["runs"].items():
+        if name != "colocated-sync" and "samples_per_s" in r and "samples_per_s" in sync:
+            key = name.replace("split-one-step-off", "split").replace("+", "_")
+            results[f"{key}_over_sync_samples_per_s"] = round(
+                r["samples_per_s"] / sync["samples_per_s"], 3)
+    split, partial = (results["runs"].get(n, {}) for n in (RUNS[0], RUNS[0] + PARTIAL))
+    if "samples_per_s" in split and "samples_per_s" in partial:
+        results["split_partial_over_split_samples_per_s"] = round(
+            partial["samples_per_s"] / split["samples_per_s"], 3)
     if args.baseline and args.baseline.exists():
         base = json.loads(args.baseline.read_text())["runs"]
         results["vs_baseline"] = {"baseline": str(args.baseline.relative_to(ROOT))
@@ -264,13 +429,13 @@ def main() -> int:
                     "generate_s": [b["node_s_median"].get("generate"),
                                    r["node_s_median"].get("generate")],
                     "speedup_samples_per_s": round(r["samples_per_s"] / b["samples_per_s"], 3)}
-    print(f"\n{'plan':<22}{'step s':>9}{'samples/s':>11}{'predicted':>11}{'calibrated':>12}"
+    print(f"\n{'plan':<30}{'step s':>9}{'samples/s':>11}{'predicted':>11}{'calibrated':>12}"
           f"{'lag max':>9}")
     for name, r in results["runs"].items():
         if "error" in r:
-            print(f"{name:<22} failed: {r['error'][:90]}")
+            print(f"{name:<30} failed: {r['error'][:90]}")
             continue
-        print(f"{name:<22}{r['step_s_median']:>9.3f}{r['samples_per_s']:>11.1f}"
+        print(f"{name:<30}{r['step_s_median']:>9.3f}{r['samples_per_s']:>11.1f}"
               f"{r['predicted_period_s']:>11.3f}{r['calibrated_period_s']:>12.3f}"
               f"{r['lag_max']:>9.0f}")
     (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")

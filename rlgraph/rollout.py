@@ -19,11 +19,13 @@ position in the synchronous order, step * prompts_per_step); running totals.
    batch t. This is the case with max_lag 0, and whenever generate runs max_lag versions
    behind (a separated plan whose trainer is the bottleneck); carrying pays when generate is
    the bottleneck and runs fresher than the bound;
-3. decode every unfinished sample in one `sampling.Decoder`: its prompt and prefix are
-   re-encoded under the current weights (no KV from older weights is reused), its budget is
-   response_len.max minus its prefix; the round stops once `prompts_per_step` groups are
-   complete. Between steps `switch()` may adopt newly staged weights: the decoder re-encodes
-   and continues, so a sample's tokens then carry both versions;
+3. decode every unfinished sample in one `sampling.Decoder` (CPU) or on the static engine
+   (GPU, `StaticRollout.resume`): its prompt and prefix are re-encoded under the current
+   weights (no KV from older weights is reused), its budget is response_len.max minus its
+   prefix; the round stops once `prompts_per_step` groups are complete (checked every step,
+   or every `sync_every` steps on the static engine). Between steps `switch()` may adopt
+   newly staged weights: the live rows are re-encoded and continue, so a sample's tokens
+   then carry both versions;
 4. emit the first `prompts_per_step` complete groups in admission order (always a full
    batch); the others stay in the cache with their tokens, log-probs and versions.
 
@@ -177,19 +179,25 @@ def _complete_groups(finished: torch.Tensor, row_group: torch.Tensor, groups: in
 
 
 def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
-           switch: Callable[[], int | None], **sampling: Any) -> dict[str, float]:
+           switch: Callable[[], int | None], engine: Any = None,
+           **sampling: Any) -> dict[str, float]:
     """Step 3 of the round: decode the unfinished samples until `prompts_per_step` groups are
     complete, adopting staged weights between steps; appends the new tokens to the samples.
-    `sampling` goes to `Decoder` (eos_id, pad_id, temperature, top_p, generator)."""
+    `sampling` (eos_id, pad_id, temperature, top_p, generator) goes to `sampling.Decoder`,
+    or with `engine` (rlgraph.engines.static_rollout.StaticRollout, on a GPU) to its static
+    decoder, which checks for complete groups and staged weights every `sync_every` steps."""
     import torch
-
-    from rlgraph.sampling import Decoder
 
     rows = [(i, s) for i, g in enumerate(cache.groups) for s in g.samples if not s.finished]
     stats = {"carried": float(sum(1 for _, s in rows if s.tokens)), "decode_steps": 0.0,
              "switches": 0.0}
     if not rows or sum(g.complete for g in cache.groups) >= cache.prompts_per_step:
         return stats
+    if engine is not None:
+        return {**stats, **_decode_static(cache, step, engine, version, switch, rows,
+                                          **sampling)}
+    from rlgraph.sampling import Decoder
+
     budgets = [cache.max_new_tokens - len(s.tokens) for _, s in rows]
     decoder = Decoder(model, [cache.groups[i].prompt for i, _ in rows],
                       prefixes=[s.tokens for _, s in rows], budgets=budgets,
@@ -217,14 +225,41 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
     return stats
 
 
+def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
+                   switch: Callable[[], int | None], rows: list[tuple[int, Sample]],
+                   temperature: float, generator: torch.Generator, top_p: float = 1.0,
+                   **_: Any) -> dict[str, float]:
+    """`decode` on the static engine: each row a request carrying its sample so far (prompt
+    and prefix prefilled under the current weights, budget max_new_tokens minus the prefix)."""
+    from rlgraph.engines.static_decode import Request
+
+    requests = [Request(cache.groups[i].prompt, cache.max_new_tokens, temperature=temperature,
+                        top_p=top_p, request_id=r, tokens=list(s.tokens), logprobs=list(s.logps),
+                        versions=list(s.versions)) for r, (i, s) in enumerate(rows)]
+
+    def enough(finished: set[int]) -> bool:
+        still_open = {i for r, (i, _) in enumerate(rows) if r not in finished}
+        return len(cache.groups) - len(still_open) >= cache.prompts_per_step
+
+    done, metrics = engine.resume(requests, policy_version=version,
+                                  seed=generator.initial_seed(), switch=switch, enough=enough)
+    for (_, sample), c in zip(rows, done):
+        if c.tokens and not sample.tokens:
+            sample.first_step = step
+        sample.tokens, sample.logps, sample.versions = c.tokens, c.logprobs, c.versions
+        sample.finished = c.finished
+    return metrics
+
+
 def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
-                   switch: Callable[[], int | None], **sampling: Any
+                   switch: Callable[[], int | None], engine: Any = None, **sampling: Any
                    ) -> tuple[list[PromptGroup], dict[str, float]]:
     """generate(step) with the cache: evict, refill, decode, emit (see the module docstring).
-    Returns the emitted groups and the round's `rollout/*` metrics."""
+    Returns the emitted groups and the round's `rollout/*` metrics (and, on the static
+    engine, its `generate/*` ones)."""
     dropped, restarted = cache.evict(step)
     cache.refill(step, version)
-    stats = decode(cache, step, model, version, switch, **sampling)
+    stats = decode(cache, step, model, version, switch, engine, **sampling)
     groups = cache.take()
     spans = [s.versions[-1] - s.versions[0] for g in groups for s in g.samples if s.versions]
     metrics = {
@@ -237,5 +272,6 @@ def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, versi
         "rollout/cached": float(cache.samples()),
         # running totals: a metrics row that misses a round's figures still adds up
         **{f"rollout/{k}_total": float(v) for k, v in cache.totals.items()},
+        **{k: v for k, v in stats.items() if k.startswith("generate/")},
     }
     return groups, metrics

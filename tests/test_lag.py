@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,3 +108,18 @@ def test_plan_reports_when_a_larger_lag_buys_nothing() -> None:
     tight = compile_plan(spec_of(1, nodes=FIXED, groups=FIXED_GROUPS))
     assert tight["schedule"]["period_s"] == pytest.approx(6.0)  # (4 + 4 + 4) / 2
     assert "max_lag 2 would allow a period down to 4 s (its bound, -33%)" in tight["messages"]
+
+
+def test_partial_rollout_that_cannot_carry_is_reported() -> None:
+    """A trainer-bound plan holds generate at the lag bound: the cache can never carry."""
+    from rlgraph.compiler import compile_plan
+    from rlgraph.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    bound = compile_plan(load_spec(root / "graphs" / "quickstart.yaml",
+                                   ["schedule.partial_rollout=true"]))
+    assert any("carries nothing" in m for m in bound["messages"])
+    # generate-bound, generate(t) starts with version t - 1: at max_lag 2 a sample may carry
+    gen_bound = compile_plan(load_spec(root / "graphs" / "quickstart.yaml", [
+        "schedule.partial_rollout=true", "schedule.max_lag=2", "nodes.generate.cost={seconds: 5}"]))
+    assert not any("carries nothing" in m for m in gen_bound["messages"])

@@ -25,7 +25,7 @@ def ws() -> Workspace:
 
 def test_every_kind_but_param_update_has_a_worker() -> None:
     assert {k for k, kind in KINDS.items() if kind.worker} == \
-        {"generate", "logp", "ref_logp", "reward", "train"}
+        {"generate", "logp", "ref_logp", "reward", "train", "validate"}
 
 
 def test_workspace_builds_only_what_its_tasks_need() -> None:

@@ -150,6 +150,27 @@ def describe_bottleneck(tg: TimedGraph, bound: Bound, period: float,
     return text
 
 
+def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: int
+                    ) -> list[str]:
+    """Partial rollout carries an unfinished sample only if generate(t) holds a version newer
+    than t - max_lag; at exactly the bound every carried token would be too old next step."""
+    out = []
+    for gen, kind in graph.nodes(data="kind"):
+        feeders = [u for u, _, d in graph.in_edges(gen, data="distance") if d > 0]
+        if kind != "generate" or not feeders:
+            continue
+        delivered = sorted(e["end"] for e in events if e["node"] in feeders)
+        starts = [(e["step"], e["start"]) for e in events if e["node"] == gen]
+        late = [(t, s) for t, s in starts[len(starts) // 2:] if t > max_lag]
+        if late and all(sum(end <= s for end in delivered) <= t - max_lag for t, s in late):
+            out.append(f"partial rollout on '{gen}' carries nothing: generate(t) waits for "
+                       f"version t - {max_lag}, the oldest max_lag {max_lag} allows, so an "
+                       f"unfinished sample would be too old next step and generate decodes "
+                       f"whole batches; partial rollout pays only with max_lag >= 2 where "
+                       f"generate is the bottleneck")
+    return out
+
+
 def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
     """The plan dict (see the team brief): placement, costs, lag, schedule, channels, messages.
 
@@ -185,6 +206,8 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     if period > 0 and more < period * 0.95:
         messages.append(f"max_lag {tg.max_lag + 1} would allow a period down to {more:.4g} s "
                         f"(its bound, {more / period - 1:+.0%})")
+    if spec.schedule.partial_rollout:
+        messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
     sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)
     util = utilization(tg, period)
     if not steady.exact:

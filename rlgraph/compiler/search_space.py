@@ -139,11 +139,14 @@ class SearchSpace:
         return sorted(out, key=lambda p: (len(p), [[order[t] for t in b] for b in p]))
 
     def holds_policy(self, block: Sequence[str]) -> bool:
-        """A block with a logp task must get the policy's weights: it runs train or generate
-        (which param_update feeds) or a param_update delivers to one of its tasks."""
+        """A block that needs the policy gets it: logp runs beside train or generate (which
+        param_update feeds) or a param_update delivers to it; validate shares generate's
+        engine, so it stays beside a generate."""
         nodes = self.spec.nodes
         fed = {getattr(n, "dst", None) for n in nodes.values() if n.kind == "param_update"}
         kinds = {nodes[t].kind for t in block}
+        if "validate" in kinds and "generate" not in kinds:
+            return False
         return "logp" not in kinds or bool(kinds & {"train", "generate"} or fed & set(block))
 
     def lags_for(self, partial: bool) -> tuple[int, ...]:

@@ -1,23 +1,26 @@
 """The static decoder as `generate`'s GPU engine (engine: native on a CUDA device).
 
 `StaticRollout` holds one `StaticDecoder`, built once per workspace and sized from the spec
-(slots: the samples of one step; positions: prompt_len + response_len.max), and samples a batch
-into the `Rollout` layout of `rlgraph.sampling.sample`: prompts left-padded, responses
-right-padded to the longest, the behaviour log-prob log_softmax(logits / temperature) of every
-sampled token (top-p truncation not part of it), the policy version of every token, and pad /
-0 / -1 after a row's eos or length stop. Weights change in place (dual-buffer switch, checkpoint
+(slots: the samples of one step, or the rows a partial rollout keeps in flight; positions:
+prompt_len + response_len.max), and samples a batch into the `Rollout` layout of
+`rlgraph.sampling.sample`: prompts left-padded, responses right-padded to the longest, the
+behaviour log-prob log_softmax(logits / temperature) of every sampled token (top-p
+truncation not part of it), the policy version of every token, and pad / 0 / -1 after a
+row's eos or length stop. Weights change in place (dual-buffer switch, checkpoint
 load, a colocated optimizer step), so the captured CUDA graphs read the new values with no
-rebuild. Projections are not fused: an NCCL weight receiver holds the parameters' storage from
+rebuild. `resume` is partial rollout's decode on this engine (rlgraph.rollout.decode).
+Projections are not fused: an NCCL weight receiver holds the parameters' storage from
 the start of the run, and a colocated group trains them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
-from rlgraph.engines.static_decode import Request, StaticDecoder
+from rlgraph.engines.static_decode import Completion, Request, StaticDecoder
 from rlgraph.sampling import Rollout, pack
 
 
@@ -77,3 +80,44 @@ class StaticRollout:
         if eng.timing and steps:
             metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
         return rollout, metrics
+
+    def resume(self, rows: list[Request], *, policy_version: int, seed: int,
+               switch: Callable[[], int | None], enough: Callable[[set[int]], bool]
+               ) -> tuple[list[Completion], dict[str, float]]:
+        """Partial rollout's decode: continue every row (request_id: its index; prompt and
+        earlier tokens re-encoded under the current weights) until `enough(ids of the finished
+        rows)` or all finish, checked every `sync_every` decode steps; in between `switch()`
+        may adopt staged weights, and the live rows are then re-encoded under them. One
+        completion per row, in order (the unfinished ones interrupted), and the metrics."""
+        eng = self.engine
+        if len(rows) > eng.B:
+            raise ValueError(f"{len(rows)} rows for an engine of {eng.B} slots")
+        eng.set_policy_version(policy_version)
+        seed_device(eng.device, seed)
+        steps0, ms0 = eng.stats["decode_steps"], eng.stats["decode_ms"]
+        start = time.perf_counter()
+        eng.submit(rows)
+        done: list[Completion] = []
+        switches = 0
+        while eng.busy:
+            done += eng.step()
+            if enough({c.request.request_id for c in done}):
+                break
+            new = switch()
+            if new is not None:  # KV from the old weights is dropped: re-prefill the live rows
+                stopped = eng.interrupt()
+                eng.set_policy_version(new)
+                eng.submit([c.resume() for c in stopped if not c.finished], front=True)
+                done += [c for c in stopped if c.finished]
+                switches += 1
+        done += eng.interrupt()
+        while eng.queue:  # resubmitted after a switch, not admitted again
+            r = eng.queue.popleft()
+            done.append(Completion(r, r.tokens, r.logprobs, r.versions, "interrupted"))
+        by_id = {c.request.request_id: c for c in done}
+        steps = eng.stats["decode_steps"] - steps0
+        metrics = {"generate/static_engine": 1.0, "generate/engine_s": time.perf_counter() - start,
+                   "switches": float(switches), "decode_steps": float(steps)}
+        if eng.timing and steps:
+            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
+        return [by_id[i] for i in range(len(rows))], metrics

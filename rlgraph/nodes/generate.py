@@ -112,10 +112,10 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     return prefill + decode
 
 
-def use_static_engine(node: GenerateSpec, device: str, partial_rollout: bool) -> bool:
-    """Whether generate decodes with the static decoder: engine native on a CUDA device and no
-    partial rollout (whose round re-encodes carried prefixes through `sampling.Decoder`)."""
-    return (node.engine == "native" and node.cuda_decode != "dynamic" and not partial_rollout
+def use_static_engine(node: GenerateSpec, device: str) -> bool:
+    """Whether generate decodes with the static decoder: engine native on a CUDA device (the
+    synchronous batch and partial rollout's rounds alike)."""
+    return (node.engine == "native" and node.cuda_decode != "dynamic"
             and device.split(":")[0] == "cuda")
 
 
@@ -135,8 +135,8 @@ class GenerateWorker:
     recording every token's behaviour log-prob and the policy version that sampled it. With
     `schedule.partial_rollout` the step's batch comes from a rollout cache (rlgraph.rollout):
     unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
-    device the synchronous path decodes with the static decoder (rlgraph.engines.static_rollout,
-    `cuda_decode`); on CPU, and with partial rollout, through `sampling.Decoder`."""
+    device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
+    on CPU through `sampling.Decoder`."""
 
     SNAPSHOTS = 8  # cache states kept by step, for a checkpoint taken while generate runs on
 
@@ -176,15 +176,17 @@ class GenerateWorker:
         return examples, [self._encode(ex) for ex in examples]
 
     def _static_engine(self) -> Any:
-        """The workspace's static decoder (GPU, synchronous path), built on first use and
-        sized from the spec; None where generate decodes through `sampling.Decoder`."""
-        if self.static is None and use_static_engine(
-                self.node, self.ws.device, self.ws.spec.schedule.partial_rollout):
+        """The workspace's static decoder (GPU), built on first use and sized from the spec
+        (partial rollout: a slot for every row in flight); None where generate decodes
+        through `sampling.Decoder`."""
+        if self.static is None and use_static_engine(self.node, self.ws.device):
             from rlgraph.engines.static_rollout import StaticRollout
 
             data = self.ws.spec.data
+            slots = data.samples_per_step() if self.cache is None else (
+                self.cache.in_flight * data.samples_per_prompt)
             self.static = StaticRollout(
-                self.ws.policy, slots=data.samples_per_step(),
+                self.ws.policy, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p)
@@ -230,7 +232,8 @@ class GenerateWorker:
         return batch
 
     def _partial(self, step: int) -> Batch:
-        """Batch `step` from the rollout cache (rlgraph.rollout.generate_round)."""
+        """Batch `step` from the rollout cache (rlgraph.rollout.generate_round), decoded on
+        the static engine where `_static_engine` gives one."""
         import torch
 
         from rlgraph.rollout import generate_round
@@ -238,12 +241,13 @@ class GenerateWorker:
 
         tok = self.ws.tokenizer
         with self.ws.lock, torch.no_grad():
+            engine = self._static_engine()
             self._switch()
             version = self.ws.policy_version
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, self._switch, eos_id=tok.eos_id,
-                pad_id=tok.pad_id, temperature=self.node.temperature, top_p=self.node.top_p,
-                generator=self.ws.generator(self.name, step))
+                self.cache, step, self.ws.policy, version, self._switch, engine,
+                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
+                top_p=self.node.top_p, generator=self.ws.generator(self.name, step))
         self.snapshots[step] = self.cache.state_dict()
         for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:
             del self.snapshots[old]
