@@ -18,12 +18,13 @@ from rlgraph.backends.megatron_layout import (
     merge_tp,
     split_tp,
 )
+from rlgraph.dual_buffer import DualBuffer
 from rlgraph.errors import SpecError
 from rlgraph.models import build_model
 from rlgraph.sampling import position_ids, token_logp
 from rlgraph.spec import ModelSpec
 from rlgraph.tokenizer import build_tokenizer
-from rlgraph.weights import WeightReceiver, digest, export_buckets
+from rlgraph.weights import digest, export_buckets
 
 # megatron-core warns at import about Apex / Transformer Engine it does not need here
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -218,10 +219,12 @@ def test_weights_reach_a_transformers_receiver_and_copies_are_independent(world,
     ref = copy.deepcopy(mg)
     with torch.no_grad():
         next(mg.parameters()).add_(1.0)  # a "train step"
-    receiver, live = WeightReceiver(), copy.deepcopy(tiny)
+    live = copy.deepcopy(tiny)
+    receiver = DualBuffer(live)
     for bucket in export_buckets(mg.state_dict(), 1, bucket_mb=0.01):
         receiver.receive(bucket)
-    receiver.commit(live, 1)
+    assert receiver.complete(1)
+    receiver.switch()
     assert digest(live.state_dict()) == digest(mg.state_dict())
     assert digest(ref.state_dict()) == digest(tiny.state_dict()) != digest(mg.state_dict())
     ref.load_state_dict(live.state_dict())
