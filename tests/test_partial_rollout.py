@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -377,18 +376,6 @@ nodes:
 schedule: {max_lag: 1, partial_rollout: true, steps: 4}
 """
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for this module's run (the runtime joins it)."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.mark.runtime

@@ -11,7 +11,6 @@ run trains; missing resources are clear errors that keep what the run dir alread
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 from pathlib import Path
@@ -34,17 +33,6 @@ STEPS = 6
 SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
          "data.response_len={mean: 16, max: 24}", "model.warm_start.steps=0"]
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the whole module (the runtime joins it)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,

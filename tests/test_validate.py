@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -81,22 +80,13 @@ def test_worker_reads_its_own_files_and_task(tmp_path: Path) -> None:
 
 
 @pytest.mark.runtime
-def test_a_run_writes_val_metrics_on_validation_steps(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
+def test_a_run_writes_val_metrics_on_validation_steps(cluster, tmp_path: Path) -> None:
     from rlgraph.runtime.runner import Runner, RunOptions
 
     spec = load_spec(QUICKSTART, [*WITH_VALIDATE, "data.prompts_per_step=4",
                                   "data.samples_per_prompt=4", "model.warm_start.steps=0"])
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    try:
-        result = Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=3,
-                                                             tensorboard=False)).run()
-    finally:
-        if started:
-            ray.shutdown()
+    result = Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=3,
+                                                         tensorboard=False)).run()
     rows = result.rows
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [("val/reward/mean" in r) for r in rows] == [True, False, True]

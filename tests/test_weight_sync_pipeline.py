@@ -7,7 +7,6 @@ the weights bit for bit; a run with `transport: nccl` (gloo on CPU) writes the s
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -39,17 +38,6 @@ LONG = ["data.prompts_per_step=8", "data.samples_per_prompt=8",
 PRODUCE_MB, CONSUME_MB = 0.25, 1 / 32  # 256 KiB buckets loaded 32 KiB at a time
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # probes run in the actors
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the whole module."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
