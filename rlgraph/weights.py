@@ -18,21 +18,28 @@ class WeightSyncError(RLGraphError):
     """A bucket or commit that does not fit the update in progress."""
 
 
-def export_buckets(state: dict[str, torch.Tensor], version: int,
-                   bucket_mb: float) -> list[dict]:
-    """`state` -> [{"version", "index", "total", "tensors": {name: cpu tensor}}, ...]."""
+def bucket_names(state: dict[str, torch.Tensor], bucket_mb: float) -> list[list[str]]:
+    """Names per bucket of at most `bucket_mb` (state-dict order; a larger tensor alone)."""
     limit = max(1, int(bucket_mb * 2**20))
-    groups: list[dict[str, torch.Tensor]] = [{}]
+    groups: list[list[str]] = [[]]
     size = 0
     for name, tensor in state.items():
         nbytes = tensor.numel() * tensor.element_size()
         if groups[-1] and size + nbytes > limit:
-            groups.append({})
+            groups.append([])
             size = 0
-        groups[-1][name] = tensor.detach().to("cpu", copy=True)
+        groups[-1].append(name)
         size += nbytes
-    return [{"version": version, "index": i, "total": len(groups), "tensors": g}
-            for i, g in enumerate(groups)]
+    return groups
+
+
+def export_buckets(state: dict[str, torch.Tensor], version: int,
+                   bucket_mb: float) -> list[dict]:
+    """`state` -> [{"version", "index", "total", "tensors": {name: cpu tensor}}, ...]."""
+    groups = bucket_names(state, bucket_mb)
+    return [{"version": version, "index": i, "total": len(groups),
+             "tensors": {n: state[n].detach().to("cpu", copy=True) for n in names}}
+            for i, names in enumerate(groups)]
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:

@@ -111,8 +111,8 @@ class Workspace:
 
     def receive_bucket(self, bucket: dict, consume_mb: float | None = None) -> None:
         """Stage a bucket in the second buffer, `consume_mb` at a time; the live policy is
-        untouched."""
-        self.flush_staged()
+        untouched. A staged version nobody switched in yet goes in first (staging is reused)."""
+        self.switch_if_staged()
         if self._buffer is None:
             self._buffer = DualBuffer(self.policy)
         consume = None if consume_mb is None else max(1, int(consume_mb * 2**20))
@@ -144,12 +144,6 @@ class Workspace:
             self.policy_version = version
             self.pause_s += time.perf_counter() - start
             return version
-
-    def flush_staged(self) -> None:
-        """Before the staging buffer is written again: a staged version nobody switched in
-        yet is switched in now (waiting for the policy's current user)."""
-        if self.staged is not None:
-            self.switch_if_staged()
 
     def take_pause_s(self) -> float:
         """Switch time accumulated since the last call (the `generate/pause_s` metric)."""

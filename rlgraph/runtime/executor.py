@@ -39,13 +39,12 @@ class Completion:
     submitted: float = 0.0  # wall-clock time the driver sent it
 
 
-ParamRoute = Route  # where a param_update node moves weights, and how
 
 
 class RayExecutor:
     """Submits tasks to the node's actor and collects completions with `ray.wait`."""
 
-    def __init__(self, actors: dict[str, Any], routes: dict[str, ParamRoute],
+    def __init__(self, actors: dict[str, Any], routes: dict[str, Route],
                  keep: dict[str, int] | None = None) -> None:
         self.actors = actors  # node -> actor (colocated nodes share one)
         self.routes = routes  # param_update node -> route

@@ -126,8 +126,8 @@ class Pipeline:
             if self.kinds[name] == "generate" or feeders:  # holds weights sent by param_update
                 self.versions[name] = start_step
                 self.feeders[name] = feeders
-                if self.kinds[name] == "generate" and not feeders and not self._colocated_train(
-                        name):
+                unfed = not feeders and not self._colocated_train(name)
+                if self.kinds[name] == "generate" and unfed:
                     raise RLGraphError(
                         f"generate node '{name}' never receives new weights: it has no "
                         "param_update and shares no group with train "

@@ -23,10 +23,11 @@ from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster
-from rlgraph.runtime.executor import Completion, ParamRoute, RayExecutor, WorkerError
+from rlgraph.runtime.executor import Completion, RayExecutor, WorkerError
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.tracing import Tracer, load_events
+from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
 from rlgraph.spec import Spec
 
 WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
@@ -103,8 +104,6 @@ class Runner:
 
     def _transport(self, node: str) -> str:
         """The param_update's transport with `auto` resolved (see runtime.weight_sync)."""
-        from rlgraph.runtime.weight_sync import resolve_transport
-
         return resolve_transport(self.spec.nodes[node].transport,
                                  "cpu" if self.local else "cuda")
 
@@ -141,17 +140,15 @@ class Runner:
                 self.group_actors[node] = actor
                 self.actors[node] = actor
 
-    def _routes(self) -> dict[str, ParamRoute]:
+    def _routes(self) -> dict[str, Route]:
         """Every param_update's route; an nccl route's group is built here, once."""
-        from rlgraph.runtime.weight_sync import backend_for, connect_route
-
         routes = {}
         for node, kind in self.kinds.items():
             if kind == "param_update":
                 nspec = self.spec.nodes[node]
-                route = ParamRoute(node, self.actors[nspec.src], self.actors[nspec.dst],
-                                   float(nspec.bucket_mb.produce),
-                                   float(nspec.bucket_mb.consume), self._transport(node))
+                route = Route(node, self.actors[nspec.src], self.actors[nspec.dst],
+                              float(nspec.bucket_mb.produce), float(nspec.bucket_mb.consume),
+                              self._transport(node))
                 if route.transport == "nccl" and route.src_actor is not route.dst_actor:
                     connect_route(route, backend_for("cpu" if self.local else "cuda"))
                 routes[node] = route

@@ -175,8 +175,4 @@ class CopyPlan:
         for d, s in self.big:
             d.copy_(s)
         if self.small_dst:
-            try:
-                torch._foreach_copy_(self.small_dst, self.small_src)
-            except (RuntimeError, NotImplementedError):  # no batched copy for bytes here
-                for d, s in zip(self.small_dst, self.small_src):
-                    d.copy_(s)
+            torch._foreach_copy_(self.small_dst, self.small_src)

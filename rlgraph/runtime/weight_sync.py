@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.weights import WeightSyncError
+from rlgraph.weights import WeightSyncError, bucket_names
 
 if TYPE_CHECKING:
     from rlgraph.workspace import Workspace
@@ -103,21 +103,6 @@ def _from_store(stored: dict) -> dict:
             tensors[name] = torch.from_numpy(array).view(dtype)
     return {**{k: v for k, v in stored.items() if k not in ("arrays", "dtypes")},
             "tensors": tensors}
-
-
-def bucket_names(state: dict[str, Any], bucket_mb: float) -> list[list[str]]:
-    """Names per bucket of at most `bucket_mb` (state-dict order; a larger tensor alone)."""
-    limit = max(1, int(bucket_mb * 2**20))
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    return groups
 
 
 class Outbox:
@@ -274,7 +259,7 @@ def receive_nccl(workspace: Workspace, end: NcclEnd) -> dict:
     # wait on the host for the sender to start: a collective entered early would spin on
     # the GPU beside generation (and run into the communicator's timeout) while train runs
     end.group.store.wait([f"go/{end.syncs}"], datetime.timedelta(seconds=TIMEOUT_S))
-    workspace.flush_staged()  # staging is about to be overwritten
+    workspace.switch_if_staged()  # staging is about to be overwritten
     stats = end.receiver.receive()
     finish = time.time()
     workspace.stage_weights(stats.version, end.receiver.commit)
