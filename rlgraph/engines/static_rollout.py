@@ -60,25 +60,14 @@ class StaticRollout:
                seed: int) -> tuple[Rollout, dict[str, float]]:
         """Decode every prompt to eos or `max_new_tokens`; the rollout and the call's
         `generate/*` metrics (decode steps, device ms per decode step, wall seconds)."""
-        eng = self.engine
-        if len(prompts) > eng.B:
-            raise ValueError(f"{len(prompts)} prompts for an engine of {eng.B} slots")
-        eng.set_policy_version(policy_version)
-        seed_device(eng.device, seed)
-        steps0, ms0 = eng.stats["decode_steps"], eng.stats["decode_ms"]
-        start = time.perf_counter()
-        done = eng.run([Request(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
-                                request_id=i) for i, p in enumerate(prompts)])
-        wall = time.perf_counter() - start
-        by_id = {c.request.request_id: c for c in done}
-        rows = [by_id[i] for i in range(len(prompts))]
+        requests = [Request(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
+                            request_id=i) for i, p in enumerate(prompts)]
+        rows, metrics = self.resume(requests, policy_version=policy_version, seed=seed,
+                                    switch=lambda: None, enough=lambda finished: False)
         rollout = pack(prompts, [c.tokens for c in rows], [c.logprobs for c in rows],
                        [c.versions for c in rows], pad_id)
-        steps = eng.stats["decode_steps"] - steps0
-        metrics = {"generate/static_engine": 1.0, "generate/decode_steps": float(steps),
-                   "generate/engine_s": wall}
-        if eng.timing and steps:
-            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
+        metrics["generate/decode_steps"] = metrics.pop("decode_steps")
+        del metrics["switches"]
         return rollout, metrics
 
     def resume(self, rows: list[Request], *, policy_version: int, seed: int,
