@@ -17,6 +17,16 @@ def machine() -> dict:
             "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
+def device_info(dry: bool = False) -> dict:
+    """Which GPUs ran a GPU benchmark (`dry`: a rehearsal on CPU)."""
+    import torch
+
+    if dry or not torch.cuda.is_available():
+        return {"gpus": 0, "name": "cpu (dry run)" if dry else "cpu"}
+    return {"gpus": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
 def quickstart_args(description: str, argv: list[str] | None, steps: int | None = None
                     ) -> argparse.Namespace:
     """The options every quickstart benchmark takes: the graph, a finished run to reuse

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
+from bench.common import device_info, machine  # noqa: E402
 
 GRAPHS = ROOT / "bench" / "graphs_gpu4"
 PLANS = ("separation", "hybrid", "colocated-sync")
@@ -56,16 +56,6 @@ T0 = time.time()
 
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def device_info() -> dict[str, Any]:
-    """Which GPUs ran it."""
-    import torch
-
-    if DRY or not torch.cuda.is_available():
-        return {"gpus": 0, "name": "cpu (dry run)" if DRY else "cpu"}
-    return {"gpus": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def median(values: list[float]) -> float | None:
@@ -248,7 +238,7 @@ def main() -> int:
     args.tag = args.tag or (f"dry-{args.transport}" if DRY else args.transport)
     args.out.mkdir(parents=True, exist_ok=True)
     dest = args.out / f"gpu4-{args.tag}.json"
-    results: dict[str, Any] = {"machine": machine(), "device": device_info(),
+    results: dict[str, Any] = {"machine": machine(), "device": device_info(DRY),
                                "transport": args.transport, "steps": args.steps,
                                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": {}}
     runs = Path(tempfile.mkdtemp(prefix="rlgraph-gpu4-"))

@@ -47,21 +47,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
+from bench.common import device_info, machine  # noqa: E402
 
 GRAPHS = ROOT / "bench" / "graphs_gpu"
 RUNS = ("split-one-step-off", "colocated-sync")
 PARTIAL = "+partial"  # a run name's suffix: the graph with schedule.partial_rollout=true
-
-
-def device_info() -> dict:
-    """Which GPUs ran it."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"gpus": 0}
-    return {"gpus": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) -> dict:
