@@ -50,3 +50,117 @@ def check_step(batch: Batch, step: int, node: str) -> None:
     """A worker must only see the batch of its own step (channels deliver in order)."""
     if batch.get("step") != step:
         raise ValueError(f"{node}: got the batch of step {batch.get('step')} at step {step}")
+
+
+# ----------------------------------------------------------------------------- data parallel
+
+
+def shard_bounds(items: int, rank: int, world: int) -> tuple[int, int]:
+    """[lo, hi) of `items` that replica `rank` of `world` takes: contiguous, sizes within 1."""
+    base, extra = divmod(items, world)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def rows(batch: Batch) -> int:
+    """B, the number of sequences of a batch."""
+    return len(batch["group"])
+
+
+def group_rows(batch: Batch, rank: int, world: int) -> slice:
+    """Rows of replica `rank`: whole GRPO groups (rows of one prompt stay together)."""
+    group = batch["group"]
+    groups = int(group.max()) + 1 if len(group) else 0
+    lo, hi = shard_bounds(groups, rank, world)
+    starts = [int(i) for i in (group >= lo).nonzero()[:1]] or [len(group)]
+    ends = [int(i) for i in (group >= hi).nonzero()[:1]] or [len(group)]
+    return slice(starts[0], ends[0])
+
+
+def take_rows(batch: Batch, where: slice) -> Batch:
+    """The batch restricted to rows `where` (every per-row tensor or list; scalars kept);
+    `group` renumbered from 0."""
+    import torch
+
+    count = rows(batch)
+    out: Batch = {}
+    for key, value in batch.items():
+        if isinstance(value, (torch.Tensor, list)) and len(value) == count:
+            value = value[where]
+        out[key] = value
+    if len(out["group"]):
+        out["group"] = out["group"] - out["group"].min()
+    return out
+
+
+PADDING = {"token_version": -1}  # the pad value of a key, where not 0
+SUMMED = {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/cached",
+          "sync/bytes"}  # replicas' counts that add up
+MAXED = {"rollout/version_span", "rollout/decode_steps"}  # replicas run side by side
+
+
+def concat_rows(parts: list[Batch]) -> Batch:
+    """Replicas' batches of one step as one batch: rows in replica order, `group` renumbered,
+    prompts re-padded on the left and responses on the right to the widest; `metrics`
+    combined by `combine_metrics`."""
+    import torch
+
+    parts = [p for p in parts if rows(p)] or parts[:1]
+    first = parts[0]
+    prompt = max(p.get("prompt_len", 0) for p in parts)
+    response = max((p["response_mask"].shape[1] for p in parts if "response_mask" in p),
+                   default=0)
+    out: Batch = dict(first)
+    offset, grouped = 0, []
+    for p in parts:
+        grouped.append(p["group"] + offset)
+        offset += int(p["group"].max()) + 1
+    out["group"] = torch.cat(grouped)
+    for key, value in first.items():
+        if key == "group" or not isinstance(value, (list, torch.Tensor)):
+            continue
+        if len(value) != rows(first):
+            continue
+        if isinstance(value, list):
+            out[key] = [x for p in parts for x in p[key]]
+        else:
+            out[key] = torch.cat([_repad(p, key, prompt, response) for p in parts])
+    if "prompt_len" in first:
+        out["prompt_len"] = prompt
+    if any("metrics" in p for p in parts):
+        out["metrics"] = combine_metrics([p.get("metrics", {}) for p in parts])
+    return out
+
+
+def _repad(part: Batch, key: str, prompt: int, response: int) -> Any:
+    """`part[key]` at widths (prompt, response): a [B, P+R] key padded on both sides, a
+    [B, R] key on the right; other tensors as they are."""
+    import torch
+
+    value = part[key]
+    if value.dim() != 2 or "response_mask" not in part:
+        return value
+    own_prompt, own_response = part.get("prompt_len", 0), part["response_mask"].shape[1]
+    fill = PADDING.get(key, 0)
+    if value.shape[1] == own_prompt + own_response:
+        pads = (prompt - own_prompt, response - own_response)
+    elif value.shape[1] == own_response:
+        pads = (0, response - own_response)
+    else:
+        return value
+    return torch.nn.functional.pad(value, pads, value=fill) if any(pads) else value
+
+
+def combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Replicas' metrics of one task: counts (SUMMED, `*_total`) added, MAXED and `*max*`
+    maximised, the rest averaged."""
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(k for p in parts for k in p):
+        values = [float(p[key]) for p in parts if key in p]
+        if key.endswith("_total") or key in SUMMED:
+            out[key] = sum(values)
+        elif key in MAXED or "max" in key:
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out

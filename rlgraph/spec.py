@@ -140,6 +140,9 @@ class GroupSpec(StrictModel):
 
     share: float = Field(gt=0, le=1)
     tasks: list[str] = Field(min_length=1)
+    replicas: int | None = Field(default=None, ge=1, description="data-parallel processes the "
+                                 "group's work is split over; default one per GPU, one on a "
+                                 "local CPU cluster (its slots are then its threads)")
 
 
 class ScheduleSpec(StrictModel):

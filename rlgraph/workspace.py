@@ -32,6 +32,7 @@ import torch
 
 from rlgraph.dual_buffer import DualBuffer
 from rlgraph.models import build_model
+from rlgraph.replicas import Replicas
 from rlgraph.tokenizer import build_tokenizer
 from rlgraph.warm_start import warm_start
 from rlgraph.weights import WeightSyncError, digest, export_buckets
@@ -45,8 +46,10 @@ POLICY_KINDS = {"generate", "logp", "train"}
 class Workspace:
     """Per-actor state shared by the colocated tasks of one group: models, optimizer, version."""
 
-    def __init__(self, spec: Spec, tasks: list[str], seed: int = 0, device: str = "cpu"):
+    def __init__(self, spec: Spec, tasks: list[str], seed: int = 0, device: str = "cpu",
+                 replicas: Replicas | None = None):
         self.spec, self.tasks, self.seed, self.device = spec, list(tasks), seed, device
+        self.replicas = replicas or Replicas()  # this process among the group's replicas
         self.kinds = {spec.nodes[t].kind for t in tasks}
         source = Path(spec.source.path)
         self.base_dir = source.parent if source.exists() else None
@@ -101,6 +104,12 @@ class Workspace:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
         return gen
+
+    def join_replicas(self, addr: str, port: int, backend: str) -> None:
+        """Build the replicas' process group and take rank 0's models, so every replica
+        starts from the same version-0 weights."""
+        self.replicas.join(addr, port, backend, self.device)
+        self.replicas.copy_from_first([self.policy, self.reference])
 
     # ------------------------------------------------------------ weight sync
 

@@ -35,6 +35,7 @@ class GroupPlacement:
     share: float
     gpus: int
     devices: list[tuple[int, int]]
+    replicas: int = 1  # data-parallel processes (rlgraph.replicas)
 
     def nodes(self) -> set[int]:
         """Cluster nodes (machines) the group's devices sit on."""
@@ -67,7 +68,8 @@ class Placement:
             "local": self.local, "slots": self.slots, "gpu": self.gpu,
             "shared_slots": self.shared_slots,
             "groups": [{"name": g.name, "tasks": list(g.tasks), "share": g.share, "gpus": g.gpus,
-                        "devices": [list(d) for d in g.devices]} for g in self.groups.values()],
+                        "replicas": g.replicas, "devices": [list(d) for d in g.devices]}
+                       for g in self.groups.values()],
         }
 
 
@@ -185,6 +187,30 @@ def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
                     ("nodes", task, "tp"), hint="raise tp (it must divide the group's GPUs)")
 
 
+def _replicas(spec: Spec, group: str, slots: int, strict: bool) -> int:
+    """Data-parallel processes of `group`: one per GPU, or `replicas` (default 1) of a local
+    group's CPU slots; each must get at least one prompt of a step."""
+    asked = spec.groups[group].replicas
+    where = ("groups", group, "replicas")
+    if spec.cluster.local:
+        replicas = asked or 1
+        if strict and replicas > slots:
+            raise SpecError(f"{replicas} replicas need a CPU slot each; group '{group}' has "
+                            f"{slots}", where, hint=f"use at most {slots}, or raise its share")
+    else:
+        replicas = max(1, slots)
+        if strict and asked not in (None, replicas):
+            raise SpecError(f"rlgraph runs one replica per GPU: group '{group}' has {slots} "
+                            f"GPUs, so replicas is {slots}", where,
+                            hint="drop the key, or change the group's share")
+    prompts = spec.data.prompts_per_step
+    if strict and replicas > prompts:
+        raise SpecError(f"group '{group}' splits each step's {prompts} prompts over "
+                        f"{replicas} replicas: some would get none", ("data", "prompts_per_step"),
+                        hint=f"use at least {replicas} prompts per step")
+    return replicas
+
+
 def place(spec: Spec, strict: bool = True) -> Placement:
     """Placement of every group; `strict=False` skips the checks (for the sync baseline)."""
     cluster = spec.cluster
@@ -218,7 +244,8 @@ def place(spec: Spec, strict: bool = True) -> Placement:
                                     hint=f"raise it to at least {1 / slots:.4g} (one GPU)")
         devices, notes = _lay_out(counts, cluster.gpus_per_node, cluster.nodes)
         messages += notes
-    groups = {g: GroupPlacement(g, list(s.tasks), s.share, counts[g], devices[g])
+    groups = {g: GroupPlacement(g, list(s.tasks), s.share, counts[g], devices[g],
+                                _replicas(spec, g, counts[g], strict))
               for g, s in spec.groups.items()}
     placement = Placement(cluster.local, slots, "cpu" if cluster.local else cluster.gpu, groups,
                           shared, messages)

@@ -136,15 +136,20 @@ class GenerateWorker:
     `schedule.partial_rollout` the step's batch comes from a rollout cache (rlgraph.rollout):
     unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
     device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
-    on CPU through `sampling.Decoder`."""
+    on CPU through `sampling.Decoder`. Among a group's replicas each samples its `share` of
+    every step's prompts (and keeps its own rollout cache)."""
 
     SNAPSHOTS = 8  # cache states kept by step, for a checkpoint taken while generate runs on
+    DATA_PARALLEL = "whole"  # each replica samples its own share of the step's prompts
 
     def __init__(self, name: str, node: GenerateSpec, workspace: Workspace):
+        from rlgraph.batch import shard_bounds
         from rlgraph.data import DataSource
 
         self.name, self.node, self.ws = name, node, workspace
         self.data = DataSource(workspace.spec.data, "train", workspace.base_dir)
+        replicas, prompts = workspace.replicas, workspace.spec.data.prompts_per_step
+        self.share = shard_bounds(prompts, replicas.rank, replicas.world)  # prompts [lo, hi)
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
@@ -153,11 +158,19 @@ class GenerateWorker:
 
             data, schedule = workspace.spec.data, workspace.spec.schedule
             self.cache = RolloutCache(
-                prompts_per_step=data.prompts_per_step,
+                prompts_per_step=self.share[1] - self.share[0],
                 samples_per_prompt=data.samples_per_prompt, oversample=node.oversample,
                 max_lag=schedule.max_lag, stale=node.stale,
                 max_new_tokens=data.response_len.max,
-                prompt_of=lambda position: self._encode(self.data.example(position)))
+                prompt_of=lambda position: self._encode(self.data.example(
+                    self._data_position(position))))
+
+    def _data_position(self, own: int) -> int:
+        """Data position of this replica's `own`-th prompt: its share of every step's
+        prompts, in step order (the identity for a lone replica)."""
+        lo, hi = self.share
+        step, index = divmod(own, hi - lo)
+        return step * self.ws.spec.data.prompts_per_step + lo + index
 
     def _encode(self, example: Any) -> list[int]:
         """The example's prompt token ids; a prompt longer than prompt_len is refused."""
@@ -171,8 +184,9 @@ class GenerateWorker:
         return ids
 
     def prompts(self, step: int) -> tuple[list[Any], list[list[int]]]:
-        """The step's examples and their token ids; a prompt longer than prompt_len is refused."""
-        examples = self.data.batch(step)
+        """This replica's share of the step's examples and their token ids; a prompt longer
+        than prompt_len is refused."""
+        examples = self.data.batch(step)[slice(*self.share)]
         return examples, [self._encode(ex) for ex in examples]
 
     def _static_engine(self) -> Any:
@@ -183,8 +197,8 @@ class GenerateWorker:
             from rlgraph.engines.static_rollout import StaticRollout
 
             data = self.ws.spec.data
-            slots = data.samples_per_step() if self.cache is None else (
-                self.cache.in_flight * data.samples_per_prompt)
+            prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
+            slots = prompts * data.samples_per_prompt
             self.static = StaticRollout(
                 self.ws.policy, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
@@ -214,7 +228,7 @@ class GenerateWorker:
             engine = self._static_engine()
             self._switch()
             version = self.ws.policy_version
-            generator = self.ws.generator(self.name, step)
+            generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
             if engine is not None:
                 rollout, metrics = engine.sample(
                     prompts, max_new_tokens=data.response_len.max, pad_id=tok.pad_id,
@@ -225,7 +239,8 @@ class GenerateWorker:
                                  eos_id=tok.eos_id, pad_id=tok.pad_id, policy_version=version,
                                  temperature=self.node.temperature, top_p=self.node.top_p,
                                  generator=generator)
-        positions = [step * data.prompts_per_step + i for i in range(len(examples))]
+        positions = [step * data.prompts_per_step + self.share[0] + i
+                     for i in range(len(examples))]
         batch = self._batch(step, version, examples, positions, rollout)
         if metrics is not None:
             batch["metrics"] = metrics
@@ -247,15 +262,17 @@ class GenerateWorker:
             groups, metrics = generate_round(
                 self.cache, step, self.ws.policy, version, self._switch, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
-                top_p=self.node.top_p, generator=self.ws.generator(self.name, step))
+                top_p=self.node.top_p,
+                generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
         self.snapshots[step] = self.cache.state_dict()
         for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:
             del self.snapshots[old]
         samples = [s for g in groups for s in g.samples]
         rollout = pack([g.prompt for g in groups for _ in g.samples], [s.tokens for s in samples],
                        [s.logps for s in samples], [s.versions for s in samples], tok.pad_id)
-        examples = [self.data.example(g.position) for g in groups]
-        batch = self._batch(step, version, examples, [g.position for g in groups], rollout)
+        positions = [self._data_position(g.position) for g in groups]
+        batch = self._batch(step, version, [self.data.example(p) for p in positions], positions,
+                            rollout)
         batch["metrics"] = metrics
         return batch
 

@@ -51,7 +51,14 @@ class TrainWorker:
     """One train step on the batch of `step`: advantages (GRPO or whitened), then
     `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (token-mean,
     micro-batches accumulated, gradient clipped). Returns the metrics, including the lag of
-    every trained token, and the new policy version (one version per train step)."""
+    every trained token, and the new policy version (one version per train step).
+
+    Among a group's replicas each gets the whole batch (advantages and the token-mean need
+    all of it) and runs forward / backward on its share of every mini-batch; the gradients,
+    each scaled by the mini-batch's whole token count, are summed over the replicas, so every
+    replica takes the step a lone process would."""
+
+    DATA_PARALLEL = "whole"
 
     def __init__(self, name: str, node: TrainSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
@@ -81,14 +88,19 @@ class TrainWorker:
         if "ref_logp" in batch:
             t["ref_logp"] = batch["ref_logp"].to(device)
         with ws.lock:
+            rows = len(rewards)
+            size = -(-rows // self.node.mini_batches)
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
             else:  # no logp node: the proximal policy is the one this step starts from
+                t["old_logp"] = torch.zeros_like(t["behavior_logp"])
+                shares = ([slice(0, rows)] if ws.replicas.world == 1 else
+                          [self._own(lo, min(lo + size, rows)) for lo in range(0, rows, size)])
                 with torch.no_grad():
-                    t["old_logp"] = token_logp(ws.policy, t["sequences"], t["attention_mask"],
-                                               batch["prompt_len"], batch["temperature"])
-            rows = len(rewards)
-            size = -(-rows // self.node.mini_batches)
+                    for own in shares:
+                        t["old_logp"][own] = token_logp(
+                            ws.policy, t["sequences"][own], t["attention_mask"][own],
+                            batch["prompt_len"], batch["temperature"])
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
@@ -116,6 +128,18 @@ class TrainWorker:
         return {"step": step, "policy_version": version, "metrics": metrics,
                 "trained_uids": uids}
 
+    def _own(self, lo: int, hi: int) -> slice:
+        """This replica's share of rows [lo, hi) (all of them for a lone replica)."""
+        from rlgraph.batch import shard_bounds
+
+        a, b = shard_bounds(hi - lo, self.ws.replicas.rank, self.ws.replicas.world)
+        return slice(lo + a, lo + b)
+
+    @staticmethod
+    def combine(outs: list[Batch]) -> Batch:
+        """Every replica returns the same step (summed figures, same batch): the leader's."""
+        return outs[0]
+
     def _update(self, t: dict, rows: slice, batch: Batch) -> dict[str, float]:
         """One optimizer update on `rows`, accumulated over micro-batches; its figures."""
         import torch
@@ -128,8 +152,9 @@ class TrainWorker:
         optimizer.zero_grad(set_to_none=True)
         figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
-        start, stop = rows.start, min(rows.stop, len(t["mask"]))
-        size = self.node.micro_batch or stop - start
+        own = self._own(rows.start, min(rows.stop, len(t["mask"])))
+        start, stop = own.start, own.stop
+        size = self.node.micro_batch or max(1, stop - start)
         for lo in range(start, stop, size):
             sl = slice(lo, min(lo + size, stop))
             logp = token_logp(policy, t["sequences"][sl], t["attention_mask"][sl],
@@ -145,6 +170,12 @@ class TrainWorker:
             figures["actor/clip_frac"] += share * terms.clip_frac
             figures["actor/is_weight_mean"] += share * terms.is_weight_mean
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
+        replicas = self.ws.replicas
+        if replicas.world > 1:
+            replicas.sum_gradients(policy.parameters())
+            summed = replicas.all_reduce(torch.tensor(list(figures.values()), dtype=torch.float64,
+                                                      device=tokens.device))
+            figures = dict(zip(figures, summed.tolist()))
         clip = getattr(policy, "clip_grad_norm", None)  # megatron: the norm over its tp group
         grad_norm = (clip(self.node.grad_clip) if clip is not None else
                      torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip))

@@ -125,7 +125,9 @@ class ValidateWorker:
     """Every `every` steps: decode the validation prompts with the group's policy (under the
     workspace lock, so a weight commit never lands mid-decode) and score them. Returns
     `{"step", "metrics": {"val/reward/mean", "val/policy_version", ...}}`; other steps
-    return `{"step"}` at once."""
+    return `{"step"}` at once. Among replicas, rank 0 alone validates."""
+
+    DATA_PARALLEL = "leader"
 
     def __init__(self, name: str, node: ValidateSpec, workspace: Workspace):
         from rlgraph.rewards import DEFAULT_FN, load_reward_fn

@@ -10,6 +10,13 @@ Batches travel between actors as object references (the driver never touches the
 call returns the output batch and, separately, a small `info` dict (span and scalar
 summary) that is all the driver reads.
 
+Data parallelism (rlgraph.replicas): a group of W replicas is W actors; the driver talks to
+rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
+task's worker: "rows", the default, cuts the input batch at GRPO groups; "whole" gives every
+replica the whole batch and the worker takes its part; "leader" runs on rank 0 alone), runs
+its own share meanwhile and joins the results (`combine` of the worker, or the rows
+concatenated). Weight-sync receives, checkpoint loads and rollout caches fan out the same way.
+
 The class is plain Python and wrapped by `ray.remote` in `start_actor`, so a unit test can
 also call it in-process.
 """
@@ -20,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from rlgraph.batch import Batch
+from rlgraph.batch import Batch, concat_rows, group_rows, merge, take_rows
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime import weight_sync as ws_sync
 from rlgraph.spec import Spec
@@ -65,19 +72,22 @@ class GroupActor:
     """Holds the Workspace of a group's tasks (or of one CPU node) and runs them on request."""
 
     def __init__(self, spec: Spec, tasks: list[str], seed: int, threads: int, device: str,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, rank: int = 0, world: int = 1) -> None:
         import torch
 
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
         torch.set_num_threads(max(1, threads))
+        from rlgraph.replicas import Replicas
         from rlgraph.workspace import Workspace
 
         self.spec, self.device = spec, device
+        self.followers: list[Any] = []  # the other replicas of the group (on the leader)
         self.kinds = {t: spec.nodes[t].kind for t in tasks}
         self.build_error: RLGraphError | None = None  # raised by ready(), where Ray keeps it
         try:
-            self.workspace = Workspace(spec, tasks, seed=seed, device=device)
+            self.workspace = Workspace(spec, tasks, seed=seed, device=device,
+                                       replicas=Replicas(rank, world))
             self.workers = {t: self.workspace.worker(t) for t in tasks}
         except RLGraphError as err:
             self.build_error = err
@@ -100,13 +110,8 @@ class GroupActor:
         all on this actor, and only a stub travels: no batch is pickled twice in one place."""
         inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
-        self.workspace.switch_if_staged()  # no task of this group runs now: a free switch
-        out = self.workers[node].run(step, inputs)
-        if self.device != "cpu":
-            import torch
-
-            torch.cuda.synchronize()  # the span ends when the GPU work does
-            out = to_host(out)
+        out = self._run_shared(node, step, inputs) if self.followers else self.run_replica(
+            node, step, inputs)
         end = time.time()
         info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
         if self.kinds[node] == "generate":
@@ -116,6 +121,41 @@ class GroupActor:
             self.kept[(node, step)] = [out, keep]
             return {KEPT: (node, step)}, info
         return out, info
+
+    def run_replica(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
+        """This replica's share of `node` at `step` (all of it when the group has one)."""
+        self.workspace.switch_if_staged()  # no task of this group runs now: a free switch
+        out = self.workers[node].run(step, inputs)
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()  # the span ends when the GPU work does
+            out = to_host(out)
+        return out
+
+    def _run_shared(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
+        """Leader: every replica runs its share of `node` (see the module docstring)."""
+        import ray
+
+        worker = self.workers[node]
+        mode = getattr(worker, "DATA_PARALLEL", "rows")
+        if mode == "leader":
+            return self.run_replica(node, step, inputs)
+        world = len(self.followers) + 1
+        if mode == "whole":
+            shares = [inputs] + [ray.put(inputs)] * (world - 1)
+        else:
+            batch = merge(inputs)
+            shares = [{"batch": take_rows(batch, group_rows(batch, rank, world))}
+                      for rank in range(world)]
+        refs = [f.run_replica.remote(node, step, share)
+                for f, share in zip(self.followers, shares[1:])]
+        try:
+            outs = [self.run_replica(node, step, shares[0])]
+        finally:
+            outs += ray.get(refs)  # a follower's failure is raised here, after the leader's
+        combine = getattr(worker, "combine", concat_rows)
+        return combine(outs)
 
     def _resolve(self, batch: Batch) -> Batch:
         """A batch, or the kept batch a stub points to (freed after its last consumer)."""
@@ -128,29 +168,73 @@ class GroupActor:
             del self.kept[key]
         return entry[0]
 
+    # ------------------------------------------------------------ replicas
+
+    def join_replicas(self, rank_zero: tuple[str, int], backend: str) -> int:
+        """Join the group's replica process group (every replica at once; rank 0 hosts)."""
+        self.workspace.join_replicas(*rank_zero, backend)
+        return self.workspace.replicas.rank
+
+    def lead(self, followers: list[Any]) -> None:
+        """Make this actor (rank 0) its group's leader over `followers` (ranks 1..)."""
+        self.followers = list(followers)
+
+    def _fan_out(self, method: str, *args: Any, group: str | None = None,
+                 per_rank: Any = None) -> list[Any]:
+        """Call `method` on every follower (args, or `per_rank(rank)` for rank 1..)."""
+        refs = []
+        for rank, follower in enumerate(self.followers, start=1):
+            call = getattr(follower, method)
+            if group:
+                call = call.options(concurrency_group=group)
+            refs.append(call.remote(*(per_rank(rank) if per_rank else args)))
+        return refs
+
+    def replica_digests(self) -> list[str]:
+        """Weights digest of every replica, rank order (equal while they are in step)."""
+        import ray
+
+        return [self.weights_digest(), *ray.get(self._fan_out("weights_digest"))]
+
     # ------------------------------------------------------------ weight sync
 
-    def export_weights(self, key: str, bucket_mb: float) -> dict:
+    def export_weights(self, key: str, bucket_mb: float, receivers: int = 1) -> dict:
         """Sender half of an object-store param_update (default group: holds the group)."""
-        return ws_sync.export_to_store(self.workspace, self.outbox, key, bucket_mb)
+        return ws_sync.export_to_store(self.workspace, self.outbox, key, bucket_mb, receivers)
 
     def next_bucket(self, key: str) -> dict:
         """The next bucket reference of sync `key` for its receiver (`serve` group)."""
         return self.outbox.take(key)
 
-    def apply_weights(self, src_actor: Any, key: str, consume_mb: float | None) -> dict:
-        """Receiver half of an object-store param_update (`sync` group: beside generate)."""
-        return ws_sync.apply_from_store(self.workspace, src_actor, key, consume_mb)
+    def apply_weights(self, src_actor: Any, key: str, consume_mb: float | None,
+                      rank: int = 0) -> dict:
+        """Receiver half of an object-store param_update (`sync` group: beside generate);
+        the leader's call starts its followers' too."""
+        import ray
+
+        refs = self._fan_out("apply_weights", group=ws_sync.SYNC,
+                             per_rank=lambda r: (src_actor, key, consume_mb, r))
+        info = ws_sync.apply_from_store(self.workspace, src_actor,
+                                        ws_sync.receiver_key(key, rank), consume_mb)
+        ray.get(refs)
+        return info
 
     def free_address(self) -> tuple[str, int]:
         """IP and free port for a sync group's rendezvous hosted by this actor."""
         return ws_sync.free_address()
 
-    def join_sync(self, route: str, rank: int, addr: str, port: int, backend: str,
+    def join_sync(self, route: str, rank: int, world: int, addr: str, port: int, backend: str,
                   produce_mb: float, consume_mb: float) -> int:
-        """Join route's torch.distributed group (rank 0 sends, rank 1 receives)."""
-        self.sync_ends[route] = ws_sync.join_group(self.workspace, rank, addr, port, backend,
-                                                   produce_mb, consume_mb)
+        """Join route's torch.distributed group (rank 0 sends; ranks 1.. receive: a receiving
+        leader brings its followers in as the ranks after its own)."""
+        import ray
+
+        refs = [] if rank == 0 else self._fan_out(
+            "join_sync", group=ws_sync.SYNC, per_rank=lambda r: (
+                route, rank + r, world, addr, port, backend, produce_mb, consume_mb))
+        self.sync_ends[route] = ws_sync.join_group(self.workspace, rank, world, addr, port,
+                                                   backend, produce_mb, consume_mb)
+        ray.get(refs)
         return rank
 
     def send_weights(self, route: str) -> dict:
@@ -158,8 +242,13 @@ class GroupActor:
         return ws_sync.send_nccl(self.workspace, self.sync_ends[route])
 
     def receive_weights(self, route: str) -> dict:
-        """Receiver half of an nccl param_update (`sync` group)."""
-        return ws_sync.receive_nccl(self.workspace, self.sync_ends[route])
+        """Receiver half of an nccl param_update (`sync` group), followers' receives too."""
+        import ray
+
+        refs = self._fan_out("receive_weights", route, group=ws_sync.SYNC)
+        info = ws_sync.receive_nccl(self.workspace, self.sync_ends[route])
+        ray.get(refs)
+        return info
 
     def local_sync(self) -> dict:
         """param_update within this workspace (train and generate colocated)."""
@@ -168,11 +257,29 @@ class GroupActor:
     # ------------------------------------------------------------ checkpoints and checks
 
     def rollout_cache(self, node: str, step: int) -> dict[str, Any] | None:
-        """A generate worker's rollout cache as it stood after `step` (partial rollout)."""
-        return self.workers[node].cache_state(step)
+        """A generate worker's rollout cache as it stood after `step` (partial rollout); a
+        leader's holds every replica's, as `{"replicas": [...]}`."""
+        import ray
+
+        own = self.workers[node].cache_state(step)
+        if not self.followers or own is None:
+            return own
+        return {"replicas": [own, *ray.get(self._fan_out("rollout_cache", node, step))]}
 
     def load_rollout_cache(self, node: str, state: dict[str, Any]) -> None:
         """Restore a generate worker's rollout cache from a checkpoint."""
+        import ray
+
+        states = state.get("replicas") if state else None
+        if bool(states) != bool(self.followers) or (
+                states and len(states) != len(self.followers) + 1):
+            raise RLGraphError(f"{node}: the checkpoint's rollout cache was saved by "
+                               f"{len(states or [0])} replicas, this run has "
+                               f"{len(self.followers) + 1}; resume with the same groups")
+        if states:
+            ray.get([f.load_rollout_cache.remote(node, s)
+                     for f, s in zip(self.followers, states[1:])])
+            state = states[0]
         self.workers[node].load_cache_state(state)
 
     def policy_version(self) -> int:
@@ -193,17 +300,22 @@ class GroupActor:
         return state if self.device == "cpu" else to_host(state)
 
     def load_checkpoint(self, state: dict) -> int:
-        """Restore a checkpoint's weights (and optimizer where this workspace has one)."""
+        """Restore a checkpoint's weights (and optimizer where this workspace has one), on
+        every replica."""
+        import ray
+
+        refs = self._fan_out("load_checkpoint", state)
         self.workspace.load_checkpoint(state)
+        ray.get(refs)
         return self.workspace.policy_version
 
 
 def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device: str,
-                options: dict[str, Any]) -> Any:
-    """A `GroupActor` as a Ray actor with the given resources / placement."""
+                options: dict[str, Any], rank: int = 0, world: int = 1) -> Any:
+    """A `GroupActor` (replica `rank` of `world`) as a Ray actor with the given resources."""
     import ray
 
     groups = {ws_sync.SYNC: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS}
     cls = ray.remote(concurrency_groups=groups)(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
-        spec, tasks, seed, threads, device, os.getcwd())
+        spec, tasks, seed, threads, device, os.getcwd(), rank, world)

@@ -4,8 +4,8 @@
   kept out of the terminal and as many CPUs as the plan has slots.
 - `--address ADDR` or `RAY_ADDRESS`: join an existing cluster; an unreachable address is a
   clear error within seconds (Ray itself would retry for minutes).
-- One placement group per plan group, bundles from the plan's devices: on a local CPU
-  cluster a group's slots are one CPU bundle; on GPUs one bundle per machine with its GPUs.
+- One placement group per plan group, one bundle per replica (rlgraph.replicas): on a local
+  CPU cluster its share of the group's slots; on GPUs one GPU (a replica per GPU).
   A plan that needs GPUs the cluster lacks is refused before any actor starts.
 """
 
@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import socket
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,12 +95,13 @@ def visible_gpus() -> int | None:
 
 @dataclass
 class GroupReservation:
-    """A plan group's placement group and what one actor in it asks for."""
+    """A plan group's placement group and what each of its replicas' actors asks for."""
 
     group: str
     placement_group: Any
     bundle: dict[str, float]
-    slots: int  # CPU threads (local) or GPUs the group's actor drives
+    slots: int  # CPU threads (local) or GPUs one replica drives
+    replicas: int = 1
 
 
 @dataclass
@@ -110,8 +110,8 @@ class Reservations:
 
     groups: dict[str, GroupReservation] = field(default_factory=dict)
 
-    def actor_options(self, group: str) -> dict[str, Any]:
-        """`.options(...)` for the actor of `group`: its bundle, its CPUs/GPUs."""
+    def actor_options(self, group: str, rank: int = 0) -> dict[str, Any]:
+        """`.options(...)` for replica `rank` of `group`: its bundle, its CPUs/GPUs."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         res = self.groups[group]
@@ -119,7 +119,7 @@ class Reservations:
             "num_cpus": res.bundle.get("CPU", 0),
             "num_gpus": res.bundle.get("GPU", 0),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=res.placement_group, placement_group_bundle_index=0),
+                placement_group=res.placement_group, placement_group_bundle_index=rank),
         }
 
     def release(self) -> None:
@@ -133,13 +133,14 @@ class Reservations:
 
 
 def group_bundles(group: dict[str, Any], local: bool) -> list[dict[str, float]]:
-    """Bundles of a plan group: one CPU bundle locally, else one per machine with its GPUs."""
+    """Bundles of a plan group, one per replica: its share of the CPU slots locally, else one
+    GPU (and a CPU for its process)."""
     devices = group.get("devices") or []
     count = len(devices) or int(group.get("gpus") or 1)
+    replicas = int(group.get("replicas") or 1)
     if local:
-        return [{"CPU": float(count)}]
-    per_node = Counter(node for node, _ in devices) or Counter({0: count})
-    return [{"GPU": float(n), "CPU": 1.0} for _, n in sorted(per_node.items())]
+        return [{"CPU": float(max(1, count // replicas))}] * replicas
+    return [{"GPU": 1.0, "CPU": 1.0}] * count
 
 
 def reserve(plan: dict[str, Any], timeout_s: float = RESERVE_TIMEOUT_S) -> Reservations:
@@ -161,15 +162,15 @@ def reserve(plan: dict[str, Any], timeout_s: float = RESERVE_TIMEOUT_S) -> Reser
                                f"{have.get(resource, 0):g} ({hint})")
     out = Reservations()
     for name, bundles in wanted.items():
-        strategy = "STRICT_PACK" if len(bundles) == 1 else "PACK"
+        strategy = "STRICT_PACK" if local or len(bundles) == 1 else "PACK"
         pg = placement_group(bundles, strategy=strategy, name=f"rlgraph-{name}")
         if not pg.wait(timeout_seconds=timeout_s):
             out.groups[name] = GroupReservation(name, pg, bundles[0], 0)
             out.release()
             raise ClusterError(f"could not reserve {bundles} for group '{name}' within "
                                f"{timeout_s:.0f}s (the cluster is busy or too small)")
-        slots = int(sum(b.get("GPU", 0) or b.get("CPU", 0) for b in bundles))
-        out.groups[name] = GroupReservation(name, pg, bundles[0], slots)
+        slots = int(bundles[0].get("GPU", 0) or bundles[0].get("CPU", 0))
+        out.groups[name] = GroupReservation(name, pg, bundles[0], slots, len(bundles))
     return out
 
 

@@ -75,15 +75,26 @@ class Runner:
         self.local = bool(plan["placement"].get("local"))
         self._stop_requested = False
         self.actors: dict[str, Any] = {}  # node -> actor
-        self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> actor
+        self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> its leader
+        self.replicas: dict[str, list[Any]] = {}  # group (or CPU node) -> every replica
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
         self._refuse_unsupported()
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        replicas = {t: g.get("replicas", 1) for g in self.plan["placement"]["groups"]
+                    for t in g["tasks"]}
         for node, kind in self.kinds.items():
             spec = self.spec.nodes[node]
+            if getattr(spec, "backend", "torch") == "megatron" and replicas.get(node, 1) > 1:
+                err = SpecError(f"rlgraph run drives a megatron node from one process: its "
+                                f"group has {replicas[node]} replicas", ("nodes", node,
+                                                                         "backend"),
+                                hint="give it a one-GPU group (or backend: torch for data "
+                                "parallelism over the group's GPUs)")
+                err.source = self.spec.source
+                raise err
             if getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1:
                 err = SpecError("rlgraph run drives one process per group, so a megatron node "
                                 "runs with tp 1 and pp 1 only", ("nodes", node, "tp"),
@@ -120,25 +131,45 @@ class Runner:
     # ------------------------------------------------------------ set-up
 
     def _start_actors(self) -> None:
+        """One actor per replica of every plan group (rank 0 leads and stands for the group),
+        one per CPU node outside the groups."""
         from rlgraph.runtime.actors import start_actor
 
         seed = self.spec.data.seed
         device = "cpu" if self.local else "cuda"
         assert self.reservations is not None
         for group in self.plan["placement"]["groups"]:
-            res = self.reservations.groups[group["name"]]
-            actor = start_actor(self.spec, list(group["tasks"]), seed=seed,
-                                threads=res.slots if self.local else 1, device=device,
-                                options=self.reservations.actor_options(group["name"]))
-            self.group_actors[group["name"]] = actor
+            name, res = group["name"], self.reservations.groups[group["name"]]
+            replicas = [start_actor(self.spec, list(group["tasks"]), seed=seed,
+                                    threads=res.slots if self.local else 1, device=device,
+                                    options=self.reservations.actor_options(name, rank),
+                                    rank=rank, world=res.replicas)
+                        for rank in range(res.replicas)]
+            self.replicas[name] = replicas
+            self.group_actors[name] = replicas[0]
             for task in group["tasks"]:
-                self.actors[task] = actor
+                self.actors[task] = replicas[0]
         for node, kind in self.kinds.items():
             if node not in self.actors and kind != "param_update":
                 actor = start_actor(self.spec, [node], seed=seed, threads=1, device="cpu",
                                     options={"num_cpus": 0})
                 self.group_actors[node] = actor
+                self.replicas[node] = [actor]
                 self.actors[node] = actor
+
+    def _join_replicas(self) -> None:
+        """Each group of several replicas builds its process group and the leader learns its
+        followers."""
+        import ray
+
+        from rlgraph.runtime.weight_sync import backend_for
+
+        backend = backend_for("cpu" if self.local else "cuda")
+        for replicas in self.replicas.values():
+            if len(replicas) > 1:
+                rank_zero = ray.get(replicas[0].free_address.remote())
+                ray.get([a.join_replicas.remote(rank_zero, backend) for a in replicas])
+                ray.get(replicas[0].lead.remote(replicas[1:]))
 
     def _routes(self) -> dict[str, Route]:
         """Every param_update's route; an nccl route's group is built here, once."""
@@ -146,9 +177,11 @@ class Runner:
         for node, kind in self.kinds.items():
             if kind == "param_update":
                 nspec = self.spec.nodes[node]
-                route = Route(node, self.actors[nspec.src], self.actors[nspec.dst],
+                dst = self.actors[nspec.dst]
+                receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
+                route = Route(node, self.actors[nspec.src], dst,
                               float(nspec.bucket_mb.produce), float(nspec.bucket_mb.consume),
-                              self._transport(node))
+                              self._transport(node), receivers)
                 if route.transport == "nccl" and route.src_actor is not route.dst_actor:
                     connect_route(route, backend_for("cpu" if self.local else "cuda"))
                 routes[node] = route
@@ -172,9 +205,9 @@ class Runner:
     def _wait_ready(self) -> None:
         import ray
 
-        refs = {name: actor.ready.remote() for name, actor in self.group_actors.items()}
+        refs = [actor.ready.remote() for group in self.replicas.values() for actor in group]
         try:
-            ray.get(list(refs.values()))
+            ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
@@ -197,6 +230,7 @@ class Runner:
             self.reservations = cluster.reserve(self.plan)
             self._start_actors()
             self._wait_ready()
+            self._join_replicas()
             resume = ckpt.load_checkpoint(out) if self.options.resume else None
             preloaded: dict[tuple[str, int], Any] = {}
             first = 0
@@ -214,7 +248,7 @@ class Runner:
                 self.options.on_ready(self)
             return self._loop(first, preloaded, startup_s=time.time() - began)
         finally:
-            for actor in self.group_actors.values():
+            for actor in (a for group in self.replicas.values() for a in group):
                 with contextlib.suppress(Exception):  # the actor may already be gone
                     ray.kill(actor)
             if self.reservations is not None:

@@ -138,9 +138,15 @@ class Outbox:
         return item
 
 
-def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: float) -> dict:
+def receiver_key(key: str, rank: int) -> str:
+    """The outbox key of receiver `rank` (a receiving group's replica) of sync `key`."""
+    return f"{key}#{rank}"
+
+
+def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: float,
+                    receivers: int = 1) -> dict:
     """Sender half: each produce bucket into the object store as soon as it is cut, its
-    reference into `outbox` for the receiver; returns the span and what was sent."""
+    reference into `outbox` for each of the `receivers`; returns the span and what was sent."""
     import ray
 
     start = time.time()
@@ -155,13 +161,16 @@ def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: f
                 nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
                 ref = ray.put(_to_store({"version": version, "index": index,
                                          "total": len(groups), "tensors": tensors}))
-                outbox.put(key, {"ref": [ref]})  # in a list: Ray passes it on unresolved
+                for rank in range(receivers):  # in a list: Ray passes it on unresolved
+                    outbox.put(receiver_key(key, rank), {"ref": [ref]})
         sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
                 "buckets": len(groups)}
     except BaseException as exc:
-        outbox.put(key, {"error": f"{type(exc).__name__}: {exc}"})
+        for rank in range(receivers):
+            outbox.put(receiver_key(key, rank), {"error": f"{type(exc).__name__}: {exc}"})
         raise
-    outbox.put(key, {"done": sent})
+    for rank in range(receivers):
+        outbox.put(receiver_key(key, rank), {"done": sent})
     return sent
 
 
@@ -219,15 +228,15 @@ class NcclEnd:
     syncs: int = 0  # syncs so far: names the store key that starts the next one
 
 
-def join_group(workspace: Workspace, rank: int, addr: str, port: int, backend: str,
+def join_group(workspace: Workspace, rank: int, world: int, addr: str, port: int, backend: str,
                produce_mb: float, consume_mb: float) -> NcclEnd:
-    """Join the route's group: rank 0 sends the policy, rank 1 receives into staging."""
+    """Join the route's group: rank 0 sends the policy, ranks 1.. receive into staging."""
     from rlgraph.runtime import nccl_sync
 
     device = None if backend == "gloo" else workspace.device
     if device == "cuda":
         device = None  # the actor's one visible GPU
-    group = nccl_sync.init(rank, 2, addr, port, backend=backend, device=device)
+    group = nccl_sync.init(rank, world, addr, port, backend=backend, device=device)
     produce = int(produce_mb * 2**20)
     if rank == 0:
         return NcclEnd(group, produce, sender=nccl_sync.WeightSender(group, produce_mb,
@@ -288,21 +297,24 @@ class Route:
     produce_mb: float
     consume_mb: float | None = None
     transport: str = "object_store"  # resolved: object_store | nccl
+    receivers: int = 1  # replicas of the receiving group (its leader is dst_actor)
 
 
 def connect_route(route: Route, backend: str) -> None:
-    """Build the route's torch.distributed group once, before the first sync (both actors
-    join at the same time: rank 0 hosts the rendezvous store on a free port of its node)."""
+    """Build the route's torch.distributed group once, before the first sync (all ranks join
+    at the same time: rank 0 hosts the rendezvous store on a free port of its node; the
+    receiving leader brings in its followers)."""
     import ray
 
     addr, port = ray.get(route.src_actor.free_address.remote())
     consume = route.consume_mb or route.produce_mb
+    world = 1 + route.receivers
     try:
         ray.get([
-            route.src_actor.join_sync.remote(route.name, 0, addr, port, backend,
+            route.src_actor.join_sync.remote(route.name, 0, world, addr, port, backend,
                                              route.produce_mb, consume),
             route.dst_actor.join_sync.options(concurrency_group=SYNC).remote(
-                route.name, 1, addr, port, backend, route.produce_mb, consume),
+                route.name, 1, world, addr, port, backend, route.produce_mb, consume),
         ])
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
@@ -322,7 +334,7 @@ def start_param_update(route: Route, step: int) -> tuple[Any, Any]:
         sent = src.send_weights.remote(route.name)
         return dst.receive_weights.options(concurrency_group=SYNC).remote(route.name), sent
     key = f"{route.name}:{step}"
-    sent = src.export_weights.remote(key, route.produce_mb)
+    sent = src.export_weights.remote(key, route.produce_mb, route.receivers)
     info = dst.apply_weights.options(concurrency_group=SYNC).remote(src, key, route.consume_mb)
     return info, sent
 
