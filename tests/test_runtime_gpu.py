@@ -22,7 +22,8 @@ COLOCATED = GRAPHS / "colocated-sync.yaml"
 
 
 def test_gpu_plans_reserve_gpu_bundles_per_group():
-    """Each group's placement group asks for its GPUs (Ray then sets CUDA_VISIBLE_DEVICES)."""
+    """Each group's placement group asks for its GPUs, one bundle (and one replica) per GPU
+    (Ray then sets CUDA_VISIBLE_DEVICES)."""
     split = compile_plan(load_spec(SPLIT))
     assert not split["placement"]["local"]
     bundles = {g["name"]: cluster.group_bundles(g, local=False)
@@ -31,7 +32,8 @@ def test_gpu_plans_reserve_gpu_bundles_per_group():
                        "rollout": [{"GPU": 1.0, "CPU": 1.0}]}
     colocated = compile_plan(load_spec(COLOCATED))
     (group,) = colocated["placement"]["groups"]
-    assert cluster.group_bundles(group, local=False) == [{"GPU": 2.0, "CPU": 1.0}]
+    assert group["replicas"] == 2
+    assert cluster.group_bundles(group, local=False) == [{"GPU": 1.0, "CPU": 1.0}] * 2
 
 
 def test_actor_options_carry_the_bundle_gpus():
