@@ -7,9 +7,9 @@ run one after another by `rlgraph run`'s Runner on one 4-GPU machine (one script
 Plans (bench/graphs_gpu4/): `separation` (Example 1: logp, ref_logp, train, generate on one
 GPU each; a second param_update keeps logp's policy current), `hybrid` (Example 2: [logp,
 train] on 2 GPUs, ref_logp on 1, generate on 1) and `colocated-sync` (every task in one group
-on all 4 GPUs, max_lag 0). A group is one Ray actor driving ONE GPU (no data parallelism
-inside a group yet): a 2-GPU group and the 4-GPU baseline use only their first GPU, so each
-plan also reports samples/s per GPU driven.
+on all 4 GPUs, max_lag 0). A group runs one data-parallel replica per GPU (rlgraph.replicas),
+so every allocated GPU is driven (session 2's results, one actor per group, drove only the
+first GPU of each group); each plan also reports samples/s per GPU.
 
 Per plan: median step time and samples/s (step 0, with CUDA warm-up, left out), the compiler's
 period before and after calibration with the run's own node times (`rlgraph compile
@@ -144,7 +144,7 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     kinds = {n: s.kind for n, s in spec.nodes.items()}
     groups = plan["placement"]["groups"]
     gpu_groups = [g for g in groups if g.get("gpus")]
-    driven = len(gpu_groups)  # one actor drives the first GPU of its group
+    driven = sum(int(g.get("replicas", 1)) for g in gpu_groups)  # a replica drives one GPU
     allocated = sum(int(g["gpus"]) for g in gpu_groups)
     node_s: dict[str, list[float]] = {}
     for e in result.events:
@@ -155,7 +155,8 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     return {
         "graph": f"bench/graphs_gpu4/{name}.yaml",
         "transport": args.transport if sync_nodes else "local",
-        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"]} for g in groups},
+        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"],
+                               "replicas": g.get("replicas", 1)} for g in groups},
         "gpus_allocated": allocated,
         "gpus_driven": driven,
         "max_lag": spec.schedule.max_lag,

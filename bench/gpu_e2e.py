@@ -84,7 +84,8 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     return {
         "graph": f"bench/graphs_gpu/{graph}.yaml",
         "partial_rollout": spec.schedule.partial_rollout,
-        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"]}
+        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"],
+                               "replicas": g.get("replicas", 1)}
                    for g in plan["placement"]["groups"]},
         "max_lag": spec.schedule.max_lag,
         "steps": len(result.rows),

@@ -7,6 +7,7 @@ rollout and a resume) keep every group's replicas in step."""
 from __future__ import annotations
 
 import logging
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_shares_cover_every_row_once_at_group_bounds_and_join_back():
     for world in range(1, 4):
         shares = [group_rows(batch, rank, world) for rank in range(world)]
         assert shares[0].start == 0 and shares[-1].stop == 6
-        assert all(a.stop == b.start for a, b in zip(shares, shares[1:]))
+        assert all(a.stop == b.start for a, b in pairwise(shares))
         assert all(s.start % 2 == 0 for s in shares)  # two samples per prompt stay together
         joined = concat_rows([take_rows(batch, s) for s in shares])
         for key, value in batch.items():

@@ -69,23 +69,38 @@ def test_visible_gpus_matches_torch():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_split_plan_runs_on_two_gpus(tmp_path):
-    """Train on GPU 0, generate on GPU 1, one step off: a short real run within the bound."""
+@pytest.mark.parametrize("graph", [SPLIT, COLOCATED], ids=["split", "colocated"])
+def test_plans_run_on_two_gpus(tmp_path, graph):
+    """Split: train on GPU 0, generate on GPU 1, one step off. Colocated: every task on two
+    replicas, one per GPU (NCCL sums the gradients). Short real runs within the bound; the
+    colocated group's replicas end with identical weights."""
     ray = pytest.importorskip("ray")
     from rlgraph.runtime.runner import Runner, RunOptions
 
-    spec = load_spec(SPLIT, ["data.prompts_per_step=4", "data.samples_per_prompt=2",
+    spec = load_spec(graph, ["data.prompts_per_step=4", "data.samples_per_prompt=2",
                              "data.response_len={mean: 4, max: 4}"])
     plan = compile_plan(spec)
+    digests: dict[str, list[str]] = {}
+    runner: Runner | None = None
+
+    def on_step(row):
+        if row["step"] == 2:
+            for group in runner.groups:
+                digests[group] = ray.get(runner.group_actors[group].replica_digests.remote())
+
     started = not ray.is_initialized()
     if started:
         ray.init(num_gpus=2, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
     try:
-        result = Runner(spec, plan, RunOptions(out_dir=tmp_path / "run", steps=3,
-                                               tensorboard=False)).run()
+        runner = Runner(spec, plan, RunOptions(out_dir=tmp_path / "run", steps=3,
+                                               tensorboard=False, on_step=on_step))
+        result = runner.run()
     finally:
         if started:
             ray.shutdown()
     assert result.next_step == 3 and result.lag_violations == 0
     assert [r["policy/version"] for r in result.rows] == [1.0, 2.0, 3.0]
+    replicas = {g["name"]: g["replicas"] for g in plan["placement"]["groups"]}
+    assert {g: len(d) for g, d in digests.items()} == replicas
+    assert all(len(set(d)) == 1 for d in digests.values())
