@@ -4,9 +4,10 @@ quarter of it (what each of 2 or 4 data-parallel replicas gets), plus the torch 
 device-busy share of one logp and one train call. Tells whether splitting a step over
 replicas can pay (compute-bound nodes) or not (launch / host-bound ones).
 
-  PYTHONUNBUFFERED=1 python bench/node_profile.py [--out DIR] [--reps N] [key=value ...]
+  PYTHONUNBUFFERED=1 python bench/node_profile.py [--out DIR] [--name NAME] [--reps N]
+                                                 [key=value ...]
 
-Writes OUT/gpu-node-profile.json (default bench/results/).
+Writes OUT/NAME.json (default bench/results/gpu-node-profile.json).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--name", default="gpu-node-profile", help="OUT/NAME.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", help="cpu: a rehearsal")
     ap.add_argument("overrides", nargs="*")
@@ -105,7 +107,7 @@ def main() -> int:
                       for t in ("logp", "train")}
     print(json.dumps(out["profile"]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu-node-profile.json").write_text(json.dumps(out, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
