@@ -97,6 +97,8 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
         "generate_metrics_median": generate_metrics(result.rows[1:] or result.rows),
         "rollout_metrics_median": generate_metrics(result.rows[1:] or result.rows,
                                                    ("rollout/", "response/", "lag/")),
+        "replica_metrics_median": generate_metrics(result.rows[1:] or result.rows,
+                                                   ("replicas/",)),
         "predicted_period_s": round(plan["schedule"]["period_s"], 4),
         "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
         "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),

@@ -110,10 +110,14 @@ class GroupActor:
         all on this actor, and only a stub travels: no batch is pickled twice in one place."""
         inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
-        out = self._run_shared(node, step, inputs) if self.followers else self.run_replica(
-            node, step, inputs)
+        shared: dict[str, float] = {}
+        out = self._run_shared(node, step, inputs, shared) if self.followers else (
+            self.run_replica(node, step, inputs))
         end = time.time()
         info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+        if shared:
+            info["summary"].setdefault("metrics", {}).update(
+                {f"replicas/{key}/{node}": value for key, value in shared.items()})
         if self.kinds[node] == "generate":
             metrics = info["summary"].setdefault("metrics", {})
             metrics["generate/pause_s"] = self.workspace.take_pause_s()
@@ -133,8 +137,11 @@ class GroupActor:
             out = to_host(out)
         return out
 
-    def _run_shared(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Leader: every replica runs its share of `node` (see the module docstring)."""
+    def _run_shared(self, node: str, step: int, inputs: dict[str, Batch],
+                    timing: dict[str, float]) -> Batch:
+        """Leader: every replica runs its share of `node` (see the module docstring).
+        `timing` gets the leader's own share's seconds and how long it then waited for the
+        slowest follower (`own_s`, `wait_s`: replicas out of balance, or transfer costs)."""
         import ray
 
         worker = self.workers[node]
@@ -150,10 +157,13 @@ class GroupActor:
                       for rank in range(world)]
         refs = [f.run_replica.remote(node, step, share)
                 for f, share in zip(self.followers, shares[1:])]
+        began = time.time()
         try:
             outs = [self.run_replica(node, step, shares[0])]
         finally:
+            timing["own_s"] = time.time() - began
             outs += ray.get(refs)  # a follower's failure is raised here, after the leader's
+            timing["wait_s"] = time.time() - began - timing["own_s"]
         combine = getattr(worker, "combine", concat_rows)
         return combine(outs)
 
