@@ -49,7 +49,7 @@ class Workspace:
     def __init__(self, spec: Spec, tasks: list[str], seed: int = 0, device: str = "cpu",
                  replicas: Replicas | None = None):
         self.spec, self.tasks, self.seed, self.device = spec, list(tasks), seed, device
-        self.replicas = replicas or Replicas()  # this process among the group's replicas
+        self.replicas = replicas or Replicas()  # joined already (rlgraph.replicas)
         self.kinds = {spec.nodes[t].kind for t in tasks}
         source = Path(spec.source.path)
         self.base_dir = source.parent if source.exists() else None
@@ -73,6 +73,7 @@ class Workspace:
             if warm:
                 initial = initial.to(device=device, dtype=torch.bfloat16)
             initial.eval()
+            self.replicas.copy_from_first(initial)  # replicas built apart start identical
             from rlgraph.backends.megatron import for_group
 
             initial = for_group(initial, spec, self.tasks, device)  # backend: torch -> as is
@@ -104,12 +105,6 @@ class Workspace:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
         return gen
-
-    def join_replicas(self, addr: str, port: int, backend: str) -> None:
-        """Build the replicas' process group and take rank 0's models, so every replica
-        starts from the same version-0 weights."""
-        self.replicas.join(addr, port, backend, self.device)
-        self.replicas.copy_from_first([self.policy, self.reference])
 
     # ------------------------------------------------------------ weight sync
 
@@ -194,7 +189,10 @@ class Workspace:
         with self.lock:
             if self.policy is not None and "weights" in state:
                 self.policy.load_state_dict(state["weights"])
-            if self.optimizer is not None and state.get("optimizer") is not None:
-                self.optimizer.load_state_dict(state["optimizer"])
+            optimizer = state.get("optimizer")
+            if state.get("optimizer_shards"):  # megatron tp: one state per shard
+                optimizer = state["optimizer_shards"][self.replicas.model_rank]
+            if self.optimizer is not None and optimizer is not None:
+                self.optimizer.load_state_dict(optimizer)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it

@@ -22,7 +22,7 @@ from tests.rl_support import make_spec
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
-from rlgraph.runtime.actors import start_actor  # noqa: E402
+from rlgraph.runtime.actors import start_replicas  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 from rlgraph.spec import load_spec  # noqa: E402
 
@@ -133,13 +133,10 @@ def make_spec_with_replicas(replicas: int, prompts: int = 4):
 
 
 def _leader(spec, tasks: list[str], world: int = 2) -> list:
-    """`world` replica actors of `tasks`, joined, rank 0 leading."""
-    actors = [start_actor(spec, tasks, seed=0, threads=1, device="cpu",
-                          options={"num_cpus": 0}, rank=rank, world=world)
-              for rank in range(world)]
-    ray.get([a.ready.remote() for a in actors])
-    rank_zero = ray.get(actors[0].free_address.remote())
-    ray.get([a.join_replicas.remote(rank_zero, "gloo") for a in actors])
+    """`world` replica actors of `tasks`, built, rank 0 leading."""
+    actors, builds = start_replicas(spec, tasks, seed=0, threads=1, device="cpu", world=world,
+                                    options_of=lambda rank: {"num_cpus": 0})
+    ray.get(builds + [a.ready.remote() for a in actors])
     ray.get(actors[0].lead.remote(actors[1:]))
     return actors
 
@@ -209,16 +206,27 @@ def _run(spec, out: Path, steps: int, resume: bool = False) -> tuple[Runner, lis
     return runner, result.rows, digests
 
 
-@pytest.mark.parametrize("layout", ["colocated", "split-object-store", "split-gloo-partial"])
+@pytest.mark.parametrize("layout", ["colocated", "split-object-store", "split-gloo-partial",
+                                    "megatron-trainer"])
 def test_runs_keep_every_groups_replicas_in_step(cluster4, tmp_path, layout):
     """Runs with replicated groups train within the lag bound and end with each group's
     replicas holding identical weights; the partial-rollout run resumes from its checkpoint
-    (every replica's rollout cache restored) and goes on."""
+    (every replica's rollout cache restored) and goes on; a megatron trainer runs as two
+    data-parallel replicas (megatron's groups inside the replicas' world)."""
     path = tmp_path / "graph.yaml"
     path.write_text(COLOCATED)
     overrides = [] if layout == "colocated" else list(SPLIT)
     if layout == "split-gloo-partial":
         overrides += ["nodes.param_update.transport=nccl", "schedule.partial_rollout=true"]
+    if layout == "megatron-trainer":
+        from rlgraph.backends.megatron import megatron_missing
+
+        if megatron_missing():
+            pytest.skip(megatron_missing())
+        overrides = ["cluster.cpus=3", "groups={trainer: {share: 0.66, tasks: [logp, train], "
+                     "replicas: 2}, rollout: {share: 0.34, tasks: [generate]}}",
+                     "schedule.max_lag=1", "nodes.logp.backend=megatron",
+                     "nodes.train.backend=megatron"]
     spec = load_spec(path, overrides)
     steps = 2 if layout == "split-gloo-partial" else 3
     runner, rows, digests = _run(spec, tmp_path / "run", steps)

@@ -149,7 +149,7 @@ class GenerateWorker:
         self.name, self.node, self.ws = name, node, workspace
         self.data = DataSource(workspace.spec.data, "train", workspace.base_dir)
         replicas, prompts = workspace.replicas, workspace.spec.data.prompts_per_step
-        self.share = shard_bounds(prompts, replicas.rank, replicas.world)  # prompts [lo, hi)
+        self.share = shard_bounds(prompts, replicas.dp_rank, replicas.dp_world)  # [lo, hi)
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}

@@ -94,7 +94,7 @@ class TrainWorker:
                 t["old_logp"] = batch["old_logp"].to(device)
             else:  # no logp node: the proximal policy is the one this step starts from
                 t["old_logp"] = torch.zeros_like(t["behavior_logp"])
-                shares = ([slice(0, rows)] if ws.replicas.world == 1 else
+                shares = ([slice(0, rows)] if ws.replicas.dp_world == 1 else
                           [self._own(lo, min(lo + size, rows)) for lo in range(0, rows, size)])
                 with torch.no_grad():
                     for own in shares:
@@ -129,10 +129,10 @@ class TrainWorker:
                 "trained_uids": uids}
 
     def _own(self, lo: int, hi: int) -> slice:
-        """This replica's share of rows [lo, hi) (all of them for a lone replica)."""
+        """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
         from rlgraph.batch import shard_bounds
 
-        a, b = shard_bounds(hi - lo, self.ws.replicas.rank, self.ws.replicas.world)
+        a, b = shard_bounds(hi - lo, self.ws.replicas.dp_rank, self.ws.replicas.dp_world)
         return slice(lo + a, lo + b)
 
     @staticmethod
@@ -171,7 +171,7 @@ class TrainWorker:
             figures["actor/is_weight_mean"] += share * terms.is_weight_mean
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
         replicas = self.ws.replicas
-        if replicas.world > 1:
+        if replicas.dp_world > 1:
             replicas.sum_gradients(policy.parameters())
             summed = replicas.all_reduce(torch.tensor(list(figures.values()), dtype=torch.float64,
                                                       device=tokens.device))

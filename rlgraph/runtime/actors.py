@@ -78,22 +78,42 @@ class GroupActor:
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
         torch.set_num_threads(max(1, threads))
-        from rlgraph.replicas import Replicas
-        from rlgraph.workspace import Workspace
+        from rlgraph.replicas import Replicas, model_parallel_of
 
-        self.spec, self.device = spec, device
+        self.spec, self.device, self.tasks, self.seed = spec, device, list(tasks), seed
         self.followers: list[Any] = []  # the other replicas of the group (on the leader)
         self.kinds = {t: spec.nodes[t].kind for t in tasks}
+        self.replicas = Replicas(rank, world, model_parallel_of(spec, tasks))
         self.build_error: RLGraphError | None = None  # raised by ready(), where Ray keeps it
-        try:
-            self.workspace = Workspace(spec, tasks, seed=seed, device=device,
-                                       replicas=Replicas(rank, world))
-            self.workers = {t: self.workspace.worker(t) for t in tasks}
-        except RLGraphError as err:
-            self.build_error = err
+        self.workspace: Any = None
+        self.workers: dict[str, Any] = {}
         self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
         self.outbox = ws_sync.Outbox()  # object-store sync: buckets produced, not yet pulled
         self.sync_ends: dict[str, ws_sync.NcclEnd] = {}  # nccl sync: route -> this side
+        if world == 1:
+            self._build()
+
+    def build(self, rank_zero: tuple[str, int], backend: str) -> None:
+        """A replica of several: join the group's process group (every replica at once;
+        rank 0 hosts on `rank_zero`), then build the workspace."""
+        try:
+            self.replicas.join(*rank_zero, backend)
+        except Exception as exc:
+            self.build_error = RLGraphError(f"replica {self.replicas.rank} of "
+                                            f"{self.replicas.world} could not join its group "
+                                            f"({rank_zero[0]}:{rank_zero[1]}, {backend}): {exc}")
+            return
+        self._build()
+
+    def _build(self) -> None:
+        from rlgraph.workspace import Workspace
+
+        try:
+            self.workspace = Workspace(self.spec, self.tasks, seed=self.seed, device=self.device,
+                                       replicas=self.replicas)
+            self.workers = {t: self.workspace.worker(t) for t in self.tasks}
+        except RLGraphError as err:
+            self.build_error = err
 
     def ready(self) -> dict[str, Any]:
         """Returns once the workspace is built: the version it holds and the process id (or
@@ -148,13 +168,14 @@ class GroupActor:
         mode = getattr(worker, "DATA_PARALLEL", "rows")
         if mode == "leader":
             return self.run_replica(node, step, inputs)
-        world = len(self.followers) + 1
+        world, model = len(self.followers) + 1, self.replicas.model_parallel
         if mode == "whole":
             shares = [inputs] + [ray.put(inputs)] * (world - 1)
-        else:
+        else:  # the ranks of one model (megatron tp) see the same rows
             batch = merge(inputs)
-            shares = [{"batch": take_rows(batch, group_rows(batch, rank, world))}
-                      for rank in range(world)]
+            cuts = [ray.put({"batch": take_rows(batch, group_rows(batch, dp, world // model))})
+                    for dp in range(world // model)]
+            shares = [ray.get(cuts[0])] + [cuts[rank // model] for rank in range(1, world)]
         refs = [f.run_replica.remote(node, step, share)
                 for f, share in zip(self.followers, shares[1:])]
         began = time.time()
@@ -165,7 +186,7 @@ class GroupActor:
             outs += ray.get(refs)  # a follower's failure is raised here, after the leader's
             timing["wait_s"] = time.time() - began - timing["own_s"]
         combine = getattr(worker, "combine", concat_rows)
-        return combine(outs)
+        return combine(outs[::model])  # one output per model copy
 
     def _resolve(self, batch: Batch) -> Batch:
         """A batch, or the kept batch a stub points to (freed after its last consumer)."""
@@ -180,14 +201,27 @@ class GroupActor:
 
     # ------------------------------------------------------------ replicas
 
-    def join_replicas(self, rank_zero: tuple[str, int], backend: str) -> int:
-        """Join the group's replica process group (every replica at once; rank 0 hosts)."""
-        self.workspace.join_replicas(*rank_zero, backend)
-        return self.workspace.replicas.rank
-
     def lead(self, followers: list[Any]) -> None:
         """Make this actor (rank 0) its group's leader over `followers` (ranks 1..)."""
         self.followers = list(followers)
+
+    def policy_state(self) -> dict[str, Any]:
+        """The policy's weights (transformers layout); a megatron tp shard's holder must call
+        this beside its peers, who gather the shards together (`_with_model_peers`)."""
+        with self.workspace.lock:
+            return self.workspace.policy.state_dict()
+
+    def _with_model_peers(self, fn: Any) -> Any:
+        """`fn()` on the leader while the other ranks of its model (megatron tp) join the
+        collectives that reading its weights takes."""
+        import ray
+
+        peers = self.followers[:self.replicas.model_parallel - 1]
+        refs = [p.policy_state.remote() for p in peers]
+        try:
+            return fn()
+        finally:
+            ray.get(refs)
 
     def _fan_out(self, method: str, *args: Any, group: str | None = None,
                  per_rank: Any = None) -> list[Any]:
@@ -204,13 +238,22 @@ class GroupActor:
         """Weights digest of every replica, rank order (equal while they are in step)."""
         import ray
 
+        if self.replicas.model_parallel > 1:  # all at once: each model gathers its shards
+            refs = self._fan_out("own_digest")
+            return [self.own_digest(), *ray.get(refs)]
         return [self.weights_digest(), *ray.get(self._fan_out("weights_digest"))]
+
+    def own_digest(self) -> str:
+        """This replica's weights digest, its model peers calling it at the same time."""
+        self.workspace.switch_if_staged()
+        return self.workspace.weights_digest()
 
     # ------------------------------------------------------------ weight sync
 
     def export_weights(self, key: str, bucket_mb: float, receivers: int = 1) -> dict:
         """Sender half of an object-store param_update (default group: holds the group)."""
-        return ws_sync.export_to_store(self.workspace, self.outbox, key, bucket_mb, receivers)
+        return self._with_model_peers(lambda: ws_sync.export_to_store(
+            self.workspace, self.outbox, key, bucket_mb, receivers))
 
     def next_bucket(self, key: str) -> dict:
         """The next bucket reference of sync `key` for its receiver (`serve` group)."""
@@ -249,7 +292,8 @@ class GroupActor:
 
     def send_weights(self, route: str) -> dict:
         """Sender half of an nccl param_update (default group)."""
-        return ws_sync.send_nccl(self.workspace, self.sync_ends[route])
+        return self._with_model_peers(lambda: ws_sync.send_nccl(self.workspace,
+                                                                self.sync_ends[route]))
 
     def receive_weights(self, route: str) -> dict:
         """Receiver half of an nccl param_update (`sync` group), followers' receives too."""
@@ -300,13 +344,27 @@ class GroupActor:
     def weights_digest(self) -> str:
         """Hash of the policy weights (sender and receiver agree after a sync)."""
         self.workspace.switch_if_staged()
-        return self.workspace.weights_digest()
+        return self._with_model_peers(self.workspace.weights_digest)
 
     def state_for_checkpoint(self) -> dict:
         """Weights, optimizer and version of this workspace (CPU tensors: the driver may
         hold no GPU)."""
+        import ray
+
         self.workspace.switch_if_staged()
-        state = self.workspace.state_for_checkpoint()
+        state = self._with_model_peers(self.workspace.state_for_checkpoint)
+        if self.replicas.model_parallel > 1:  # each tp shard has its own optimizer state
+            peers = self.followers[:self.replicas.model_parallel - 1]
+            state["optimizer_shards"] = [state.pop("optimizer", None), *ray.get(
+                [p.optimizer_state.remote() for p in peers])]
+        return state if self.device == "cpu" else to_host(state)
+
+    def optimizer_state(self) -> Any:
+        """This replica's optimizer state (a megatron tp shard's, for the checkpoint)."""
+        import copy
+
+        with self.workspace.lock:
+            state = copy.deepcopy(self.workspace.optimizer.state_dict())
         return state if self.device == "cpu" else to_host(state)
 
     def load_checkpoint(self, state: dict) -> int:
@@ -329,3 +387,20 @@ def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device
     cls = ray.remote(concurrency_groups=groups)(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
         spec, tasks, seed, threads, device, os.getcwd(), rank, world)
+
+
+def start_replicas(spec: Spec, tasks: list[str], *, seed: int, threads: int, device: str,
+                   world: int, options_of: Any) -> tuple[list[Any], list[Any]]:
+    """The `world` replica actors of a group (`options_of(rank)` places each) and their build
+    calls: several replicas join their process group and build all at once (rank 0 hosts the
+    rendezvous), so await the calls (or `ready`) before using them."""
+    import ray
+
+    actors = [start_actor(spec, tasks, seed=seed, threads=threads, device=device,
+                          options=options_of(rank), rank=rank, world=world)
+              for rank in range(world)]
+    if world == 1:
+        return actors, []
+    rank_zero = ray.get(actors[0].free_address.remote())
+    backend = ws_sync.backend_for(device.split(":")[0])
+    return actors, [a.build.remote(rank_zero, backend) for a in actors]

@@ -84,8 +84,7 @@ class SyncStats:
 
 
 class SyncGroup:
-    """A process group: the train process (rank 0) and the generate processes of a weight
-    sync, or the replicas of one group (rlgraph.replicas)."""
+    """The process group spanning the train process (rank 0) and the generate processes."""
 
     def __init__(self, rank: int, world: int, backend: str, device: torch.device,
                  store: Any, pg: Any, private: bool):
@@ -105,15 +104,6 @@ class SyncGroup:
             opts.rootTensor = 0
             return self._pg.broadcast([tensor], opts)
         return torch.distributed.broadcast(tensor, src, async_op=True)
-
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        """Sum `tensor` over the group's ranks, in place (finished on return)."""
-        if self.private:
-            opts = torch.distributed.AllreduceOptions()
-            opts.reduceOp = torch.distributed.ReduceOp.SUM
-            self._pg.allreduce([tensor], opts).wait()
-        else:
-            torch.distributed.all_reduce(tensor)
 
     def barrier(self) -> None:
         """All ranks meet here: a one-element broadcast from every rank in turn (a single

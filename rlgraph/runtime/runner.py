@@ -77,29 +77,20 @@ class Runner:
         self.actors: dict[str, Any] = {}  # node -> actor
         self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> its leader
         self.replicas: dict[str, list[Any]] = {}  # group (or CPU node) -> every replica
+        self._builds: list[Any] = []  # replicas' build calls, awaited with `ready`
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
         self._refuse_unsupported()
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
-        replicas = {t: g.get("replicas", 1) for g in self.plan["placement"]["groups"]
-                    for t in g["tasks"]}
         for node, kind in self.kinds.items():
             spec = self.spec.nodes[node]
-            if getattr(spec, "backend", "torch") == "megatron" and replicas.get(node, 1) > 1:
-                err = SpecError(f"rlgraph run drives a megatron node from one process: its "
-                                f"group has {replicas[node]} replicas", ("nodes", node,
-                                                                         "backend"),
-                                hint="give it a one-GPU group (or backend: torch for data "
-                                "parallelism over the group's GPUs)")
-                err.source = self.spec.source
-                raise err
-            if getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1:
-                err = SpecError("rlgraph run drives one process per group, so a megatron node "
-                                "runs with tp 1 and pp 1 only", ("nodes", node, "tp"),
-                                hint="write tp: 1, pp: 1 (bench/megatron_check.py shows tp 2 "
-                                "outside the runtime)")
+            if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
+                    and self.local):
+                err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
+                                "and this plan runs on local CPU slots", ("nodes", node, "tp"),
+                                hint="write tp: 1 (or run on GPUs)")
                 err.source = self.spec.source
                 raise err
             if kind == "param_update" and self._transport(node) == "nccl":
@@ -133,18 +124,18 @@ class Runner:
     def _start_actors(self) -> None:
         """One actor per replica of every plan group (rank 0 leads and stands for the group),
         one per CPU node outside the groups."""
-        from rlgraph.runtime.actors import start_actor
+        from rlgraph.runtime.actors import start_actor, start_replicas
 
         seed = self.spec.data.seed
         device = "cpu" if self.local else "cuda"
         assert self.reservations is not None
         for group in self.plan["placement"]["groups"]:
             name, res = group["name"], self.reservations.groups[group["name"]]
-            replicas = [start_actor(self.spec, list(group["tasks"]), seed=seed,
-                                    threads=res.slots if self.local else 1, device=device,
-                                    options=self.reservations.actor_options(name, rank),
-                                    rank=rank, world=res.replicas)
-                        for rank in range(res.replicas)]
+            replicas, builds = start_replicas(
+                self.spec, list(group["tasks"]), seed=seed,
+                threads=res.slots if self.local else 1, device=device, world=res.replicas,
+                options_of=lambda rank, name=name: self.reservations.actor_options(name, rank))
+            self._builds += builds
             self.replicas[name] = replicas
             self.group_actors[name] = replicas[0]
             for task in group["tasks"]:
@@ -157,19 +148,11 @@ class Runner:
                 self.replicas[node] = [actor]
                 self.actors[node] = actor
 
-    def _join_replicas(self) -> None:
-        """Each group of several replicas builds its process group and the leader learns its
-        followers."""
+    def _lead(self) -> None:
+        """Each group's rank 0 learns its followers."""
         import ray
 
-        from rlgraph.runtime.weight_sync import backend_for
-
-        backend = backend_for("cpu" if self.local else "cuda")
-        for replicas in self.replicas.values():
-            if len(replicas) > 1:
-                rank_zero = ray.get(replicas[0].free_address.remote())
-                ray.get([a.join_replicas.remote(rank_zero, backend) for a in replicas])
-                ray.get(replicas[0].lead.remote(replicas[1:]))
+        ray.get([r[0].lead.remote(r[1:]) for r in self.replicas.values() if len(r) > 1])
 
     def _routes(self) -> dict[str, Route]:
         """Every param_update's route; an nccl route's group is built here, once."""
@@ -207,7 +190,7 @@ class Runner:
 
         refs = [actor.ready.remote() for group in self.replicas.values() for actor in group]
         try:
-            ray.get(refs)
+            ray.get(self._builds + refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
@@ -230,7 +213,7 @@ class Runner:
             self.reservations = cluster.reserve(self.plan)
             self._start_actors()
             self._wait_ready()
-            self._join_replicas()
+            self._lead()
             resume = ckpt.load_checkpoint(out) if self.options.resume else None
             preloaded: dict[tuple[str, int], Any] = {}
             first = 0
