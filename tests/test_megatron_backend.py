@@ -232,6 +232,20 @@ def test_weights_reach_a_transformers_receiver_and_copies_are_independent(world,
 
 
 @needs_megatron
+def test_bf16_weights_leave_in_the_dtypes_they_came_in(world, tiny) -> None:
+    """megatron keeps norm weights in fp32; the transformers-layout state it sends to a bf16
+    generate engine has the engine's dtypes, names and values (the dual buffer refuses a
+    dtype mismatch)."""
+    from rlgraph.backends.megatron import build_megatron_policy
+
+    half = copy.deepcopy(tiny).to(torch.bfloat16)
+    mg = build_megatron_policy(half.config, half.state_dict())
+    sent, want = mg.state_dict(), half.state_dict()
+    assert {k: v.dtype for k, v in sent.items()} == {k: v.dtype for k, v in want.items()}
+    assert digest(sent) == digest(want)
+
+
+@needs_megatron
 def test_pipeline_and_expert_parallel_are_refused(world, tiny) -> None:
     from rlgraph.backends.megatron import build_megatron_policy
 

@@ -148,6 +148,7 @@ class MegatronPolicy(torch.nn.Module):
         super().__init__()
         self.gpt, self.config, self.layout, self.build = gpt, config, lay, build
         self.tp = int(build["tp"])
+        self.dtypes: dict[str, torch.dtype] = {}  # the transformers layout's, from load
 
     def __deepcopy__(self, memo: dict) -> MegatronPolicy:
         """A second policy with a copy of these weights (process groups cannot be copied,
@@ -190,11 +191,14 @@ class MegatronPolicy(torch.nn.Module):
         """The weights in the transformers layout, tensor-parallel shards gathered (every rank
         of the tp group must call it); fresh tensors, not views of the parameters."""
         local = {k: v.detach() for k, v in self.megatron_state_dict().items()}
-        return megatron_to_hf(merge_tp(_gather_tp(local, self.tp)), self.layout)
+        state = megatron_to_hf(merge_tp(_gather_tp(local, self.tp)), self.layout)
+        # megatron keeps some weights (norms) in fp32: send them as the receiver holds them
+        return {k: v.to(self.dtypes.get(k, v.dtype)) for k, v in state.items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True,  # type: ignore[override]
                         assign: bool = False) -> Any:
         """Load transformers-layout weights (this rank takes its shard)."""
+        self.dtypes = {k: v.dtype for k, v in state.items()}
         shard = split_tp(hf_to_megatron(state, self.layout), self.tp)[_tp_rank(self.tp)]
         missing = set(self.megatron_state_dict()) - set(shard)
         if missing:
