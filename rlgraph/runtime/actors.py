@@ -205,11 +205,11 @@ class GroupActor:
         """Make this actor (rank 0) its group's leader over `followers` (ranks 1..)."""
         self.followers = list(followers)
 
-    def policy_state(self) -> dict[str, Any]:
-        """The policy's weights (transformers layout); a megatron tp shard's holder must call
-        this beside its peers, who gather the shards together (`_with_model_peers`)."""
+    def gather_with_peers(self) -> None:
+        """Take part in reading the policy's weights: a megatron tp shard's holder gathers the
+        shards with its peers (`_with_model_peers`); the copy stays here."""
         with self.workspace.lock:
-            return self.workspace.policy.state_dict()
+            self.workspace.policy.state_dict()
 
     def _with_model_peers(self, fn: Any) -> Any:
         """`fn()` on the leader while the other ranks of its model (megatron tp) join the
@@ -217,7 +217,7 @@ class GroupActor:
         import ray
 
         peers = self.followers[:self.replicas.model_parallel - 1]
-        refs = [p.policy_state.remote() for p in peers]
+        refs = [p.gather_with_peers.remote() for p in peers]
         try:
             return fn()
         finally:
