@@ -8,6 +8,9 @@ GRPO on this machine's CPU cores) in each mode below, the same steps and so the 
   thread: whether the two-thread sync gains anything from its second thread (a tiny model's
   decode and train barely parallelise, and a thread that waits for a preempted partner
   stalls the step);
+- sync_replicas: the colocated plan as two data-parallel replicas of one core (and one torch
+  thread) each, `replicas: 2` (rlgraph.replicas): each generates and trains on half of every
+  step's prompts, gloo sums the gradients;
 - one_step_off: trainer | rollout groups of one core each, max_lag 1 (verl's one-step-off);
 - max_lag_2: the same groups, max_lag 2;
 - partial_rollout: the same groups, max_lag 2, `schedule.partial_rollout: true` (skipped with
@@ -72,6 +75,8 @@ MODES: dict[str, tuple[str, list[str]]] = {
              ["groups=COLOCATED", "schedule.max_lag=0"]),
     "sync_1core": ("control: colocated sync on one core (one torch thread)",
                    ["groups=COLOCATED", "schedule.max_lag=0", "cluster.cpus=1"]),
+    "sync_replicas": ("colocated sync as two data-parallel replicas of one core each",
+                      ["groups=COLOCATED_REPLICAS", "schedule.max_lag=0"]),
     "one_step_off": ("trainer | rollout, max_lag 1 (one-step-off)", ["schedule.max_lag=1"]),
     "max_lag_2": ("trainer | rollout, max_lag 2", ["schedule.max_lag=2"]),
     "partial_rollout": ("trainer | rollout, max_lag 2, partial rollout",
@@ -83,13 +88,15 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def colocated(graph: Path) -> str:
-    """The override putting every grouped task of the graph in one group on all cores."""
+def colocated(graph: Path, replicas: int = 1) -> str:
+    """The override putting every grouped task of the graph in one group on all cores (as
+    `replicas` processes)."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.spec import load_spec
 
     tasks = [t for g in load_spec(graph).groups.values() for t in g.tasks]
-    return f"groups={{colocated: {{share: 1.0, tasks: [{', '.join(tasks)}]}}}}"
+    return (f"groups={{colocated: {{share: 1.0, tasks: [{', '.join(tasks)}], "
+            f"replicas: {replicas}}}}}")
 
 
 def refusal(graph: Path, overrides: list[str]) -> str | None:
@@ -245,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     order = [n for r in range(args.repeats) for n in (wanted if r % 2 == 0 else wanted[::-1])]
     for i, name in enumerate(order):
         desc, overrides = MODES[name]
-        overrides = [colocated(graph) if o == "groups=COLOCATED" else o
-                     for o in [*overrides, *args.overrides]]
+        placeholders = {"groups=COLOCATED": colocated(graph),
+                         "groups=COLOCATED_REPLICAS": colocated(graph, replicas=2)}
+        overrides = [placeholders.get(o, o) for o in [*overrides, *args.overrides]]
         if name in skipped:
             continue
         why = refusal(graph, overrides)
