@@ -273,7 +273,8 @@ class GroupActor:
         return info
 
     def free_address(self) -> tuple[str, int]:
-        """IP and free port for a sync group's rendezvous hosted by this actor."""
+        """IP and free port for a rendezvous hosted by this actor (a weight-sync group, or
+        the replicas' process group)."""
         return ws_sync.free_address()
 
     def join_sync(self, route: str, rank: int, world: int, addr: str, port: int, backend: str,
