@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_support import make_spec
 
 from rlgraph.batch import concat_rows, group_rows, shard_bounds, take_rows
 from rlgraph.errors import SpecError
 from rlgraph.sampling import pack
 from rlgraph.workspace import Workspace
-from tests.rl_support import make_spec
 
 ray = pytest.importorskip("ray")
 
