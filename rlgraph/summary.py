@@ -69,13 +69,14 @@ def summary_renderables(plan: Mapping[str, Any]) -> list[Any]:
     title = Text.assemble((str(plan.get("name", "")), "bold"), f" · {cluster_line(plan)}")
     groups = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in (("group", "left"), ("slots" if local else "GPUs", "right"),
-                            ("devices", "left"), ("share", "right"), ("tasks", "left"),
-                            ("busy", "right"), ("idle", "right")):
+                            ("devices", "left"), ("replicas", "right"), ("share", "right"),
+                            ("tasks", "left"), ("busy", "right"), ("idle", "right")):
         groups.add_column(column, justify=justify)  # type: ignore[arg-type]
     for g in plan.get("placement", {}).get("groups", []):
         groups.add_row(g["name"], str(g.get("gpus", "")), device_ranges(g.get("devices", [])),
-                       f"{g.get('share', 0):g}", ", ".join(g.get("tasks", [])),
-                       _pct(util.get(g["name"])), _pct(idle.get(g["name"])))
+                       str(g.get("replicas", 1)), f"{g.get('share', 0):g}",
+                       ", ".join(g.get("tasks", [])), _pct(util.get(g["name"])),
+                       _pct(idle.get(g["name"])))
 
     nodes = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in (("node", "left"), ("runs on", "left"), ("time/step", "right")):
