@@ -153,6 +153,7 @@ def test_default_run_dir_is_named_after_the_graph_and_time():
 @pytest.mark.parametrize(("overrides", "key"), [
     (["nodes.param_update.transport=nccl",
       "nodes.param_update.bucket_mb={produce: 100, consume: 64}"], "nodes.param_update.bucket_mb"),
+    (["cluster.cpus=4", "nodes.train.backend=megatron", "nodes.train.tp=2"], "nodes.train.tp"),
 ])
 def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, overrides, key):
     from rlgraph.compiler import compile_plan
@@ -164,3 +165,25 @@ def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, overr
         Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1))
     assert f"{key}:" in err.value.render() and "<override" in err.value.render()
     assert not list(tmp_path.iterdir()), "nothing started, nothing written"
+
+
+def test_a_gpu_out_of_memory_is_the_users_error_naming_the_key(monkeypatch):
+    """A worker that runs out of GPU memory surfaces as a SpecError naming the node, the
+    replica and the key to change (train: micro_batch), not a CUDA traceback."""
+    import torch
+
+    from rlgraph.errors import SpecError
+    from rlgraph.runtime.actors import GroupActor
+
+    spec = load_spec(QUICKSTART, ["model.warm_start.steps=0"])
+    actor = GroupActor(spec, ["logp", "ref_logp", "train"], seed=0, threads=1, device="cpu")
+
+    def exhausted(step, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(actor.workers["train"], "run", exhausted)
+    with pytest.raises(SpecError) as err:
+        actor.run_replica("train", 3, {})
+    text = err.value.render()
+    assert "nodes.train.micro_batch:" in text and "'train' ran out of GPU memory at step 3" in text
+    assert "Tried to allocate 2.00 GiB" in text and "quickstart.yaml" in text

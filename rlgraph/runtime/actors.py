@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from rlgraph.batch import Batch, concat_rows, group_rows, merge, take_rows
-from rlgraph.errors import RLGraphError
+from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.runtime import weight_sync as ws_sync
 from rlgraph.spec import Spec
 
@@ -148,14 +148,35 @@ class GroupActor:
 
     def run_replica(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
         """This replica's share of `node` at `step` (all of it when the group has one)."""
+        import torch
+
         self.workspace.switch_if_staged()  # no task of this group runs now: a free switch
-        out = self.workers[node].run(step, inputs)
+        try:
+            out = self.workers[node].run(step, inputs)
+        except torch.OutOfMemoryError as exc:
+            raise self._out_of_memory(node, step, exc) from None
         if self.device != "cpu":
             import torch
 
             torch.cuda.synchronize()  # the span ends when the GPU work does
             out = to_host(out)
         return out
+
+    def _out_of_memory(self, node: str, step: int, exc: BaseException) -> SpecError:
+        """A GPU out of memory as the user's error: which node, which key to change."""
+        kind = self.kinds[node]
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+        if kind == "train":
+            key, hint = ("nodes", node, "micro_batch"), ("set micro_batch (sequences per "
+                                                         "forward/backward), or give the group "
+                                                         "more GPUs (share)")
+        else:
+            key, hint = ("data", "prompts_per_step"), ("fewer prompts per step, or more GPUs "
+                                                       "for the group (share)")
+        err = SpecError(f"'{node}' ran out of GPU memory at step {step} on replica "
+                        f"{self.replicas.rank} of {self.replicas.world}: {first}", key, hint=hint)
+        err.source = self.spec.source
+        return err
 
     def _run_shared(self, node: str, step: int, inputs: dict[str, Batch],
                     timing: dict[str, float]) -> Batch:
@@ -179,12 +200,17 @@ class GroupActor:
         refs = [f.run_replica.remote(node, step, share)
                 for f, share in zip(self.followers, shares[1:])]
         began = time.time()
+        # the leader's own failure leaves at once: followers may wait in a collective for it,
+        # and the driver stops them
+        outs = [self.run_replica(node, step, shares[0])]
+        timing["own_s"] = time.time() - began
         try:
-            outs = [self.run_replica(node, step, shares[0])]
-        finally:
-            timing["own_s"] = time.time() - began
-            outs += ray.get(refs)  # a follower's failure is raised here, after the leader's
-            timing["wait_s"] = time.time() - began - timing["own_s"]
+            outs += ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, RLGraphError):
+                raise exc.cause from None  # the user's error, as a lone replica raises it
+            raise
+        timing["wait_s"] = time.time() - began - timing["own_s"]
         combine = getattr(worker, "combine", concat_rows)
         return combine(outs[::model])  # one output per model copy
 
