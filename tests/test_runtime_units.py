@@ -187,3 +187,18 @@ def test_a_gpu_out_of_memory_is_the_users_error_naming_the_key(monkeypatch):
     text = err.value.render()
     assert "nodes.train.micro_batch:" in text and "'train' ran out of GPU memory at step 3" in text
     assert "Tried to allocate 2.00 GiB" in text and "quickstart.yaml" in text
+
+
+def test_model_parallelism_the_runtime_does_not_run_is_said_before_the_run(tmp_path):
+    """tp of a torch-backend node counts in the plan; `rlgraph run` says the node runs as
+    whole-model replicas instead (and says nothing for a plan without such nodes)."""
+    from rlgraph.compiler import compile_plan
+    from rlgraph.runtime.runner import Runner, RunOptions
+
+    spec = load_spec(QUICKSTART, ["cluster.cpus=4", "nodes.train.tp=2",
+                                  "groups.trainer.replicas=2"])
+    notes = Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1)).notes
+    assert len(notes) == 1 and notes[0].startswith("nodes.train: tp x pp = 2")
+    assert "2 data-parallel replica(s)" in notes[0] and "backend: megatron" in notes[0]
+    plain = load_spec(QUICKSTART)
+    assert Runner(plain, compile_plan(plain), RunOptions(out_dir=tmp_path, steps=1)).notes == []

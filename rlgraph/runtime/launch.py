@@ -152,6 +152,8 @@ def run_main(args: argparse.Namespace) -> int:
                          resume=resume, on_step=on_step, on_ready=on_ready,
                          checkpoint_every=int(getattr(args, "checkpoint_every", 0) or 0))
     runner = Runner(spec, plan, options)
+    for note in runner.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     previous = _install_sigint(runner)
     try:
         result = runner.run()

@@ -81,6 +81,7 @@ class Runner:
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
         self._refuse_unsupported()
+        self.notes = self._model_parallel_notes()
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
@@ -103,6 +104,24 @@ class Runner:
                                     hint="e.g. bucket_mb: {produce: 512, consume: 128}")
                     err.source = self.spec.source
                     raise err
+
+    def _model_parallel_notes(self) -> list[str]:
+        """Model parallelism the plan's cost model counts but this runtime does not run:
+        tp / pp of `backend: torch` nodes and of the native generate engine (their groups run
+        one full model per GPU, as data-parallel replicas)."""
+        replicas = {t: g.get("replicas", 1) for g in self.plan["placement"]["groups"]
+                    for t in g["tasks"]}
+        notes = []
+        for node in self.kinds:
+            spec = self.spec.nodes[node]
+            size = getattr(spec, "tp", 1) * getattr(spec, "pp", 1)
+            if size > 1 and getattr(spec, "backend", "torch") != "megatron" and (
+                    getattr(spec, "engine", "native") == "native"):
+                notes.append(f"nodes.{node}: tp x pp = {size} counts in the predicted plan, but "
+                             f"{node} runs as {replicas.get(node, 1)} data-parallel replica(s) "
+                             f"with a whole model each (tensor and pipeline parallelism need "
+                             f"backend: megatron)")
+        return notes
 
     def _transport(self, node: str) -> str:
         """The param_update's transport with `auto` resolved (see runtime.weight_sync)."""
