@@ -68,7 +68,8 @@ def rows(batch: Batch) -> int:
 
 
 def group_rows(batch: Batch, rank: int, world: int) -> slice:
-    """Rows of replica `rank`: whole GRPO groups (rows of one prompt stay together)."""
+    """Rows of replica `rank`: whole GRPO groups (rows of one prompt stay together; a
+    group's rows are contiguous and groups in order, as generate writes them)."""
     group = batch["group"]
     groups = int(group.max()) + 1 if len(group) else 0
     lo, hi = shard_bounds(groups, rank, world)
