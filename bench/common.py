@@ -27,6 +27,37 @@ def device_info(dry: bool = False) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+def run_figures(spec, plan: dict, result, step_s: float, calibrated: dict) -> dict:
+    """What the GPU end-to-end benchmarks record of every run: its groups (tasks, GPUs,
+    replicas), lag, steps, samples and step time, each node's median span after step 0, and
+    the predicted and calibrated periods."""
+    import statistics
+
+    samples = spec.data.prompts_per_step * spec.data.samples_per_prompt
+    node_s: dict[str, list[float]] = {}
+    for e in result.events:
+        if e["step"] >= 1:
+            node_s.setdefault(e["node"], []).append(e["end"] - e["start"])
+    return {
+        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"],
+                               "replicas": g.get("replicas", 1)}
+                   for g in plan["placement"]["groups"]},
+        "max_lag": spec.schedule.max_lag,
+        "steps": len(result.rows),
+        "samples_per_step": samples,
+        "step_s_median": round(step_s, 4),
+        "step_s_all": [round(r["time/step_s"], 4) for r in result.rows],
+        "samples_per_s": round(samples / step_s, 2),
+        "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
+        "predicted_period_s": round(plan["schedule"]["period_s"], 4),
+        "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
+        "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
+        "lag_max": max((r["lag/max"] for r in result.rows), default=0.0),
+        "lag_violations": result.lag_violations,
+        "startup_s": round(result.startup_s, 2),
+    }
+
+
 def quickstart_args(description: str, argv: list[str] | None, steps: int | None = None
                     ) -> argparse.Namespace:
     """The options every quickstart benchmark takes: the graph, a finished run to reuse

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import device_info, machine  # noqa: E402
+from bench.common import device_info, machine, run_figures  # noqa: E402
 
 GRAPHS = ROOT / "bench" / "graphs_gpu4"
 PLANS = ("separation", "hybrid", "colocated-sync")
@@ -146,44 +146,26 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     gpu_groups = [g for g in groups if g.get("gpus")]
     driven = sum(int(g.get("replicas", 1)) for g in gpu_groups)  # a replica drives one GPU
     allocated = sum(int(g["gpus"]) for g in gpu_groups)
-    node_s: dict[str, list[float]] = {}
-    for e in result.events:
-        if e["step"] >= 1:
-            node_s.setdefault(e["node"], []).append(e["end"] - e["start"])
     util = calibrated["schedule"].get("utilization", {})
     sync_keys = sorted({k for r in rows for k in r if k.startswith(("sync/", "generate/"))})
     return {
         "graph": f"bench/graphs_gpu4/{name}.yaml",
         "transport": args.transport if sync_nodes else "local",
-        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"],
-                               "replicas": g.get("replicas", 1)} for g in groups},
+        **run_figures(spec, plan, result, step_s, calibrated),
         "gpus_allocated": allocated,
         "gpus_driven": driven,
-        "max_lag": spec.schedule.max_lag,
-        "steps": len(result.rows),
-        "samples_per_step": samples,
-        "step_s_median": round(step_s, 4),
-        "step_s_all": [round(r["time/step_s"], 4) for r in result.rows],
-        "samples_per_s": round(samples / step_s, 2),
         "samples_per_s_per_gpu_driven": round(samples / step_s / max(driven, 1), 2),
         "samples_per_s_per_gpu_allocated": round(samples / step_s / max(allocated, 1), 2),
-        "predicted_period_s": round(plan["schedule"]["period_s"], 4),
-        "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
-        "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
         "predicted_speedup_vs_sync": plan["schedule"].get("speedup_vs_sync"),
         "calibrated_bottleneck": calibrated["schedule"].get("bottleneck"),
         "idle_measured": trace_idle(measured, [g["name"] for g in groups]),
         "idle_metrics_jsonl": {g["name"]: median([r.get(f"idle/{g['name']}", 0.0) for r in rows])
                                for g in groups},
         "idle_calibrated": {g: round(1.0 - u, 3) for g, u in util.items()},
-        "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
         "weight_sync": weight_sync(result.events, kinds),
         "sync_metrics": {k: median([r[k] for r in rows if isinstance(r.get(k), int | float)])
                          for k in sync_keys},
-        "lag_max": max((r["lag/max"] for r in result.rows), default=0.0),
-        "lag_violations": result.lag_violations,
         "reward_mean_last": result.rows[-1].get("reward/mean") if result.rows else None,
-        "startup_s": round(result.startup_s, 2),
         "wall_s": round(wall, 2),
     }
 

@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import device_info, machine  # noqa: E402
+from bench.common import device_info, machine, run_figures  # noqa: E402
 
 GRAPHS = ROOT / "bench" / "graphs_gpu"
 RUNS = ("split-one-step-off", "colocated-sync")
@@ -74,37 +74,17 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     steady = [r["time/step_s"] for r in result.rows[1:]] or [r["time/step_s"]
                                                              for r in result.rows]
     step_s = statistics.median(steady)
-    samples = spec.data.prompts_per_step * spec.data.samples_per_prompt
     calibrated = compile_plan(spec, calibration=run_dir)
     shutil.copy(run_dir / "trace.json", out / f"trace-{name.replace('+', '-')}.json")
-    node_s: dict[str, list[float]] = {}
-    for e in result.events:
-        if e["step"] >= 1:
-            node_s.setdefault(e["node"], []).append(e["end"] - e["start"])
     return {
         "graph": f"bench/graphs_gpu/{graph}.yaml",
         "partial_rollout": spec.schedule.partial_rollout,
-        "groups": {g["name"]: {"tasks": g["tasks"], "gpus": g["gpus"],
-                               "replicas": g.get("replicas", 1)}
-                   for g in plan["placement"]["groups"]},
-        "max_lag": spec.schedule.max_lag,
-        "steps": len(result.rows),
-        "samples_per_step": samples,
-        "step_s_median": round(step_s, 4),
-        "step_s_all": [round(r["time/step_s"], 4) for r in result.rows],
-        "samples_per_s": round(samples / step_s, 2),
-        "node_s_median": {k: round(statistics.median(v), 4) for k, v in node_s.items()},
+        **run_figures(spec, plan, result, step_s, calibrated),
         "generate_metrics_median": generate_metrics(result.rows[1:] or result.rows),
         "rollout_metrics_median": generate_metrics(result.rows[1:] or result.rows,
                                                    ("rollout/", "response/", "lag/")),
         "replica_metrics_median": generate_metrics(result.rows[1:] or result.rows,
                                                    ("replicas/",)),
-        "predicted_period_s": round(plan["schedule"]["period_s"], 4),
-        "calibrated_period_s": round(calibrated["schedule"]["period_s"], 4),
-        "measured_over_calibrated": round(step_s / calibrated["schedule"]["period_s"], 3),
-        "lag_max": max((r["lag/max"] for r in result.rows), default=0.0),
-        "lag_violations": result.lag_violations,
-        "startup_s": round(result.startup_s, 2),
         "wall_s": round(time.time() - began, 2),
         "bottleneck_calibrated": calibrated["schedule"]["bottleneck"],
     }

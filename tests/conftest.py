@@ -1,5 +1,6 @@
 """Test-wide settings: hypothesis runs derandomized, so every run checks the same examples;
-`cluster` starts one small local Ray cluster per test module that asks for it."""
+`cluster` (2 CPUs) and `cluster4` start one small local Ray cluster per test module that
+asks for it."""
 
 import logging
 
@@ -10,14 +11,26 @@ settings.register_profile("rlgraph", derandomize=True, deadline=None)
 settings.load_profile("rlgraph")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the whole module (the runtime joins it)."""
+def local_ray(num_cpus: int):
+    """A small local Ray cluster of `num_cpus` logical CPUs for the caller's scope (none is
+    started when one runs already)."""
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
+        ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=96 * 2**20,
                  logging_level=logging.WARNING, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the whole module (the runtime joins it)."""
+    yield from local_ray(2)
+
+
+@pytest.fixture(scope="module")
+def cluster4():
+    """The same with 4 logical CPUs (e.g. a trainer slot and two rollout replicas)."""
+    yield from local_ray(4)

@@ -6,7 +6,6 @@ rollout and a resume) keep every group's replicas in step."""
 
 from __future__ import annotations
 
-import logging
 from itertools import pairwise
 from pathlib import Path
 
@@ -48,18 +47,6 @@ schedule: {max_lag: 0, steps: 3}
 """
 SPLIT = ["cluster.cpus=3", "groups={trainer: {share: 0.34, tasks: [logp, train]}, "
          "rollout: {share: 0.66, tasks: [generate], replicas: 2}}", "schedule.max_lag=1"]
-
-
-@pytest.fixture(scope="module")
-def cluster4():
-    """A local Ray cluster with 4 logical CPUs (a trainer slot and two rollout replicas)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=96 * 2**20,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def _batch(prompts: list[list[int]], responses: list[list[int]], samples: int) -> dict:
