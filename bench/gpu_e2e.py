@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -121,29 +122,39 @@ def verify(ws, batch: dict, version: int, temperature: float) -> dict:
             "logp_abs_diff_max": round(float(diff.max()), 5)}
 
 
+def rollout_workspace(device: str, overrides: list[str], what: str) -> tuple[Any, Any, dict]:
+    """The split graph with `overrides`, its rollout workspace on `device` (on CPU, a
+    rehearsal: the static engine forced, eager) and the result header (machine, date, graph
+    and `what` of it, build time)."""
+    from rlgraph.nodes import generate as generate_mod
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    if device == "cpu":
+        generate_mod.use_static_engine = lambda *args: True
+    spec = load_spec(GRAPHS / "split-one-step-off.yaml", overrides)
+    began = time.perf_counter()
+    ws = Workspace(spec, ["generate"], seed=0, device=device)
+    res: dict = {"machine": machine(), "device": device_info(),
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "graph": f"bench/graphs_gpu/split-one-step-off.yaml{what}",
+                 "build_s": round(time.perf_counter() - began, 2)}
+    return spec, ws, res
+
+
 def check(out: Path, name: str, device: str) -> int:
     """The static engine's generate batches against a fresh forward (see the docstring)."""
     import torch
 
-    from rlgraph.nodes import generate as generate_mod
     from rlgraph.sampling import sample
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
 
     overrides = []
-    if device == "cpu":  # a rehearsal: tiny model, the static engine forced (eager)
+    if device == "cpu":  # a rehearsal: tiny model
         overrides = ["model={preset: tiny}", "data.prompts_per_step=4",
                      "data.samples_per_prompt=2"]
-        generate_mod.use_static_engine = lambda *args: True
-    spec = load_spec(GRAPHS / "split-one-step-off.yaml", overrides)
+    spec, ws, res = rollout_workspace(device, overrides, " (rollout workspace)")
     temp = spec.nodes["generate"].temperature
-    began = time.perf_counter()
-    ws = Workspace(spec, ["generate"], seed=0, device=device)
     worker = ws.worker("generate")
-    res: dict = {"machine": machine(), "device": device_info(),
-                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "graph": "bench/graphs_gpu/split-one-step-off.yaml (rollout workspace)",
-                 "build_s": round(time.perf_counter() - began, 2)}
     timings = {}
     for step in range(3):
         t = time.perf_counter()
@@ -254,23 +265,14 @@ def check_partial(out: Path, name: str, device: str, overrides: list[str]) -> in
 
     from rlgraph.nodes import generate as generate_mod
     from rlgraph.nodes.generate import GenerateWorker
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
 
     overrides = [*overrides, "schedule.partial_rollout=true"]
     real = generate_mod.use_static_engine
-    if device == "cpu":  # a rehearsal: the static engine forced (eager)
-        generate_mod.use_static_engine = lambda *args: True
-    spec = load_spec(GRAPHS / "split-one-step-off.yaml", overrides)
+    spec, ws, res = rollout_workspace(device, overrides, ", rollout workspace, "
+                                      "schedule.partial_rollout=true")
+    res["overrides"] = overrides
     temp = spec.nodes["generate"].temperature
-    began = time.perf_counter()
-    ws = Workspace(spec, ["generate"], seed=0, device=device)
     worker = ws.worker("generate")
-    res: dict = {"machine": machine(), "device": device_info(),
-                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "graph": "bench/graphs_gpu/split-one-step-off.yaml, rollout workspace, "
-                          "schedule.partial_rollout=true", "overrides": overrides,
-                 "build_s": round(time.perf_counter() - began, 2)}
     dev = next(ws.policy.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(1)
     weights = {0: {k: v.clone() for k, v in ws.policy.state_dict().items()}}

@@ -194,9 +194,10 @@ class GroupActor:
             shares = [inputs] + [ray.put(inputs)] * (world - 1)
         else:  # the ranks of one model (megatron tp) see the same rows
             batch = merge(inputs)
-            cuts = [ray.put({"batch": take_rows(batch, group_rows(batch, dp, world // model))})
-                    for dp in range(world // model)]
-            shares = [ray.get(cuts[0])] + [cuts[rank // model] for rank in range(1, world)]
+            parts = [{"batch": take_rows(batch, group_rows(batch, dp, world // model))}
+                     for dp in range(world // model)]
+            stored = {dp: ray.put(parts[dp]) for dp in {r // model for r in range(1, world)}}
+            shares = [parts[0]] + [stored[rank // model] for rank in range(1, world)]
         refs = [f.run_replica.remote(node, step, share)
                 for f, share in zip(self.followers, shares[1:])]
         began = time.time()
@@ -264,15 +265,8 @@ class GroupActor:
         """Weights digest of every replica, rank order (equal while they are in step)."""
         import ray
 
-        if self.replicas.model_parallel > 1:  # all at once: each model gathers its shards
-            refs = self._fan_out("own_digest")
-            return [self.own_digest(), *ray.get(refs)]
-        return [self.weights_digest(), *ray.get(self._fan_out("weights_digest"))]
-
-    def own_digest(self) -> str:
-        """This replica's weights digest, its model peers calling it at the same time."""
-        self.workspace.switch_if_staged()
-        return self.workspace.weights_digest()
+        refs = self._fan_out("weights_digest", False)  # all at once: a tp model gathers
+        return [self.weights_digest(False), *ray.get(refs)]
 
     # ------------------------------------------------------------ weight sync
 
@@ -368,9 +362,12 @@ class GroupActor:
         self.workspace.switch_if_staged()
         return self.workspace.policy_version
 
-    def weights_digest(self) -> str:
-        """Hash of the policy weights (sender and receiver agree after a sync)."""
+    def weights_digest(self, with_peers: bool = True) -> str:
+        """Hash of the policy weights (sender and receiver agree after a sync); without
+        peers when the other ranks of its model call it at the same time."""
         self.workspace.switch_if_staged()
+        if not with_peers:
+            return self.workspace.weights_digest()
         return self._with_model_peers(self.workspace.weights_digest)
 
     def state_for_checkpoint(self) -> dict:
