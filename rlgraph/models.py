@@ -7,6 +7,8 @@ version-0 weights; `model: {path: /models/x}` loads weights and tokenizer from a
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,3 +72,15 @@ def build_model(spec: ModelSpec, tokenizer: Tokenizer, seed: int = 0,
 def parameter_count(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+@cache
+def _cache_keyword(forward_owner: type) -> str:
+    params = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def with_cache(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword that hands `cache` to `model`'s forward: `cache` from transformers 5.2x on
+    (where `past_key_values` is deprecated), `past_key_values` before."""
+    return {_cache_keyword(type(model)): cache}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgraph.models import with_cache
+
 
 @dataclass
 class Rollout:
@@ -105,7 +107,7 @@ class Decoder:
             ids = torch.cat([self.prompt_ids, *[t[:, None] for t in self.tokens]], dim=1)
             pos = position_ids(mask)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=self.cache if self.use_cache else None,
+                         **with_cache(self.model, self.cache if self.use_cache else None),
                          use_cache=self.use_cache, logits_to_keep=1)
         if self.use_cache:
             self.cache = out.past_key_values

@@ -44,6 +44,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rlgraph.models import with_cache
+
 ATTN_NAME = "rlgraph_static"
 
 
@@ -120,7 +122,7 @@ class SlotKVCache:
         self.attn_len = max_len
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+               cache_kwargs: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new keys/values; return what the attention reads."""
         k, v = self.k[layer_idx], self.v[layer_idx]
         if self.mode == "prefill":
@@ -377,7 +379,8 @@ class StaticDecoder:
         self.cache.mode, self.cache.rows = "prefill", rows
         try:
             hidden = self.base(input_ids=ids.to(dev), position_ids=self.arange_L[:t].expand(n, t),
-                               past_key_values=self.cache, use_cache=True).last_hidden_state
+                               **with_cache(self.base, self.cache),
+                               use_cache=True).last_hidden_state
         finally:
             self.cache.mode, self.cache.rows = "decode", None
         last = hidden[torch.arange(n, device=dev), lengths - 1]
@@ -402,7 +405,7 @@ class StaticDecoder:
         pos = self.pos
         mask = (self.arange_L[:attn_len][None, :] <= pos[:, None])[:, None, None, :]
         hidden = self.base(input_ids=self.cur_tok[:, None], position_ids=pos[:, None],
-                           attention_mask=mask, past_key_values=self.cache,
+                           attention_mask=mask, **with_cache(self.base, self.cache),
                            use_cache=True).last_hidden_state
         tok, logp = sample(self.lm_head(hidden[:, -1]), self.temperature,
                            self.top_p if use_top_p else None, greedy_only=greedy)
