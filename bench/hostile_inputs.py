@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, machine  # noqa: E402
+from common import RESULTS, ROOT, machine
 
 QUICKSTART = (ROOT / "graphs" / "quickstart.yaml").read_text()
 LIMIT_S = 10
@@ -49,11 +49,12 @@ def attacks(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
     fifo = tmp / "fifo.yaml"
     os.mkfifo(fifo)
     out: dict[str, tuple[Path, list[str]]] = {
-        "integer 10^400": (write("int.yaml", QUICKSTART.replace("seed: 0", "seed: 1" + "0" * 400)), []),
+        "integer 10^400": (write("int.yaml", QUICKSTART.replace("seed: 0", f"seed: {10**400}")),
+                           []),
         "binary file": (write("binary.yaml", bytes(range(256)) * 4), []),
         "Latin-1 file": (write("latin1.yaml", ("# caf\xe9\n" + QUICKSTART).encode("latin-1")), []),
         "UTF-16 file": (write("utf16.yaml", QUICKSTART.encode("utf-16")), []),
-        "NUL byte": (write("nul.yaml", QUICKSTART.replace("name: quickstart", "name: quick\0start")), []),
+        "NUL byte": (write("nul.yaml", QUICKSTART.replace("name: quickstart", "name: a\0b")), []),
         "recursive alias": (write("recursive.yaml", QUICKSTART + "extra: &r [*r]\n"), []),
         "5000-deep nesting": (write("deep.yaml", _nested(5000)), []),
         "merge key <<:": (write("merge.yaml", QUICKSTART.replace(
@@ -75,7 +76,7 @@ def attacks(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
         "sigma=.inf": (qs, ["data.response_len.sigma=.inf"]),
         "seed=10**30": (qs, [f"data.seed={10**30}"]),
         "share=1e-300": (qs, ["groups.rollout.share=1e-300"]),
-        "bucket_mb 1e-300": (qs, ["nodes.param_update.bucket_mb={produce: 1e-300, consume: 1e-300}"]),
+        "bucket_mb 1e-300": (qs, ["nodes.param_update.bucket_mb.produce=1e-300"]),
         "reward.workers=4": (qs, ["nodes.reward.workers=4"]),
         "data.task: bogus": (qs, ["data.task=bogus"]),
         "fn: nosuch:fn": (qs, ["nodes.reward.fn=nosuch:fn"]),

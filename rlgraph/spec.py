@@ -1,7 +1,8 @@
 """graph.yaml as pydantic models, loaded with line numbers and `key=value` overrides.
 
 `load_spec(path, overrides)` returns a validated `Spec` whose `source` maps every key to
-its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`.
+its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`. The
+file and the overrides are read by `rlgraph.safe_yaml` (limits on size, depth, aliases).
 Node sections are validated by their kind's own model from `rlgraph.nodes.KINDS`.
 """
 
@@ -11,10 +12,8 @@ import os
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     Field,
@@ -28,6 +27,9 @@ from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import StrictModel
 from rlgraph.presets import GPU_PRESETS, MODEL_PRESETS
+from rlgraph.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
+from rlgraph.safe_yaml import located as _located
+from rlgraph.safe_yaml import parse_yaml as parse_yaml
 
 
 class ClusterSpec(StrictModel):
@@ -204,87 +206,6 @@ class Spec(StrictModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that also records the line and column of every key."""
-
-
-def _walk(node: yaml.Node, path: Key, positions: dict[Key, tuple[int, int]], file: str) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = _Constructor.construct_object(key_node, deep=True)
-            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if key in out:
-                first = positions[(*path, key)][0]
-                positions[(*path, key)] = where  # point at the second one
-                raise SpecError(f"key '{key}' appears twice (first on line {first})",
-                                (*path, key), hint="keep one")
-            positions[(*path, key)] = where
-            out[key] = _walk(value_node, (*path, key), positions, file)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        items = []
-        for i, item in enumerate(node.value):
-            positions[(*path, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            items.append(_walk(item, (*path, i), positions, file))
-        return items
-    return _Constructor.construct_object(node, deep=True)
-
-
-_Constructor = yaml.SafeLoader("")
-
-
-def parse_yaml(text: str, path: str = "graph.yaml") -> tuple[dict[str, Any], SourceMap]:
-    """YAML text -> (plain data, source map); syntax errors name the line."""
-    source = SourceMap(path=path)
-    try:
-        root = yaml.compose(text, Loader=_LineLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        problem = str(exc.problem or exc.context)
-        raise _located(SpecError(f"invalid YAML: {problem}", hint=_yaml_hint(problem)),
-                       where) from None
-    if root is None:
-        raise _located(SpecError("the file is empty", hint="start from graphs/quickstart.yaml"),
-                       f"{path}:1:1")
-    if not isinstance(root, yaml.MappingNode):
-        mark = root.start_mark
-        raise _located(SpecError("the top level must be a mapping of keys (name:, nodes:, ...)"),
-                       f"{path}:{mark.line + 1}:{mark.column + 1}")
-    try:
-        data = _walk(root, (), source.positions, path)
-    except SpecError as err:
-        err.source = source
-        raise
-    return data, source
-
-
-def _yaml_hint(problem: str) -> str | None:
-    """What usually causes PyYAML's problem, in words."""
-    if "'\\t'" in problem or "\t" in problem:
-        return "indent with spaces, not tabs"
-    if "expected ',' or '}'" in problem or "expected ',' or ']'" in problem:
-        return "a { or [ opened before this line is not closed"
-    if "<block end>" in problem or "mapping values are not allowed" in problem:
-        return "check the indentation of this line and the one before"
-    if "could not find expected ':'" in problem:
-        return "a key needs a colon: key: value"
-    return None
-
-
-def _located(err: SpecError, where: str) -> SpecError:
-    """Pin an error to a literal `file:line:col` (for errors before any key exists)."""
-    err.source = SourceMap(path=where, positions={(): (0, 0)})
-    err.render = lambda source=None: f"{where}: {err.message}" + (  # type: ignore[method-assign]
-        f" ({err.hint})" if err.hint else ""
-    )
-    return err
-
-
 # ---------------------------------------------------------------- overrides
 
 
@@ -297,13 +218,13 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
                            f"<override {text}>")
         dotted, _, raw = text.partition("=")
         keys = [k for k in dotted.lstrip("+").split(".") if k]
+        if len(keys) > MAX_DEPTH:
+            raise _located(SpecError(f"override '{shown(dotted)}' names {len(keys)} levels of "
+                                     f"keys, more than {MAX_DEPTH}"), f"<override {shown(text)}>")
         if not keys:
             raise _located(SpecError(f"override '{text}' names no key",
                                      hint="e.g. schedule.max_lag=2"), f"<override {text}>")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        value = parse_value(raw, f"<override {shown(text)}>")
         target = data
         for i, key in enumerate(keys[:-1]):
             nxt = target.setdefault(key, {})
@@ -448,12 +369,7 @@ def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
 
 def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Spec:
     """Read, override and validate a graph.yaml."""
-    file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise _located(SpecError(f"cannot read the graph: {exc.strerror}"), str(file)) from None
-    data, source = parse_yaml(text, str(file))
+    data, source = read_graph(path)
     try:
         apply_overrides(data, overrides, source)
     except SpecError as err:
