@@ -25,21 +25,32 @@ from pydantic import (
 
 from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.base import StrictModel
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+    StrictModel,
+)
 from rlgraph.presets import GPU_PRESETS, MODEL_PRESETS
 from rlgraph.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
 from rlgraph.safe_yaml import located as _located
 from rlgraph.safe_yaml import parse_yaml as parse_yaml
+
+MAX_LAG = 1024  # policy versions; the seeds use 1 to 8
+MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
 
 
 class ClusterSpec(StrictModel):
     """`{nodes, gpus_per_node, gpu}` for GPUs, or `{local: true}` for CPU cores as slots."""
 
     local: bool = False
-    nodes: int = Field(default=1, ge=1)
-    gpus_per_node: int = Field(default=8, ge=1)
+    nodes: int = Field(default=1, ge=1, le=4096)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
     gpu: str = "H200"
-    cpus: int | None = Field(default=None, ge=1, description="local slots; default: all cores")
+    cpus: int | None = Field(default=None, ge=1, le=4096,
+                             description="local slots; default: all cores")
 
     @field_validator("gpu")
     @classmethod
@@ -59,9 +70,10 @@ class ClusterSpec(StrictModel):
 class WarmStartSpec(StrictModel):
     """Supervised steps on the training prompts' answers before RL; the result is version 0."""
 
-    steps: int = Field(default=0, ge=0, description="0: RL from the initial weights")
-    lr: float = Field(default=1e-3, gt=0, description="constant AdamW learning rate")
-    batch_size: int = Field(default=64, ge=1)
+    steps: int = Field(default=0, ge=0, le=MAX_STEPS, description="0: RL from the initial "
+                       "weights")
+    lr: float = Field(default=1e-3, ge=1e-12, le=10, description="constant AdamW learning rate")
+    batch_size: int = Field(default=64, ge=1, le=MAX_COUNT)
 
 
 class ModelSpec(StrictModel):
@@ -88,13 +100,13 @@ class ModelSpec(StrictModel):
 class ResponseLength(StrictModel):
     """Response length in tokens: the mean decides throughput, the max a synchronous batch."""
 
-    mean: float = Field(default=256, gt=0)
-    max: int = Field(default=512, ge=1)
+    mean: float = Field(default=256, ge=1, le=MAX_TOKENS)
+    max: int = Field(default=512, ge=1, le=MAX_TOKENS)
     dist: Literal["lognormal", "pareto"] = Field(
         default="lognormal", description="length distribution of the longtail task's targets: "
         "mean as above, clipped at max (which lowers the realized mean, a pareto's most)")
-    sigma: float = Field(default=1.0, gt=0, description="lognormal: std of log length")
-    alpha: float = Field(default=1.5, gt=1, description="pareto: tail index (smaller: "
+    sigma: float = Field(default=1.0, ge=1e-3, le=10, description="lognormal: std of log length")
+    alpha: float = Field(default=1.5, gt=1, le=100, description="pareto: tail index (smaller: "
                          "heavier tail)")
 
     @model_validator(mode="after")
@@ -107,14 +119,24 @@ class ResponseLength(StrictModel):
 class DataSpec(StrictModel):
     """Batch shape per train step and where prompts come from."""
 
-    prompts_per_step: int = Field(default=8, ge=1)
-    samples_per_prompt: int = Field(default=4, ge=1)
-    prompt_len: int = Field(default=16, ge=1)
+    prompts_per_step: int = Field(default=8, ge=1, le=MAX_COUNT)
+    samples_per_prompt: int = Field(default=4, ge=1, le=4096)
+    prompt_len: int = Field(default=16, ge=1, le=MAX_TOKENS)
     response_len: ResponseLength = Field(default_factory=ResponseLength)
     task: str = Field(default="arithmetic", description="built-in task when no files are given")
     train_files: list[str] | None = None
     val_files: list[str] | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from rlgraph.data import TASKS
+
+        if task not in TASKS:
+            hint = did_you_mean(task, TASKS) or f"tasks: {', '.join(TASKS)}"
+            raise ValueError(f"unknown task '{task}' ({hint}; or give data.train_files)")
+        return task
 
     @field_validator("response_len", mode="before")
     @classmethod
@@ -130,29 +152,41 @@ class AlgorithmSpec(StrictModel):
     """The RL objective (verl: algorithm.* and actor.*_loss settings)."""
 
     name: Literal["grpo", "ppo"] = "grpo"
-    kl_coef: float = Field(default=0.001, ge=0)
+    kl_coef: float = Field(default=0.001, ge=0, le=100)
     kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
-    clip: float = Field(default=0.2, gt=0)
-    is_truncation: float = Field(default=2.0, gt=0, description="decoupled-PPO weight cap")
+    clip: float = Field(default=0.2, ge=1e-4, le=10)
+    is_truncation: float = Field(default=2.0, ge=1e-3, le=1e6,
+                                 description="decoupled-PPO weight cap")
     norm_adv_by_std: bool = Field(default=True, description="GRPO: divide by the group's std")
 
 
 class GroupSpec(StrictModel):
     """Tasks that share the group's GPUs in time, and the group's share of the cluster."""
 
-    share: float = Field(gt=0, le=1)
+    share: float = Field(gt=0, le=1)  # and at least MIN_SHARE (_not_a_sliver)
     tasks: list[str] = Field(min_length=1)
-    replicas: int | None = Field(default=None, ge=1, description="data-parallel processes the "
+    replicas: int | None = Field(default=None, ge=1, le=MAX_PARALLEL,
+                                 description="data-parallel processes the "
                                  "group's work is split over; default one per GPU, one on a "
                                  "local CPU cluster (its slots are then its threads)")
+
+
+    @field_validator("share")
+    @classmethod
+    def _not_a_sliver(cls, share: float) -> float:
+        if share < MIN_SHARE:
+            raise ValueError(f"share {share:g} is less than {MIN_SHARE:g} of the cluster (it "
+                             f"would still get a whole GPU or CPU slot); give at least "
+                             f"{MIN_SHARE:g}")
+        return share
 
 
 class ScheduleSpec(StrictModel):
     """Lag bound, partial rollout and run length (seeds: generate_ahead_steps = max_lag)."""
 
-    max_lag: int = Field(default=1, ge=0)
+    max_lag: int = Field(default=1, ge=0, le=MAX_LAG)
     partial_rollout: bool = False
-    steps: int = Field(default=100, ge=1)
+    steps: int = Field(default=100, ge=1, le=MAX_STEPS)
 
 
 def _node_union() -> Any:

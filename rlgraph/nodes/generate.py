@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, no_inputs
+from rlgraph.nodes.base import MAX_PARALLEL, CostContext, NodeKind, NodeSpec, no_inputs
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -20,10 +20,12 @@ class GenerateSpec(NodeSpec):
 
     kind: Literal["generate"] = "generate"
     engine: Literal["native", "sglang"] = "native"
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size of one engine replica")
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    oversample: float = Field(default=2.0, ge=1, description="partial rollout: prompt groups "
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL,
+                    description="tensor-parallel size of one engine replica")
+    temperature: float = Field(default=1.0, ge=1e-3, le=100)
+    top_p: float = Field(default=1.0, ge=1e-6, le=1)
+    oversample: float = Field(default=2.0, ge=1, le=64,
+                              description="partial rollout: prompt groups "
                               "in flight per prompt of a batch (supplementation)")
     stale: Literal["drop", "restart"] = Field(
         default="drop", description="partial rollout: a cached sample whose oldest token would "
