@@ -38,7 +38,7 @@ from rlgraph.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
 from rlgraph.safe_yaml import located as _located
 from rlgraph.safe_yaml import parse_yaml as parse_yaml
 
-MAX_LAG = 1024  # policy versions; the seeds use 1 to 8
+MAX_LAG = 256  # policy versions; the seeds use 1 to 8
 MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
 
 
