@@ -134,8 +134,9 @@ class DataSpec(StrictModel):
         from rlgraph.data import TASKS
 
         if task not in TASKS:
-            hint = did_you_mean(task, TASKS) or f"tasks: {', '.join(TASKS)}"
-            raise ValueError(f"unknown task '{task}' ({hint}; or give data.train_files)")
+            hint = did_you_mean(task, TASKS) or (f"tasks: {', '.join(TASKS)}; or give "
+                                                 "data.train_files")
+            raise ValueError(f"unknown task '{task}' ({hint})")
         return task
 
     @field_validator("response_len", mode="before")

@@ -3,6 +3,7 @@
 `compile_plan(spec, calibration=None)` runs the passes, each a pure function of the spec
 and what the passes before it returned:
 
+0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
 2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
@@ -31,6 +32,7 @@ from rlgraph.compiler.lag import (
     smallest_lag_for_best_period,
 )
 from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
     TaskState,
@@ -215,6 +217,7 @@ def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
 
 
 def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+    check_references(spec)
     graph = build_graph(spec)
     placement: Placement = place(spec)
     measured = as_calibration(calibration)

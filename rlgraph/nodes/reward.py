@@ -71,6 +71,6 @@ class RewardWorker:
         check_step(batch, step, self.name)
         scores = score_samples(self.fn, self.fn_name, batch["data_source"],
                                batch["response_text"], batch["ground_truth"],
-                               batch["extra_info"], batch["prompt_uid"])
+                               batch["extra_info"], batch["prompt_uid"], step=step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
         return batch
