@@ -30,6 +30,12 @@ class CLIError(RLGraphError):
 # ---------------------------------------------------------------- helpers
 
 
+def one_line(message: str) -> str:
+    """An error as one line: line breaks a user's text brought in (a key, a value, a file
+    name) printed escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _lazy(module: str, attr: str, command: str) -> Callable[..., Any]:
     """Import `module.attr` on first use; a subsystem not built yet is a clear error."""
     try:
@@ -234,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except RLGraphError as err:
-        print(err.render(), file=sys.stderr)
+        print(one_line(err.render()), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

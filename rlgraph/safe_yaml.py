@@ -38,8 +38,9 @@ _BOMS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32",
 
 
 def shown(path: str | os.PathLike[str]) -> str:
-    """A path as messages print it: shortened in the middle when very long."""
-    text = str(path)
+    """A path (or override) as messages print it: control characters escaped, shortened in
+    the middle when very long, so an error stays one readable line."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(path))
     if len(text) <= MAX_NAME_CHARS:
         return text
     half = MAX_NAME_CHARS // 2 - 2
@@ -231,16 +232,17 @@ class _Walk:
         return out
 
 
-def compose(text: str, where: str) -> yaml.Node | None:
-    """The YAML node tree of `text` under the limits; errors point at `where:line:col`."""
+def compose(text: str, where: str, lines: bool = True) -> yaml.Node | None:
+    """The YAML node tree of `text` under the limits; errors point at `where:line:col`
+    (at `where` alone without `lines`: an override's value)."""
     loader = _LimitedLoader(text)
     try:
         return loader.get_single_node()
     except _LimitError as exc:
-        raise _at(exc, where) from None
+        raise _at(exc, where, lines) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark and lines else where
         problem = str(exc.problem or exc.context)
         raise located(SpecError(f"invalid YAML: {problem}", hint=_yaml_hint(problem)),
                       at) from None
@@ -250,19 +252,19 @@ def compose(text: str, where: str) -> yaml.Node | None:
         loader.dispose()
 
 
-def _at(exc: _LimitError, where: str) -> SpecError:
+def _at(exc: _LimitError, where: str, lines: bool = True) -> SpecError:
     mark = exc.mark
-    at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+    at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark and lines else where
     return located(SpecError(exc.message, hint=exc.hint), at)
 
 
 def to_data(node: yaml.Node, where: str, positions: dict[Key, tuple[int, int]],
-            path: Key = ()) -> Any:
+            path: Key = (), lines: bool = True) -> Any:
     """Plain data of a composed node, recording each key's position in `positions`."""
     try:
         return _Walk(positions)(node, path)
     except _LimitError as exc:
-        raise _at(exc, where) from None
+        raise _at(exc, where, lines) from None
     except yaml.YAMLError as exc:  # a scalar PyYAML cannot construct (a bad timestamp)
         raise located(SpecError(f"invalid YAML value: {str(exc).splitlines()[0]}"),
                       where) from None
@@ -298,12 +300,12 @@ def parse_value(raw: str, where: str) -> Any:
     if "\0" in raw:
         raise located(SpecError("the value holds a NUL byte"), where)
     try:
-        node = compose(raw, where)
+        node = compose(raw, where, lines=False)
     except SpecError as err:
         if err.message.startswith("invalid YAML"):
             return raw  # `name=a: b` and friends: the text itself
         raise
-    return None if node is None else to_data(node, where, {})
+    return None if node is None else to_data(node, where, {}, lines=False)
 
 
 def _yaml_hint(problem: str) -> str | None:
