@@ -112,7 +112,7 @@ def decode(data: bytes, name: str) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise _refuse(name, f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})",
-                      hint="save it as UTF-8 (a binary file, or Latin-1 / UTF-16 text?)",
+                      hint="save it as UTF-8; is it a binary file, or Latin-1 text?",
                       line=line, col=col) from None
     if "\0" in text:
         at = text.index("\0")
