@@ -271,6 +271,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
             target = nxt
         target[keys[-1]] = value
         source.overrides[tuple(keys)] = text
+        for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
+            del source.positions[stale]  # the file's lines under it no longer hold its value
 
 
 # ---------------------------------------------------------------- validation errors

@@ -32,6 +32,11 @@ from rlgraph.rewards import MAX_ABS_REWARD, RewardFnError, score_samples
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 QUICKSTART = (ROOT / "graphs" / "quickstart.yaml").read_text()
+HF_CONFIG = QUICKSTART.replace(  # the numbers of an inline model config get mutated too
+    "  preset: tiny\n", "  hf_config: {hidden_size: 64, num_hidden_layers: 2, "
+    "num_attention_heads: 4, num_key_value_heads: 2, intermediate_size: 128, "
+    "vocab_size: 128}\n")
+SOURCES = [path.read_text() for path in GRAPHS] + [HF_CONFIG]
 
 
 def compile_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -238,8 +243,7 @@ def _mutate(data: dict, path: tuple, how: str, value: object) -> None:
 @st.composite
 def mutated_graphs(draw: st.DrawFn) -> bytes:
     """A graph of graphs/ with one to three mutations, or one YAML-level attack."""
-    graph = draw(st.sampled_from(GRAPHS))
-    text = graph.read_text()
+    text = draw(st.sampled_from(SOURCES))
     if draw(st.integers(0, 4)) == 0:
         return draw(st.sampled_from(YAML_ATTACKS))(text).encode()
     data = yaml.safe_load(text)
