@@ -186,8 +186,10 @@ class GenerateWorker:
         ids = self.ws.tokenizer.encode_prompt(example.prompt)
         limit = self.ws.spec.data.prompt_len
         if len(ids) > limit:
-            raise SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
+            err = SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
                             f"{limit}", ("data", "prompt_len"), hint=f"raise it to {len(ids)}")
+            err.source = self.ws.spec.source  # the user's graph file and line
+            raise err
         return ids
 
     def prompts(self, step: int) -> tuple[list[Any], list[list[int]]]:
