@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from rlgraph.errors import Key, SourceMap, SpecError
+from rlgraph.errors import Key, SourceMap, SpecError, shown
 
 MAX_FILE_BYTES = 1 << 20  # a graph.yaml is a few kB; 1 MiB leaves room for long hf_configs
 MAX_DEPTH = 32  # nested mappings/lists (the deepest real key is about 5 levels)
@@ -28,23 +28,12 @@ MAX_ALIASES = 256  # alias uses (*name) in one document
 MAX_VALUES = 100_000  # values after expanding aliases
 MAX_INT_DIGITS = 30  # digits of one integer literal (2**64 has 20)
 MAX_OVERRIDE_CHARS = 65_536
-MAX_NAME_CHARS = 120  # a path longer than this is shortened in messages
 
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in
                ("str", "int", "float", "bool", "null", "seq", "map", "timestamp")}
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _BOMS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32",
          codecs.BOM_UTF16_LE: "UTF-16", codecs.BOM_UTF16_BE: "UTF-16"}
-
-
-def shown(path: str | os.PathLike[str]) -> str:
-    """A path (or override) as messages print it: control characters escaped, shortened in
-    the middle when very long, so an error stays one readable line."""
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(path))
-    if len(text) <= MAX_NAME_CHARS:
-        return text
-    half = MAX_NAME_CHARS // 2 - 2
-    return f"{text[:half]}...{text[-half:]}"
 
 
 def located(err: SpecError, where: str) -> SpecError:

@@ -360,7 +360,8 @@ def _you_wrote(value: Any) -> str | None:
     """`you wrote 'half'` for a scalar the user typed (None for mappings and lists)."""
     if isinstance(value, dict | list) or value is None:
         return None
-    return f"you wrote {value!r}"
+    text = repr(value)
+    return f"you wrote {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
