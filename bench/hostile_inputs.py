@@ -1,10 +1,13 @@
 """Issue 12's hostile or mistaken inputs, each through `rlgraph compile` in its own process.
 
 Every attack runs with a 10 s wall clock and a 3 GiB address-space limit; the table records
-the exit status, whether stderr held a traceback, how many lines it printed, the seconds it
-took and the message's first 160 characters. Writes bench/results/hostile_inputs.json:
+the exit status, whether stderr held a traceback, how many lines it printed, the seconds the
+process took (interpreter start-up and imports included), the seconds `main()` itself took
+(`main_s`, where it returned) and the message's first 160 characters. Writes
+bench/results/hostile_inputs.json under `--label`; `--code DIR` runs another checkout's
+rlgraph (e.g. `git archive 3457924 | tar -x -C /tmp/before` for the "before" column):
 
-    python bench/hostile_inputs.py [--label after]
+    python bench/hostile_inputs.py [--label after] [--code DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from common import RESULTS, ROOT, machine
 
 QUICKSTART = (ROOT / "graphs" / "quickstart.yaml").read_text()
 LIMIT_S = 10
+TIMED_MAIN = ("import sys, time\nfrom rlgraph.cli import main\nt = time.perf_counter()\n"
+              "rc = main(sys.argv[1:])\nprint(f'MAIN_S {time.perf_counter() - t:.4f}', "
+              "file=sys.stderr)\nsys.exit(rc)")
 MEMORY_BYTES = 3 << 30
 
 
@@ -95,19 +101,22 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
 
 
-def run_attack(graph: Path, overrides: list[str], out: Path) -> dict:
+def run_attack(graph: Path, overrides: list[str], out: Path, env: dict[str, str]) -> dict:
     """One `rlgraph compile` in a fresh process: status, lines, traceback, seconds."""
     if "-o" not in overrides:
         overrides = [*overrides, "-o", str(out)]
     began = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "rlgraph", "compile", str(graph),
-                               *overrides], capture_output=True, text=True,
-                              errors="replace", timeout=LIMIT_S, preexec_fn=_limit, cwd=ROOT)
+        proc = subprocess.run([sys.executable, "-c", TIMED_MAIN, "compile", str(graph),
+                               *overrides], capture_output=True, text=True, env=env,
+                              errors="replace", timeout=LIMIT_S, preexec_fn=_limit,
+                              cwd=out.parent)  # not ROOT: its rlgraph would shadow --code
     except subprocess.TimeoutExpired:
         return {"rc": None, "outcome": f"hang (> {LIMIT_S} s)", "seconds": LIMIT_S}
     seconds = time.perf_counter() - began
-    err = proc.stderr.strip()
+    lines = proc.stderr.strip().splitlines()
+    main_s = next((float(x.split()[1]) for x in lines if x.startswith("MAIN_S ")), None)
+    err = "\n".join(x for x in lines if not x.startswith("MAIN_S "))
     traceback = "Traceback" in err
     if proc.returncode == 0:
         outcome = "accepted"
@@ -119,28 +128,34 @@ def run_attack(graph: Path, overrides: list[str], out: Path) -> dict:
         outcome = f"rc {proc.returncode}, {len(err.splitlines())} lines"
     last = err.splitlines()[-1] if err else ""
     return {"rc": proc.returncode, "outcome": outcome, "seconds": round(seconds, 2),
-            "message": last[:160]}
+            "main_s": main_s, "message": last[:160]}
 
 
 def main() -> None:
     """Run every attack; print the table and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--label", default="after", help="key of this run in the JSON")
+    parser.add_argument("--code", help="a checkout whose rlgraph to run (default: this one)")
     args = parser.parse_args()
+    env = dict(os.environ)
+    if args.code:
+        env["PYTHONPATH"] = str(Path(args.code).resolve())
     results_file = RESULTS / "hostile_inputs.json"
     saved = json.loads(results_file.read_text()) if results_file.exists() else {}
     tmp = Path(tempfile.mkdtemp(prefix="rlgraph-hostile-"))
     rows = {}
     try:
         for name, (graph, overrides) in attacks(tmp).items():
-            row = run_attack(graph, overrides, tmp / "out")
+            row = run_attack(graph, overrides, tmp / "out", env)
             shutil.rmtree(tmp / "out", ignore_errors=True)
             rows[name] = row
-            print(f"{name:28s} {row['outcome']:18s} {row['seconds']:6.2f}s  "
+            main_s = f"{row['main_s']:.3f}" if row.get("main_s") is not None else "-"
+            print(f"{name:28s} {row['outcome']:18s} {row['seconds']:6.2f}s {main_s:>6s}s  "
                   f"{row.get('message', '')[:90]}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    saved[args.label] = {"machine": machine(), "attacks": rows}
+    saved[args.label] = {"machine": machine(), "code": args.code or str(ROOT),
+                         "attacks": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     results_file.write_text(json.dumps(saved, indent=2) + "\n")
     print(f"wrote {results_file}")
