@@ -18,6 +18,9 @@ def model_config(spec: Spec) -> dict[str, Any]:
         return model.hf_config
     if model.path is not None:
         file = Path(model.path) / "config.json"
+        if file.exists() and not file.is_file():  # a FIFO or device would block or never end
+            raise SpecError(f"{file} is not a regular file", ("model", "path"),
+                            hint="point model.path at a Hugging Face model folder")
         try:
             return json.loads(file.read_text())
         except (OSError, json.JSONDecodeError) as exc:
