@@ -106,6 +106,16 @@ def test_long_prompt_is_a_spec_error() -> None:
     assert err.value.render().startswith("my-graph.yaml:7:3: data.prompt_len: prompt ")
 
 
+def test_reward_worker_refuses_a_reward_that_is_not_finite(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, "
+                                   "extra_info=None):\n    return 1e308\n")
+    ws = Workspace(make_spec(reward={"fn": f"{tmp_path}/r.py:f"}), ["generate", "reward"])
+    gen = ws.worker("generate").run(2, {})
+    with pytest.raises(RewardFnError, match=r"r.py:f at step 2 on sample 0 \(prompt "
+                       r"arithmetic:train:\d+.*returned 1e\+308, not a finite reward"):
+        ws.worker("reward").run(2, {"generate": gen})
+
+
 def test_reward_worker_reports_a_failing_fn(tmp_path: Path) -> None:
     (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, "
                                    "extra_info=None):\n    return None\n")
