@@ -280,3 +280,33 @@ def test_mutated_graphs_compile_or_fail_in_one_line(tmp_path_factory: pytest.Tem
         assert str(graph) in err or "<override" in err, err
     else:
         assert json.loads(out)["schedule"]["period_s"] >= 0
+
+
+OVERRIDE_VALUES = [".inf", "-.inf", ".nan", "1e-300", "1.0e+300", str(2**64 + 1), "1" + "0" * 400,
+                   "[]", "{}", "null", "x", "{<<: {a: 1}}", "!!python/name:os.system", "[" * 50,
+                   "&a [*a]", "'\0'", "-1", "0"]
+
+
+@st.composite
+def overridden_graphs(draw: st.DrawFn) -> tuple[Path, str]:
+    """A graph of graphs/ and one `key=value` override of one of its keys (or a new one)."""
+    graph = draw(st.sampled_from(GRAPHS))
+    paths = [p for p in _paths(yaml.safe_load(graph.read_text()))
+             if all(isinstance(k, str) for k in p)]
+    path = draw(st.sampled_from(paths))
+    if draw(st.integers(0, 5)) == 0:
+        path = (*path, "extra")
+    return graph, ".".join(path) + "=" + draw(st.sampled_from(OVERRIDE_VALUES))
+
+
+@settings(max_examples=60, deadline=5000,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(overridden_graphs())
+def test_hostile_overrides_compile_or_fail_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                       case: tuple[Path, str]) -> None:
+    graph, override = case
+    status, out, err = compile_cli([str(graph), override, "--json"], capsys)
+    assert status in (0, 2), err
+    assert "Traceback" not in err
+    if status == 2:
+        assert out == "" and len(err.strip().splitlines()) == 1, err
