@@ -3,6 +3,7 @@
 `compile_plan(spec, calibration=None)` runs the passes, each a pure function of the spec
 and what the passes before it returned:
 
+0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
 2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
@@ -31,6 +32,7 @@ from rlgraph.compiler.lag import (
     smallest_lag_for_best_period,
 )
 from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
     TaskState,
@@ -45,6 +47,8 @@ from rlgraph.spec import GroupSpec, Spec
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
+MAX_SIMULATED_LAG = 64  # the largest max_lag simulated (see effective_lag)
+LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph feels
 
 __all__ = [
     "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
@@ -100,6 +104,35 @@ def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement
     seconds = {n: (costs[n] if costs[n].source == "override" else plain_costs[n]).seconds
                for n in costs}
     return timed_graph(graph, seconds, list(placement.groups)).with_lag(0)
+
+
+def effective_lag(tg: TimedGraph) -> tuple[int, str | None]:
+    """The max_lag the simulator needs for a plan of `tg.max_lag`, and why it is smaller.
+
+    Every period is at least the lag-free bound (the bound with no back edge or channel
+    limit). Once a lag's simulated period reaches it, no larger lag can shorten the period,
+    so the simulation stops there (at EVENT_STEPS at least: a back edge or channel of more
+    than EVENT_STEPS steps never binds within the timeline's steps), and at
+    MAX_SIMULATED_LAG in any case: compile time stays bounded whatever max_lag says."""
+    if tg.max_lag <= EVENT_STEPS:
+        return tg.max_lag, None
+    free = schedule_bound(tg.with_lag(LAG_FREE)).seconds
+    reached = None
+    for lag in range(min(tg.max_lag, MAX_SIMULATED_LAG) + 1):
+        variant = tg.with_lag(lag)
+        if schedule_bound(variant).seconds > free * (1 + 1e-9) + 1e-12:
+            continue  # the back edge still bounds the period: no need to simulate
+        if steady_state(variant).period <= free * (1 + 1e-9) + 1e-12:
+            reached = lag
+            break
+    if reached is not None:
+        lag = max(reached, EVENT_STEPS)
+        return lag, (f"max_lag {tg.max_lag} is simulated as {lag}: from max_lag {reached} on "
+                     f"the period is at its lag-free bound ({free:.4g} s), which no larger lag "
+                     f"can shorten; the lag bound and channels keep {tg.max_lag}")
+    return MAX_SIMULATED_LAG, (f"max_lag {tg.max_lag} is simulated as {MAX_SIMULATED_LAG}, the "
+                               f"largest the compiler simulates; the lag bound and channels "
+                               f"keep {tg.max_lag}")
 
 
 def _lag_sweep(tg: TimedGraph, period: float, at_zero: TimedGraph | None = None
@@ -184,13 +217,17 @@ def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
 
 
 def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+    check_references(spec)
     graph = build_graph(spec)
     placement: Placement = place(spec)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
     proof = prove_lag(graph, spec.schedule.partial_rollout)
-    tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
+    user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
+                          list(placement.groups))
+    simulated_lag, lag_note = effective_lag(user_tg)
+    tg = user_tg.with_lag(simulated_lag)
     bound = schedule_bound(tg)
     steady = steady_state(tg)
     period = steady.period
@@ -201,11 +238,14 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     periods = _lag_sweep(tg, period, at_zero)
     evaluated = {lag: p for lag, p in periods.items() if p is not None}
     smallest = smallest_lag_for_best_period(evaluated)
-    messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest, evaluated)
-    more = schedule_bound(tg.with_lag(tg.max_lag + 1)).seconds
+    messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest,
+                                              {**evaluated, spec.schedule.max_lag: period})
+    if lag_note:
+        messages.append(lag_note)
+    more = schedule_bound(user_tg.with_lag(user_tg.max_lag + 1)).seconds
     if period > 0 and more < period * 0.95:
-        messages.append(f"max_lag {tg.max_lag + 1} would allow a period down to {more:.4g} s "
-                        f"(its bound, {more / period - 1:+.0%})")
+        messages.append(f"max_lag {user_tg.max_lag + 1} would allow a period down to "
+                        f"{more:.4g} s (its bound, {more / period - 1:+.0%})")
     if spec.schedule.partial_rollout:
         messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
     sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)

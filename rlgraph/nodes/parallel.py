@@ -7,16 +7,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeSpec
+from rlgraph.nodes.base import MAX_PARALLEL, CostContext, NodeSpec
 
 
 class ParallelNodeSpec(NodeSpec):
     """A node that runs the policy or reference model on its group's GPUs."""
 
     backend: Literal["torch", "megatron"] = "torch"
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size")
-    pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
-    ep: int = Field(default=1, ge=1, description="expert-parallel size (MoE)")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
+    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
 
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""

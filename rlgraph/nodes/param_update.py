@@ -15,8 +15,8 @@ from rlgraph.presets import COSTS
 class BucketSizes(StrictModel):
     """Sender and receiver granularity (dots.rl: param_update_preduce/consume_bucket_size_mb)."""
 
-    produce: float = Field(default=512, gt=0)
-    consume: float = Field(default=128, gt=0)
+    produce: float = Field(default=512, ge=0.01, le=1e6)
+    consume: float = Field(default=128, ge=0.01, le=1e6)
 
 
 class ParamUpdateSpec(NodeSpec):

@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_STEPS,
+    CostContext,
+    NodeKind,
+    NodeSpec,
+    inputs_from_kinds,
+)
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.presets import COSTS
 
@@ -19,15 +26,18 @@ class TrainSpec(ParallelNodeSpec):
     """Optimizer settings of the policy (verl: actor_rollout_ref.actor.*)."""
 
     kind: Literal["train"] = "train"
-    lr: float = Field(default=1e-6, gt=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    micro_batch: int | None = Field(default=None, ge=1,
+    lr: float = Field(default=1e-6, ge=1e-12, le=10)
+    grad_clip: float = Field(default=1.0, ge=1e-6, le=1e6)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    micro_batch: int | None = Field(default=None, ge=1, le=MAX_COUNT,
                                     description="sequences per forward/backward (accumulated)")
-    mini_batches: int = Field(default=1, ge=1, description="optimizer updates per epoch "
+    mini_batches: int = Field(default=1, ge=1, le=MAX_COUNT,
+                              description="optimizer updates per epoch "
                               "(verl: train batch / ppo_mini_batch_size)")
-    epochs: int = Field(default=1, ge=1, description="passes over the batch (verl: ppo_epochs)")
-    warmup_steps: int = Field(default=0, ge=0, description="linear lr warmup, in train steps")
+    epochs: int = Field(default=1, ge=1, le=1000,
+                        description="passes over the batch (verl: ppo_epochs)")
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
+                              description="linear lr warmup, in train steps")
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
