@@ -41,10 +41,13 @@ from rlgraph.compiler.schedule import (
 from rlgraph.compiler.timed import TimedGraph, timed_graph
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
 from rlgraph.spec import GroupSpec, Spec
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
+OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
     "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
@@ -54,12 +57,20 @@ __all__ = [
 
 
 def sync_spec(spec: Spec) -> Spec:
-    """The colocated synchronous baseline (verl's hybrid engine): every grouped task in one
-    group on all GPUs, max_lag 0, no partial rollout."""
+    """The colocated synchronous baseline: every grouped task in one group on all GPUs,
+    max_lag 0, no partial rollout. Where the plan prices verl's hybrid engine it is verl's
+    baseline: the switch is paid (cost pass) and old_log_prob is computed, so a plan without
+    a logp node gets one (OLD_LOG_PROB) in the baseline."""
     tasks = [t for g in spec.groups.values() for t in g.tasks]
+    nodes = spec.nodes
+    kinds = {n.kind for n in nodes.values()}
+    if (hybrid_engine_priced(spec) and tasks and "train" in kinds and "logp" not in kinds
+            and OLD_LOG_PROB not in nodes):
+        nodes = {**nodes, OLD_LOG_PROB: KINDS["logp"].spec()}
+        tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
-    return spec.model_copy(update={"groups": groups, "schedule": schedule})
+    return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -83,7 +94,7 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
 
 def _sync_period(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]) -> float:
     base = sync_spec(spec)
-    graph = sync_graph(graph)
+    graph = sync_graph(graph) if len(base.nodes) == len(spec.nodes) else build_graph(base)
     placement = place(base, strict=False)
     sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
     tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))

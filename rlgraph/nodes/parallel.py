@@ -3,10 +3,12 @@ compute-bound cost of a pass over every token of the step."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
 
+from rlgraph import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
 
 
@@ -33,13 +35,40 @@ def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
     return (micro + pp - 1) / micro
 
 
-def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float) -> float:
-    """A compute-bound pass over every token of the step: flops_per_param * N_active * tokens
-    FLOPs at `mfu` of the group's peak (times the pipeline bubble when pp > 1)."""
+def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int = 1) -> float:
+    """Slowest data-parallel rank over the mean one, per (mini-)batch: a rank's work is the
+    tokens of its k sequences, so the slowest of D ranks carries about k * mu + z_D * sqrt(k) *
+    sigma (z_D: expected largest of D standard normals), and never less than the longest
+    sequence of the batch (E[max], clipped at max) beside k - 1 average ones."""
     data = ctx.spec.data
-    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    if ranks <= 1:
+        return 1.0
+    model = lengths.of(data.response_len)
+    mean, second = lengths.moments(model)
+    mu = data.prompt_len + mean
+    sigma = math.sqrt(max(0.0, second - mean * mean))
+    size = max(1, data.samples_per_step() // mini_batches)
+    k = size / ranks
+    longest = data.prompt_len + lengths.expected_max(model, size)
+    slowest = max(k * mu + lengths.expected_max_normal(ranks) * math.sqrt(k) * sigma,
+                  longest + max(0.0, k - 1) * mu)
+    return slowest / (k * mu)
+
+
+def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
+                    mini_batches: int = 1) -> float:
+    """A compute-bound pass over every token of the step: flops_per_param * N_active * tokens
+    FLOPs at `mfu` of the group's peak, times the data-parallel imbalance of the step's
+    `mini_batches` (each a barrier) and the pipeline bubble when pp > 1."""
+    data = ctx.spec.data
+    mean, _ = lengths.moments(lengths.of(data.response_len))
+    tokens = data.samples_per_step() * (data.prompt_len + mean)
     flops = flops_per_param * ctx.shape.active_params * tokens
     peak = ctx.gpu.bf16_flops * mfu * ctx.gpus
+    imbalance = data_parallel_imbalance(node, ctx, mini_batches)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
-                           f"{tokens:.3g} tokens at {mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
-    return flops / peak * pipeline_bubble(node, ctx)
+                           f"{tokens:.3g} tokens at {mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}"
+                           + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
+                              else ""))
+    return flops / peak * pipeline_bubble(node, ctx) * imbalance

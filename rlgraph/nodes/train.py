@@ -8,6 +8,7 @@ from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
+from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -32,8 +33,26 @@ class TrainSpec(ParallelNodeSpec):
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
-    compute-bound."""
-    return token_pass_cost(node, ctx, 6, COSTS.train_mfu)
+    compute-bound, at the pace of the slowest data-parallel rank of each mini-batch; plus a
+    2 * N forward for the proximal log-probs when rlgraph's runtime trains without a logp node
+    (verl takes them from the rollout); plus the gradient all-reduce of every optimizer
+    update (2 x the bf16 gradients per GPU through the group's slowest link, ring)."""
+    proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
+                and not hybrid_engine_priced(ctx.spec))
+    updates = node.mini_batches * node.epochs
+    compute = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
+                              mini_batches=node.mini_batches) * node.epochs
+    detail = ctx.extra["detail"] + (" (+ proximal log-prob forward)" if proximal else "")
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    collective = 0.0
+    if ranks > 1 and not ctx.extra.get("local"):
+        link = (ctx.gpu.network_bytes_per_s if ctx.extra.get("cross_node")
+                else ctx.gpu.nvlink_bytes_per_s)
+        grads = 2 * ctx.shape.params / node.model_parallel()
+        collective = updates * 2 * grads * (ranks - 1) / ranks / link
+        detail += f" + {updates} gradient all-reduce(s) {collective:.3g} s"
+    ctx.extra["detail"] = detail
+    return compute + collective
 
 
 KIND = NodeKind(
