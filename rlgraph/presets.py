@@ -118,6 +118,18 @@ COST_SOURCES: dict[str, str] = {
                            "(verl issue 2419): 0.19 GB/s; the same table's 16B MoE (~200 s) "
                            "and the one-step-off table's gen - generate_sequences (74 s "
                            "FSDP2 / 45 s Megatron for 7B) are of the same order",
+    "reward_seconds_per_sample": "a rule-based verifier (parse + exact match of the final "
+                                 "answer) in Python: ~50 us per sample on one core",
+    "bucket_overhead_s": "fixed cost per weight bucket (Python call, NCCL launch, engine "
+                         "load_weights); verl PR #2231 reports Qwen2.5-3B weight sync mostly "
+                         "under 300 ms on A100s: 2 ms per bucket assumed",
+    "object_store_bytes_per_s": "DESIGN.md (2026-11-22): 1 GiB through the Ray object store "
+                                "between two actors took 1.41 s (0.76 GB/s)",
+    "train_state_bytes_per_param": "mixed-precision Adam: bf16 weights (2) + bf16 grads (2) + "
+                                   "fp32 master weights, momentum and variance (12) = 16 B per "
+                                   "parameter (ZeRO, Rajbhandari et al. 2020)",
+    "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
+                              "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }
 
 

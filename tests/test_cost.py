@@ -69,7 +69,8 @@ def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:
             "response_len": {"mean": 1024, "max": 8192}}
     sync = seconds(spec_of(data=data), "generate")
     partial = seconds(spec_of(data=data, schedule={"partial_rollout": True}), "generate")
-    assert partial < 0.25 * sync  # 1024 steps instead of 8192
+    # ~1024 steps instead of the expected longest of each replica's 32 samples (~5.1k of 8192)
+    assert partial < 0.3 * sync
     flat = dict(data, response_len={"mean": 1024, "max": 1024})
     one = dict(NODES, generate={"oversample": 1})
     same = [seconds(spec_of(data=flat, nodes=one, schedule={"partial_rollout": p}), "generate")
@@ -130,22 +131,51 @@ def test_param_update_link_and_buckets() -> None:
 
 
 def test_colocating_train_with_generate_pays_the_switch() -> None:
+    sglang = dict(NODES, generate={"engine": "sglang"})
     apart = spec_of(groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
-                            "rollout": {"share": 0.5, "tasks": ["generate"]}})
-    together = spec_of(groups={"hybrid": {"share": 0.5, "tasks": ["generate", "logp", "train"]}})
-    switch = switch_seconds(together, place(together), "hybrid", shape_of(together))
-    assert switch > 0.1  # 16 B/param / 4 GPUs + weights, out and back over PCIe
+                            "rollout": {"share": 0.5, "tasks": ["generate"]}}, nodes=sglang)
+    hybrid = {"hybrid": {"share": 0.5, "tasks": ["generate", "logp", "train"]}}
+    together = spec_of(groups=hybrid, nodes=sglang)
+    shape = shape_of(together)
+    switch = switch_seconds(together, place(together), "hybrid", shape)
+    # verl's hybrid engine: offload + sleep/wake over PCIe, and the reshard at its measured rate
+    assert switch > 2 * shape.params / COSTS.reshard_bytes_per_s
     generate = costs_of(together)["generate"]
     # apart, generate pays only the dual-buffer switch (the receive overlaps generation)
-    shape, gpu = shape_of(apart), GPU_PRESETS[apart.cluster.gpu]
+    gpu = GPU_PRESETS[apart.cluster.gpu]
     dual = switch_cost(apart.nodes["generate"], shape, gpu, local=False)
     assert 0 < dual < switch / 10 and "dual-buffer switch" in costs_of(apart)["generate"].detail
     assert dual == pytest.approx(4 * shape.params / gpu.hbm_bytes_per_s)  # bf16 read + write
     assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds - dual + switch)
     assert "colocation switch" in generate.detail
+    # rlgraph's own runtime (engine native) decodes with the training weights: no switch
+    native = spec_of(groups=hybrid)
+    assert switch_seconds(native, place(native), "hybrid", shape) == 0.0
+    assert "switch" not in costs_of(native)["generate"].detail
     local = spec_of(groups={"hybrid": {"share": 1.0, "tasks": ["generate", "logp", "train"]}},
                     cluster={"local": True, "cpus": 2}, model={"preset": "tiny"})
     assert switch_seconds(local, place(local), "hybrid", shape_of(local)) == 0.0
+
+
+def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
+    nodes = {"generate": {"engine": "sglang"}, "reward": {}, "train": {}, "param_update": {}}
+    groups = {"trainer": {"share": 0.5, "tasks": ["train"]},
+              "rollout": {"share": 0.5, "tasks": ["generate"]}}
+    plan = compile_plan(spec_of(groups=groups, nodes=nodes))
+    assert plan["pricing"]["runtime"] == "verl hybrid engine"
+    assert any("switch" in line for line in plan["trust"]["assumptions"])
+    without = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={})))
+    assert without["pricing"]["runtime"] == "rlgraph runtime"
+    assert not without["trust"]["calibrated"]
+
+
+def test_long_tails_and_many_ranks_slow_a_step() -> None:
+    flat = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+            "response_len": {"mean": 512, "max": 512}}
+    tail = dict(flat, response_len={"mean": 512, "max": 8192, "sigma": 1.5})
+    assert seconds(spec_of(data=tail), "generate") > 2 * seconds(spec_of(data=flat), "generate")
+    # equal mean, but the slowest data-parallel rank carries more tokens
+    assert seconds(spec_of(data=tail), "train") > 1.1 * seconds(spec_of(data=flat), "train")
 
 
 def trace(spans: list[tuple[str, int, float, float, list[str]]]) -> dict[str, Any]:

@@ -32,27 +32,19 @@ class TrainSpec(ParallelNodeSpec):
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
-    compute-bound, at the pace of the slowest data-parallel rank of each mini-batch; plus a
-    2 * N forward for the proximal log-probs when rlgraph's runtime trains without a logp node
-    (verl takes them from the rollout); plus the gradient all-reduce of every optimizer
-    update (2 x the bf16 gradients per GPU through the group's slowest link, ring)."""
+    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params)
+    per epoch, compute-bound, at the pace of the slowest data-parallel rank of each
+    mini-batch (`parallel.data_parallel_imbalance`); plus a 2 * N forward for the proximal
+    log-probs when rlgraph's runtime trains without a logp node (verl takes them from the
+    rollout). The gradient all-reduce of each update overlaps the backward in buckets (DDP,
+    FSDP), so only compute is priced."""
     proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
                 and not hybrid_engine_priced(ctx.spec))
-    updates = node.mini_batches * node.epochs
-    compute = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
+    seconds = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
                               mini_batches=node.mini_batches) * node.epochs
-    detail = ctx.extra["detail"] + (" (+ proximal log-prob forward)" if proximal else "")
-    ranks = max(1, ctx.gpus // node.model_parallel())
-    collective = 0.0
-    if ranks > 1 and not ctx.extra.get("local"):
-        link = (ctx.gpu.network_bytes_per_s if ctx.extra.get("cross_node")
-                else ctx.gpu.nvlink_bytes_per_s)
-        grads = 2 * ctx.shape.params / node.model_parallel()
-        collective = updates * 2 * grads * (ranks - 1) / ranks / link
-        detail += f" + {updates} gradient all-reduce(s) {collective:.3g} s"
-    ctx.extra["detail"] = detail
-    return compute + collective
+    if proximal:
+        ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
+    return seconds
 
 
 KIND = NodeKind(
