@@ -10,6 +10,7 @@ from pydantic import Field
 
 from rlgraph import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
+from rlgraph.presets import COSTS
 
 
 class ParallelNodeSpec(NodeSpec):
@@ -23,6 +24,14 @@ class ParallelNodeSpec(NodeSpec):
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
         return self.tp * self.pp
+
+
+def compute_units(ctx: CostContext) -> float:
+    """GPUs of the node's group, or on a local CPU cluster its slots' worth of cores: each
+    slot past the first adds COSTS.local_extra_slot_efficiency of a core."""
+    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 1 + (ctx.gpus - 1) * COSTS.local_extra_slot_efficiency
+    return float(ctx.gpus)
 
 
 def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
@@ -58,17 +67,28 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
 
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1) -> float:
-    """A compute-bound pass over every token of the step: flops_per_param * N_active * tokens
-    FLOPs at `mfu` of the group's peak, times the data-parallel imbalance of the step's
-    `mini_batches` (each a barrier) and the pipeline bubble when pp > 1."""
+    """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
+    at `mfu` of the group's peak (times the pipeline bubble when pp > 1). rlgraph's runtime
+    pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
+    every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
+    (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
+    from rlgraph.nodes.rollout_cost import hybrid_engine_priced
+
     data = ctx.spec.data
-    mean, _ = lengths.moments(lengths.of(data.response_len))
-    tokens = data.samples_per_step() * (data.prompt_len + mean)
+    model = lengths.of(data.response_len)
+    rows = data.samples_per_step()
+    if hybrid_engine_priced(ctx.spec):
+        mean, _ = lengths.moments(model)
+        tokens, how = rows * (data.prompt_len + mean), "packed"
+        imbalance = data_parallel_imbalance(node, ctx, mini_batches)
+    else:
+        longest = lengths.expected_max(model, rows)
+        tokens, how, imbalance = rows * (data.prompt_len + longest), "padded", 1.0
     flops = flops_per_param * ctx.shape.active_params * tokens
-    peak = ctx.gpu.bf16_flops * mfu * ctx.gpus
-    imbalance = data_parallel_imbalance(node, ctx, mini_batches)
+    peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
-                           f"{tokens:.3g} tokens at {mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}"
+                           f"{tokens:.3g} tokens ({how}) at {mfu:.0%} of {ctx.gpus} x "
+                           f"{ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
     return flops / peak * pipeline_bubble(node, ctx) * imbalance

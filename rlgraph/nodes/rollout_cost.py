@@ -19,6 +19,7 @@ from typing import Any
 
 from rlgraph import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
+from rlgraph.nodes.parallel import compute_units
 from rlgraph.presets import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
@@ -115,7 +116,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
     prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * COSTS.prefill_mfu * ctx.gpus))
+               / (gpu.bf16_flops * COSTS.prefill_mfu * compute_units(ctx)))
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
