@@ -26,6 +26,7 @@ from typing import Any
 from common import RESULTS, ROOT, machine
 
 from rlgraph.compiler import compile_plan
+from rlgraph.compiler.search import tune
 from rlgraph.errors import SpecError
 from rlgraph.spec import load_spec
 
@@ -159,13 +160,32 @@ def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, An
     return row
 
 
+def tuned(case: dict[str, Any], published: Path, extra: list[str]) -> dict[str, Any]:
+    """What `rlgraph tune` proposes for the case's async graph: the best plan's groups, lag,
+    period and its speedup over the built-in baseline, beside the published layout's."""
+    spec = load_spec(graph_path(published, case["async"]), [*case.get("overrides", []), *extra])
+    result = tune(spec, top=3)
+    best = result.best
+    groups = " | ".join(f"[{', '.join(g['tasks'])}] x{g['gpus']}" for g in best.groups)
+    return {"name": case["name"], "proposes": groups, "max_lag": best.max_lag,
+            "partial_rollout": best.partial_rollout, "period_s": round(best.period_s, 2),
+            "speedup_vs_sync": round(result.speedup_vs_sync(best), 3),
+            "over_published_layout": round(result.speedup_vs_input(best) or 1.0, 3),
+            "is_published_layout": best.origin == "input"}
+
+
+def cell(text: str) -> str:
+    """A markdown table cell: pipes escaped."""
+    return text.replace("|", "\\|")
+
+
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    """The README tables: speedups, then phase times."""
+    """The README tables: speedups, phase times, what `rlgraph tune` proposes."""
     out = ["| case | published | predicted | predicted / published | within ±25% |",
            "|---|---:|---:|---:|:---:|"]
     for r in rows:
         pub = f"< 1 (≈{r['published']:g})" if r["direction_only"] else f"{r['published']:g}×"
-        out.append(f"| {r['name']} | {pub} | {r['predicted']:.2f}× | {r['ratio']:.2f} | "
+        out.append(f"| {cell(r['name'])} | {pub} | {r['predicted']:.2f}× | {r['ratio']:.2f} | "
                    f"{'yes' if r['within_target'] else '**no**'} |")
     out += ["", f"Median |log(predicted / published)|: {summary['median_abs_log']:.3f} "
             f"(target ≤ {MEDIAN_LOG_TARGET}).", "",
@@ -175,8 +195,15 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         for mode, figures in r.get("phases", {}).items():
             for phase, f in figures.items():
                 flag = "" if abs(f["ratio"] - 1) <= PHASE_TARGET else " **"
-                out.append(f"| {r['name']} | {mode} | {phase} | {f['published']:g} | "
+                out.append(f"| {cell(r['name'])} | {mode} | {phase} | {f['published']:g} | "
                            f"{f['predicted']:.0f} | {f['ratio']:.2f}{flag} |")
+    out += ["", "| case | `rlgraph tune` proposes | lag | vs built-in sync | vs published "
+            "layout |", "|---|---|---:|---:|---:|"]
+    for t in summary.get("tune", []):
+        lag = f"{t['max_lag']}{' +partial' if t['partial_rollout'] else ''}"
+        layout = "(the published layout)" if t["is_published_layout"] else t["proposes"]
+        out.append(f"| {cell(t['name'])} | {cell(layout)} | {lag} | {t['speedup_vs_sync']:.2f}× | "
+                   f"{t['over_published_layout']:.2f}× |")
     return "\n".join(out)
 
 
@@ -185,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--published", default=str(PUBLISHED),
                         help="folder holding cases.json and README.md (default ../shared/published"
                         " beside the repository)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a sensitivity check: apply to every graph of every case (the "
+                        "result is then not the fidelity figure; nothing is written)")
     args = parser.parse_args(argv)
     published = Path(args.published)
     cases_file = published / "cases.json"
@@ -198,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases:
         try:
-            rows.append(run_case(case, published, readme))
+            rows.append(run_case(dict(case, overrides=[*case.get("overrides", []),
+                                                        *args.override]), published, readme))
         except SpecError as err:
             print(f"{case['name']}: {err.render()}", file=sys.stderr)
             return 1
@@ -213,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         "phases": len(phase_ratios),
         "phases_within_target": sum(abs(x - 1) <= PHASE_TARGET for x in phase_ratios),
     }
+    summary["tune"] = [tuned(c, published, args.override) for c in cases]
+    if args.override:
+        print(markdown(rows, summary))
+        print(f"\nwith {args.override}: {summary['within_target']}/{summary['cases']} cases "
+              f"within target, {summary['phases_within_target']}/{summary['phases']} phase "
+              "times (not written: a sensitivity check)")
+        return 0
     result = {"benchmark": "fidelity", "machine": machine(), "targets": {
         "speedup_within": SPEEDUP_TARGET, "median_abs_log": MEDIAN_LOG_TARGET,
         "phase_within": PHASE_TARGET}, "summary": summary, "cases": rows}

@@ -65,6 +65,20 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     return slowest / (k * mu)
 
 
+def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: int = 1
+               ) -> float:
+    """Host overhead of eager passes: every forward-equivalent pass of every micro-batch
+    costs COSTS.native_decode_overhead_per_layer_s per layer on the host (launches, Python),
+    however few its tokens (bench/results/gpu-node-profile-h200x2.json: logp of 128 rows took
+    29 ms where its FLOPs take 7). `passes`: 1 for a forward, 3 for forward + backward."""
+    rows = ctx.spec.data.samples_per_step()
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    share = math.ceil(rows / mini_batches / ranks)
+    micro = getattr(node, "micro_batch", None) or share
+    per_pass = ctx.shape.layers * COSTS.native_decode_overhead_per_layer_s
+    return mini_batches * math.ceil(share / micro) * passes * per_pass
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
@@ -91,4 +105,6 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
                            f"{ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
-    return flops / peak * pipeline_bubble(node, ctx) * imbalance
+    floor = host_floor(node, ctx, flops_per_param / 2, mini_batches)
+    ctx.extra["detail"] += f" + host floor {floor:.3g} s"
+    return flops / peak * pipeline_bubble(node, ctx) * imbalance + floor
