@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.calibrate import (
@@ -20,6 +22,7 @@ from rlgraph.compiler.model import shape_of
 from rlgraph.compiler.placement import place
 from rlgraph.errors import SourceMap
 from rlgraph.graph import build_graph
+from rlgraph.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets import COST_SOURCES, COSTS, GPU_PRESETS, CostConstants
 from rlgraph.spec import validate_spec
@@ -241,3 +244,18 @@ def test_compile_plan_uses_calibration_and_carries_it_to_the_baseline() -> None:
     assert plan["schedule"]["sync_period_s"] > plain["schedule"]["sync_period_s"]
     events = [{"node": "generate", "step": 0, "start": 0.0, "end": measured["generate"]}]
     assert compile_plan(spec, events)["costs"]["generate"]["seconds"] == measured["generate"]
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(mean=st.floats(1, 4000), spread=st.floats(1.0, 20.0), sigma=st.floats(0.1, 2.0),
+       dist=st.sampled_from(["lognormal", "pareto"]), n=st.integers(1, 512))
+def test_length_statistics_respect_the_clip(mean: float, spread: float, sigma: float,
+                                            dist: str, n: int) -> None:
+    model = LengthModel(mean, mean * spread, dist, sigma, 1.5)
+    clipped_mean, second = moments(model)
+    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.data.draw_length)
+    assert clipped_mean <= mean + 1 and second >= clipped_mean ** 2 * (1 - 1e-6)
+    longest = expected_max(model, n)
+    assert longest <= model.max * (1 + 1e-9)
+    assert expected_max(model, n + 1) >= longest - 1e-9  # more samples, a longer tail
+    assert longest >= expected_max(model, 1) - 1e-9
