@@ -65,8 +65,15 @@ def published_phases(readme: str, case: dict[str, Any]) -> dict[str, dict[str, f
     name = case["name"]
     phases = ("step", "gen", "generate_sequences", "old_log_prob", "update_actor")
 
-    def pick(row: dict[str, str]) -> dict[str, float]:
-        return {p: v for p in phases if (v := number(row.get(p))) is not None}
+    def pick(row: dict[str, str], waits: bool = False) -> dict[str, float]:
+        """A row's phases; in an async row `gen` / `wait_prev_gen` is the trainer's wait."""
+        out = {p: v for p in phases if (v := number(row.get(p))) is not None}
+        wait = number(row.get("wait_prev_gen")) if "wait_prev_gen" in row else out.get("gen")
+        if waits:
+            out.pop("gen", None)
+            if wait is not None:
+                out["trainer_wait"] = wait
+        return out
 
     if "one-step-off 7B" in name:
         engine = "Megatron" if "Megatron" in name else "FSDP2"
@@ -75,7 +82,7 @@ def published_phases(readme: str, case: dict[str, Any]) -> dict[str, dict[str, f
         sync = [r for r in rows if r["mode"].startswith("colocate")]
         async_ = [r for r in rows if not r["mode"].startswith("colocate")]
         if sync and async_:
-            return {"sync": pick(sync[0]), "async": pick(async_[0])}
+            return {"sync": pick(sync[0]), "async": pick(async_[0], waits=True)}
     match = re.search(r"fully_async 7B (\d+)x", name)
     if match:
         gpus = int(match.group(1))
@@ -83,7 +90,7 @@ def published_phases(readme: str, case: dict[str, Any]) -> dict[str, dict[str, f
         sync = [r for r in rows if r.get("GPUs") == str(gpus)]
         async_ = [r for r in rows if r.get("GPUs") == f"{gpus // 2}:{gpus // 2}"]
         if sync and async_:
-            return {"sync": pick(sync[0]), "async": pick(async_[0])}
+            return {"sync": pick(sync[0]), "async": pick(async_[0], waits=True)}
     return {}
 
 
@@ -100,7 +107,12 @@ def predicted_phases(plan: dict[str, Any]) -> dict[str, float]:
     for name, seconds in costs.items():
         kind = kinds.get(name, "logp" if name == "old_log_prob" else name)
         by_kind[kind] = by_kind.get(kind, 0.0) + seconds
-    out = {"step": plan["schedule"]["period_s"]}
+    period = plan["schedule"]["period_s"]
+    out = {"step": period}
+    trainer = next((g["name"] for g in plan["placement"]["groups"] if any(
+        kinds.get(t) == "train" for t in g["tasks"])), None)
+    if trainer is not None:
+        out["trainer_wait"] = period * plan["schedule"]["idle"].get(trainer, 0.0)
     if "generate" in by_kind:
         out["gen"] = out["generate_sequences"] = by_kind["generate"]
     if "logp" in by_kind:
@@ -115,7 +127,11 @@ def sync_phases(async_plan: dict[str, Any], sync_plan: dict[str, Any] | None
     """Phases of the baseline: the sync graph's plan, or the built-in baseline's period."""
     if sync_plan is not None:
         out = predicted_phases(sync_plan)
-        out.pop("generate_sequences", None)  # the colocated gen includes the switch
+        out.pop("trainer_wait", None)
+        switch = sum(float(m.group(1)) for c in sync_plan["costs"].values()
+                     for m in [re.search(r"colocation switch ([0-9.e+-]+) s", c["detail"])] if m)
+        if "gen" in out:  # the colocated gen includes the switch, generate_sequences does not
+            out["generate_sequences"] = out["gen"] - switch
         return out
     return {"step": async_plan["schedule"]["sync_period_s"]}
 
