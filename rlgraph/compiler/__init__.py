@@ -17,7 +17,6 @@ It imports neither torch nor ray, so `rlgraph compile` runs anywhere in well und
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import networkx as nx
@@ -40,16 +39,15 @@ from rlgraph.compiler.schedule import (
     utilization,
 )
 from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.compiler.trust import trust
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
-from rlgraph.presets import COSTS
 from rlgraph.spec import GroupSpec, Spec
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
-_SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
@@ -104,34 +102,6 @@ def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]
     sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
     tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))
     return steady_state(tg).period, sync_costs
-
-
-def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
-          sync: float) -> dict[str, Any]:
-    """How much to trust the period: whether costs are calibrated, and the assumptions that
-    dominate it (the largest modelled terms, the switch's share of the colocated step, the
-    assumed response lengths)."""
-    modelled = sorted((c.seconds, n) for n, c in costs.items() if c.source == "model")
-    calibrated = sorted(n for n, c in costs.items() if c.source == "calibrated")
-    lines = []
-    data = spec.data
-    if any(spec.nodes[n].kind in ("generate", "train", "logp", "ref_logp")
-           for _, n in modelled):
-        lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
-                     f"{data.response_len.max}, {data.response_len.dist} sigma "
-                     f"{data.response_len.sigma:g}): decode, logp and train scale with it")
-    busy = sum(s for s, _ in modelled)
-    for seconds, name in reversed(modelled[-2:]):
-        if busy > 0 and seconds >= 0.2 * busy:
-            lines.append(f"{name} is {seconds / busy:.0%} of the modelled work")
-    switch = sum(float(m.group(1)) for c in sync_costs.values()
-                 for m in [_SWITCH.search(c.detail)] if m)
-    if sync > 0 and switch > 0:
-        lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, verl "
-                     f"issue 2419)")
-    return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
-            "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}
 
 
 def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement,
