@@ -126,12 +126,12 @@ def main() -> int:
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,
               "summary": {"runs": len(rows), "current_runtime": len(current),
                           "within_target": sum(r["within_target"] for r in current)},
-              "quickstart_verdict": verdicts(cpu), "runs": rows}
+              "split_vs_colocated_cpu": verdicts(cpu), "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "own_runs.json").write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(rows))
     print(f"\n{result['summary']['within_target']}/{len(current)} runs of the current runtime "
-          f"within ±25%; verdict {result['quickstart_verdict']}; wrote "
+          f"within ±25%; split vs colocated on CPU {result['split_vs_colocated_cpu']}; wrote "
           "bench/results/own_runs.json")
     return 0
 
