@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlgraph.compiler import compile_plan
+from rlgraph.compiler import compile_plan, sync_spec
 from rlgraph.compiler.calibrate import (
     CalibrationError,
     calibration_from_events,
@@ -171,8 +171,14 @@ def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
     nodes = {"generate": {"engine": "sglang"}, "reward": {}, "train": {}, "param_update": {}}
     groups = {"trainer": {"share": 0.5, "tasks": ["train"]},
               "rollout": {"share": 0.5, "tasks": ["generate"]}}
-    plan = compile_plan(spec_of(groups=groups, nodes=nodes))
+    spec = spec_of(groups=groups, nodes=nodes)
+    plan = compile_plan(spec)
     assert plan["pricing"]["runtime"] == "verl hybrid engine"
+    base = sync_spec(spec)  # verl computes old_log_prob in its hybrid engine
+    assert base.nodes["old_log_prob"].kind == "logp"
+    assert "old_log_prob" in base.groups["colocated"].tasks
+    assert "old_log_prob" not in sync_spec(spec_of(groups=groups, nodes=dict(
+        nodes, generate={}))).nodes  # rlgraph's runtime: train recomputes them itself
     assert any("switch" in line for line in plan["trust"]["assumptions"])
     without = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={})))
     assert without["pricing"]["runtime"] == "rlgraph runtime"
