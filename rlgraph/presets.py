@@ -79,7 +79,7 @@ class CostConstants:
     graph_decode_floor_per_layer_s: float = 47e-6
     tp_allreduce_latency_s: float = 10e-6
     reshard_bytes_per_s: float = 32 * GB / 175
-    local_extra_slot_efficiency: float = 0.34
+    local_extra_replica_efficiency: float = 0.34
     reward_seconds_per_sample: float = 50e-6
     bucket_overhead_s: float = 2e-3
     object_store_bytes_per_s: float = 0.76 * GB
@@ -119,11 +119,13 @@ COST_SOURCES: dict[str, str] = {
                            "(verl issue 2419): 0.19 GB/s; the same table's 16B MoE (~200 s) "
                            "and the one-step-off table's gen - generate_sequences (74 s "
                            "FSDP2 / 45 s Megatron for 7B) are of the same order",
-    "local_extra_slot_efficiency": "bench/results/async_vs_sync.json (2-core host, longtail "
-                                   "graph, side by side): the colocated plan took 0.741 s a "
-                                   "step on one core and 0.555 s as two one-core replicas: a "
-                                   "second slot adds 34% of a core, not 100% (the host's "
-                                   "cores also carry Ray, the driver and memory traffic)",
+    "local_extra_replica_efficiency": "bench/results/async_vs_sync.json (2-core host, "
+                                      "longtail graph, side by side): the colocated plan "
+                                      "took 0.741 s a step in one one-thread process and "
+                                      "0.555 s as two (replicas: 2): a second process adds "
+                                      "34% of a core; two torch threads in one process took "
+                                      "1.02 s (no gain), as they did on the quickstart "
+                                      "(issue 14 README)",
     "reward_seconds_per_sample": "a rule-based verifier (parse + exact match of the final "
                                  "answer) in Python: ~50 us per sample on one core",
     "bucket_overhead_s": "fixed cost per weight bucket (Python call, NCCL launch, engine "

@@ -105,7 +105,9 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
         ends = tuple(dict.fromkeys(graph.nodes[n]["group"] for n in (node.src, node.dst)
                                    if n in graph and graph.nodes[n]["group"]))
     hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
-    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies}
+    replicas = placement.groups[home].replicas if home in placement.groups else 1
+    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
+             "replicas": replicas}
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
 

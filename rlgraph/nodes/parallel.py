@@ -27,10 +27,13 @@ class ParallelNodeSpec(NodeSpec):
 
 
 def compute_units(ctx: CostContext) -> float:
-    """GPUs of the node's group, or on a local CPU cluster its slots' worth of cores: each
-    slot past the first adds COSTS.local_extra_slot_efficiency of a core."""
+    """GPUs of the node's group, or on a local CPU cluster its processes' worth of cores:
+    each data-parallel replica past the first adds COSTS.local_extra_replica_efficiency of a
+    core, and a replica's extra torch threads add nothing (a tiny model's ops are too small
+    to split)."""
     if ctx.extra.get("local", ctx.gpu.name == "cpu"):
-        return 1 + (ctx.gpus - 1) * COSTS.local_extra_slot_efficiency
+        replicas = min(ctx.gpus, int(ctx.extra.get("replicas", 1)))
+        return 1 + (replicas - 1) * COSTS.local_extra_replica_efficiency
     return float(ctx.gpus)
 
 
@@ -73,6 +76,8 @@ def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: in
     29 ms where its FLOPs take 7). `passes`: 1 for a forward, 3 for forward + backward."""
     rows = ctx.spec.data.samples_per_step()
     ranks = max(1, ctx.gpus // node.model_parallel())
+    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        ranks = int(ctx.extra.get("replicas", 1))
     share = math.ceil(rows / mini_batches / ranks)
     micro = getattr(node, "micro_batch", None) or share
     per_pass = ctx.shape.layers * COSTS.native_decode_overhead_per_layer_s

@@ -88,6 +88,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     tp = node.tp
     batch = data.samples_per_step()
     replicas = max(1, ctx.gpus // tp)
+    if ctx.extra.get("local", gpu.name == "cpu"):  # one engine per process, threads aside
+        replicas = min(replicas, int(ctx.extra.get("replicas", 1)))
     per_replica = math.ceil(batch / replicas)
     model = lengths.of(data.response_len)
     mean, second = lengths.moments(model)
