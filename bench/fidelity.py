@@ -224,6 +224,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Compile every case, compare, write the JSON, print the README tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--published", default=str(PUBLISHED),
                         help="folder holding cases.json and README.md (default ../shared/published"

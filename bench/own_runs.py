@@ -108,6 +108,7 @@ def verdicts(cpu: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
+    """The README table of our runs."""
     out = ["| run | measured s/step | predicted s/step | predicted / measured | within ±25% |",
            "|---|---:|---:|---:|:---:|"]
     for r in rows:
@@ -120,6 +121,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
+    """Price every run, write the JSON, print the table."""
     gpu, cpu = gpu_rows(), cpu_rows()
     rows = gpu + cpu
     current = [r for r in rows if not r["superseded_runtime"]]
