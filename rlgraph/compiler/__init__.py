@@ -41,14 +41,18 @@ from rlgraph.compiler.schedule import (
     utilization,
 )
 from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.compiler.trust import trust
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
 from rlgraph.spec import GroupSpec, Spec
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
 MAX_SIMULATED_LAG = 64  # the largest max_lag simulated (see effective_lag)
 LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph feels
+OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
     "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
@@ -58,12 +62,20 @@ __all__ = [
 
 
 def sync_spec(spec: Spec) -> Spec:
-    """The colocated synchronous baseline (verl's hybrid engine): every grouped task in one
-    group on all GPUs, max_lag 0, no partial rollout."""
+    """The colocated synchronous baseline: every grouped task in one group on all GPUs,
+    max_lag 0, no partial rollout. Where the plan prices verl's hybrid engine it is verl's
+    baseline: the switch is paid (cost pass) and old_log_prob is computed, so a plan without
+    a logp node gets one (OLD_LOG_PROB) in the baseline."""
     tasks = [t for g in spec.groups.values() for t in g.tasks]
+    nodes = spec.nodes
+    kinds = {n.kind for n in nodes.values()}
+    if (hybrid_engine_priced(spec) and tasks and "train" in kinds and "logp" not in kinds
+            and OLD_LOG_PROB not in nodes):
+        nodes = {**nodes, OLD_LOG_PROB: KINDS["logp"].spec()}
+        tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
-    return spec.model_copy(update={"groups": groups, "schedule": schedule})
+    return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -85,13 +97,15 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     return sync
 
 
-def _sync_period(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]) -> float:
+def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]
+                   ) -> tuple[float, dict[str, NodeCost]]:
+    """The baseline's period and node costs."""
     base = sync_spec(spec)
-    graph = sync_graph(graph)
+    graph = sync_graph(graph) if len(base.nodes) == len(spec.nodes) else build_graph(base)
     placement = place(base, strict=False)
     sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
     tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))
-    return steady_state(tg).period
+    return steady_state(tg).period, sync_costs
 
 
 def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement,
@@ -248,7 +262,9 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
                         f"{more:.4g} s (its bound, {more / period - 1:+.0%})")
     if spec.schedule.partial_rollout:
         messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
-    sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)
+    sync, sync_costs = ((period, costs) if _is_sync(spec)
+                        else _sync_baseline(spec, graph, costs))
+    runtime, why = PRICING[hybrid_engine_priced(spec)]
     util = utilization(tg, period)
     if not steady.exact:
         messages.append(f"the schedule did not settle into a periodic regime within "
@@ -283,5 +299,7 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
             "events": steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
         },
         "channels": {f"{u}->{v}": spec.schedule.max_lag + 1 for u, v in data_edges(graph)},
+        "pricing": {"runtime": runtime, "why": why},
+        "trust": trust(spec, costs, sync_costs, sync),
         "messages": messages,
     }

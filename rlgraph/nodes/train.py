@@ -15,6 +15,7 @@ from rlgraph.nodes.base import (
     inputs_from_kinds,
 )
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
+from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -41,9 +42,19 @@ class TrainSpec(ParallelNodeSpec):
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
-    compute-bound."""
-    return token_pass_cost(node, ctx, 6, COSTS.train_mfu)
+    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params)
+    per epoch, compute-bound, at the pace of the slowest data-parallel rank of each
+    mini-batch (`parallel.data_parallel_imbalance`); plus a 2 * N forward for the proximal
+    log-probs when rlgraph's runtime trains without a logp node (verl takes them from the
+    rollout). The gradient all-reduce of each update overlaps the backward in buckets (DDP,
+    FSDP), so only compute is priced."""
+    proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
+                and not hybrid_engine_priced(ctx.spec))
+    seconds = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
+                              mini_batches=node.mini_batches) * node.epochs
+    if proximal:
+        ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
+    return seconds
 
 
 KIND = NodeKind(
