@@ -38,7 +38,7 @@ from typing import Any
 
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime.hf_folder import MODEL_WEIGHTS
-from rlgraph.runtime.state_files import StateFormatError, join, split
+from rlgraph.runtime.state_files import StateFormatError, join, owned, split
 
 CHECKPOINT = "checkpoint"
 MANIFEST = "manifest.json"
@@ -83,8 +83,9 @@ def checkpoint_files(meta: dict[str, Any], state: dict[str, Any],
                      caches: dict[str, dict[str, Any]] | None = None,
                      policy_files: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """{file name: bytes} of a checkpoint (without its manifest)."""
-    weights = {k: v.detach().to("cpu").contiguous().clone()
-               for k, v in state.get("weights", {}).items()}
+    weights: dict[str, Any] = {}
+    for k, v in state.get("weights", {}).items():
+        weights[k] = owned(v, weights)  # tied embeddings: the second name gets a copy
     files = dict(policy_files or {})
     files[MODEL_WEIGHTS] = _tensor_bytes(weights)
     parts: dict[str, Any] = {

@@ -38,7 +38,7 @@ def _encode(obj: Any, tensors: dict[str, Any], prefix: str) -> Any:
         return obj if math.isfinite(obj) else {"__float__": repr(obj)}
     if isinstance(obj, torch.Tensor):
         key = f"{prefix}.{len(tensors)}"
-        tensors[key] = obj.detach().to("cpu").contiguous().clone()
+        tensors[key] = owned(obj, tensors)
         return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
@@ -59,6 +59,18 @@ def _encode(obj: Any, tensors: dict[str, Any], prefix: str) -> Any:
                               for k, v in obj.items()]}
     raise StateFormatError(f"a {type(obj).__name__} cannot be stored in a checkpoint "
                            f"(only tensors, numbers, strings, lists and dicts)")
+
+
+def owned(tensor: Any, others: dict[str, Any]) -> Any:
+    """`tensor` on the CPU as a whole storage of its own (safetensors refuses shared or
+    partial storages); copied only when it is not one already."""
+    t = tensor.detach().to("cpu")
+    storage = t.untyped_storage()
+    shared = any(o.untyped_storage().data_ptr() == storage.data_ptr() for o in others.values())
+    if (shared or not t.is_contiguous() or t.storage_offset()
+            or t.numel() * t.element_size() != storage.nbytes()):
+        t = t.contiguous().clone()
+    return t
 
 
 def join(tree: Any, tensors: dict[str, Any]) -> Any:
