@@ -195,12 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS or local)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="checkpoint every N steps (default 10; 0: only at the end, on "
-                   "Ctrl-C / SIGTERM and on a failure)")
-    p.add_argument("--verify-weights", dest="verify_weights", action="store_true",
-                   default=None, help="check a SHA-256 of the weights after every sync "
-                   "(default: on for local CPU runs)")
-    p.add_argument("--no-verify-weights", dest="verify_weights", action="store_false")
+                   help="checkpoint every N steps (default: every minute; 0: only at the "
+                   "end, on Ctrl-C / SIGTERM and on a failure)")
+    p.add_argument("--verify-weights", action="store_true",
+                   help="check a SHA-256 of the weights at every object-store sync")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (logs and CI)")
     p.set_defaults(func=cmd_run)

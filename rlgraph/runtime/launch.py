@@ -23,7 +23,7 @@ from typing import Any
 
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
-from rlgraph.runtime.runner import CHECKPOINT_EVERY, Runner, RunOptions, RunResult
+from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
 from rlgraph.spec import Spec, load_spec
 
 __all__ = ["RunDirError", "default_run_dir", "prepare", "run_main"]
@@ -139,9 +139,9 @@ def run_main(args: argparse.Namespace) -> int:
     verify = getattr(args, "verify_weights", None)
     options = RunOptions(out_dir=out, steps=steps, address=getattr(args, "address", None),
                          resume=resume, on_step=on_step, on_ready=on_ready,
-                         checkpoint_every=CHECKPOINT_EVERY if every is None else int(every),
-                         verify_weights=bool(plan["placement"].get("local"))
-                         if verify is None else bool(verify))
+                         checkpoint_every=int(every or 0),
+                         checkpoint_every_s=CHECKPOINT_EVERY_S if every is None else 0.0,
+                         verify_weights=bool(verify))
     runner = Runner(spec, plan, options)
     for note in runner.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)

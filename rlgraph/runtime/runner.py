@@ -34,7 +34,11 @@ from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resol
 from rlgraph.spec import Spec
 
 WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
-CHECKPOINT_EVERY = 10  # default steps between periodic checkpoints (0: only at end and stop)
+# default time between periodic checkpoints: writing one of the quickstart's policy took
+# 259 ms median (71-371) on the loaded 2-core dev machine (bench/results/checkpoint_cost.json,
+# `python bench/checkpoint_cost.py`), so one a minute costs under 1% and a crash loses at
+# most a minute of training
+CHECKPOINT_EVERY_S = 60.0
 
 
 @dataclass
@@ -45,7 +49,8 @@ class RunOptions:
     steps: int
     address: str | None = None
     resume: bool = False
-    checkpoint_every: int = CHECKPOINT_EVERY  # 0: only at the end, a stop or a failure
+    checkpoint_every: int = 0  # steps between periodic checkpoints (0: by time, below)
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # used when checkpoint_every is 0; 0: off
     verify_weights: bool = False  # compare sender and receiver digests at every sync
     on_step: Callable[[dict[str, Any]], None] | None = None
     on_ready: Callable[[Runner], None] | None = None
@@ -87,6 +92,7 @@ class Runner:
         self.first_step = 0
         self.spec_data: dict[str, Any] = plan.get("spec") or {}  # what resume compares with
         self._policy_files: dict[str, bytes] | None = None  # config + tokenizer, made once
+        self._last_checkpoint = time.time()
         self._refuse_unsupported()
         self.notes = self._model_parallel_notes()
 
@@ -306,8 +312,7 @@ class Runner:
                     if done.task.kind == "train":
                         report.pending.append((done, event))
                         step = done.task.step
-                        if (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0
-                                and step + 1 < opts.steps):
+                        if self._checkpoint_due(step):
                             report.flush()  # the ledger rows first: the checkpoint covers them
                             self._checkpoint(pipeline, tracer)  # before the trainer moves on
                 for task in pipeline.startable():  # react first, write metrics after
@@ -333,6 +338,17 @@ class Runner:
         result.next_step = pipeline.trained_steps()
         self._checkpoint(pipeline, tracer)
         return result
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """A periodic checkpoint after train step `step`: every `checkpoint_every` steps, or
+        `checkpoint_every_s` after the last one (never after the last step: the final one
+        follows)."""
+        opts = self.options
+        if step + 1 >= opts.steps:
+            return False
+        if opts.checkpoint_every:
+            return (step + 1) % opts.checkpoint_every == 0
+        return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
 
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info
@@ -362,8 +378,10 @@ class Runner:
                 "generate_next_step": min(gens) if gens else step,
                 "max_lag": self.max_lag, "steps": self.options.steps,
                 "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
-        return ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches,
-                                    self._policy_files)
+        folder = ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches,
+                                      self._policy_files)
+        self._last_checkpoint = time.time()
+        return folder
 
     def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int
                         ) -> dict[str, dict[str, Any]]:
