@@ -104,10 +104,11 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
         out = Path(args.out)
         run_dir.refuse_reuse(out)
     else:
-        out = run_dir.claim_default_dir(spec.name)
+        out = None
     if steps:
         spec.schedule.steps = int(steps)
-    return spec, compile_spec(spec), out
+    plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
+    return spec, plan, out or run_dir.claim_default_dir(spec.name)
 
 
 def run_main(args: argparse.Namespace) -> int:
