@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import math
 import multiprocessing
@@ -177,14 +178,10 @@ def test_resume_takes_the_command_line_graph_and_refuses_another(tmp_path, spec,
     assert status == 0 and "already complete" in captured.out
 
 
-def _claim(now: float) -> str:
-    return str(run_dir.claim_default_dir("race", now))
-
-
 def test_run_dirs_are_claimed_once_and_held_by_one_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with multiprocessing.get_context("spawn").Pool(4) as pool:
-        claimed = pool.map(_claim, [1e9] * 8)  # eight runs in the same second
+        claimed = pool.map(functools.partial(run_dir.claim_default_dir, "race"), [1e9] * 8)
     assert len(set(claimed)) == 8
     lock = run_dir.hold(tmp_path / "r")
     with pytest.raises(run_dir.RunDirError, match="another rlgraph run"):
