@@ -151,7 +151,7 @@ def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
         _fsync_dir(run_dir)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        kept = _kept_step(run_dir)
+        kept = kept_step(run_dir)
         raise CheckpointError(
             f"cannot write the checkpoint at step {meta.get('step')} into {final}: "
             f"{exc.strerror or exc}; "
@@ -161,7 +161,7 @@ def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
     return final
 
 
-def _kept_step(run_dir: Path) -> int | None:
+def kept_step(run_dir: Path) -> int | None:
     """The step of the checkpoint that survives a failed write (None when there is none)."""
     for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):

@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rlgraph.errors import RLGraphError, SpecError
-from rlgraph.runtime.checkpoint import CheckpointError, _kept_step
+from rlgraph.runtime.checkpoint import CheckpointError, kept_step
 from rlgraph.runtime.executor import Completion
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def emergency_checkpoint(runner: Runner, pipeline: Pipeline, executor: RayExecut
         _drain_train(runner, pipeline, executor, report, tracer)
         folder = runner._checkpoint(pipeline, tracer, timeout=FETCH_S)
     except Exception as exc:
-        kept = _kept_step(out)
+        kept = kept_step(out)
         why = str(exc).splitlines()[0] if isinstance(exc, RLGraphError) else (
             "the trainer's state is lost" if "Actor" in type(exc).__name__ else
             f"{type(exc).__name__}")
