@@ -314,7 +314,9 @@ class Runner:
                         step = done.task.step
                         if self._checkpoint_due(step):
                             report.flush()  # the ledger rows first: the checkpoint covers them
-                            self._checkpoint(pipeline, tracer)  # before the trainer moves on
+                            with contextlib.suppress(rescue.StateMismatch):  # a train step
+                                # chained behind this one already ran: the next one will do
+                                self._checkpoint(pipeline, tracer)
                 for task in pipeline.startable():  # react first, write metrics after
                     executor.submit(task)
                 report.flush()
