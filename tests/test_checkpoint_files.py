@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import errno
-import functools
 import json
 import math
-import multiprocessing
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,10 +180,16 @@ def test_resume_takes_the_command_line_graph_and_refuses_another(tmp_path, spec,
 
 
 def test_run_dirs_are_claimed_once_and_held_by_one_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
-        claimed = pool.map(functools.partial(run_dir.claim_default_dir, "race"), [1e9] * 8)
-    assert len(set(claimed)) == 8
+    go = tmp_path / "go"
+    claim = (f"import pathlib, time\nfrom rlgraph.runtime.run_dir import claim_default_dir\n"
+             f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.001)\n"
+             f"print(claim_default_dir('race', 1e9))")
+    runs = [subprocess.Popen([sys.executable, "-c", claim], cwd=tmp_path, text=True,
+                             stdout=subprocess.PIPE) for _ in range(8)]
+    time.sleep(2)  # every process imported and waits
+    go.touch()  # eight runs claim a dir in the same second, at the same moment
+    claimed = [proc.communicate(timeout=120)[0].strip() for proc in runs]
+    assert all(claimed) and len(set(claimed)) == 8, claimed
     lock = run_dir.hold(tmp_path / "r")
     with pytest.raises(run_dir.RunDirError, match="another rlgraph run"):
         run_dir.hold(tmp_path / "r")
