@@ -2,9 +2,10 @@
 
 A trainer, rollout or reward actor killed mid-run, SIGTERM to the `rlgraph run` process, and
 a full disk at a periodic checkpoint each end in a one-line error (or exit 143), and
-`--resume` then trains exactly the prompts of an uninterrupted run: 0 prompt ids lost, 0
-duplicated. Where the trainer survives, the failure itself writes the checkpoint; every
-checkpoint is written after the ledger rows it covers.
+`--resume` then trains exactly the prompts of an uninterrupted run (the data stream's batch
+of each step, in order, as tests/test_runtime_ray.py checks against a real uninterrupted
+run): 0 prompt ids lost, 0 duplicated. Where the trainer survives, the failure itself
+writes the checkpoint; every checkpoint is written after the ledger rows it covers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.data import DataSource  # noqa: E402
 from rlgraph.errors import RLGraphError  # noqa: E402
 from rlgraph.runtime import checkpoint as ckpt  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
@@ -47,27 +49,23 @@ def ledger_rows(folder: Path) -> list[dict]:
     return ckpt.read_ledger(folder / "ledger.jsonl")
 
 
-@pytest.fixture(scope="module")
-def baseline(cluster, tmp_path_factory):
-    """An uninterrupted run; each of its checkpoints is checked against the ledger on disk."""
-    folder = tmp_path_factory.mktemp("baseline")
+@pytest.fixture
+def baseline(cluster, monkeypatch):
+    """The prompt ids an uninterrupted run trains at each step (the data stream's batches);
+    meanwhile every checkpoint written is checked to come after the ledger rows it covers."""
     real = ckpt.write_folder
-    covered = []
 
-    def checked(tmp: Path, files: dict[str, bytes]) -> None:
+    def covered(tmp: Path, files: dict[str, bytes]) -> None:
         import json
 
         step = json.loads(files["meta.json"])["step"]
-        covered.append((step, [r["step"] for r in ledger_rows(folder)]))
+        rows = [r["step"] for r in ledger_rows(tmp.parent)]
+        assert rows[:step] == list(range(step)), f"checkpoint at {step} before ledger {rows}"
         real(tmp, files)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ckpt, "write_folder", checked)
-        runner(folder).run()
-    assert [s for s, _ in covered] == [2, 4, STEPS]
-    for step, rows in covered:  # a SIGKILL right after any checkpoint loses no ledger row
-        assert rows == list(range(step)), (step, rows)
-    return ledger_rows(folder)
+    monkeypatch.setattr(ckpt, "write_folder", covered)
+    data = DataSource(load_spec(QUICKSTART, SMALL).data)
+    return [{"prompt_uids": [e.uid for e in data.batch(step)]} for step in range(STEPS)]
 
 
 def assert_same_prompts(folder: Path, baseline: list[dict]) -> None:
