@@ -1,4 +1,4 @@
-"""`rlgraph` command line: compile, schema, timeline, run, tune.
+"""`rlgraph` command line: compile, schema, timeline, run, tune, export.
 
 Every RLGraphError (a graph.yaml or an argument the user can fix) prints `err.render()` on
 stderr and exits 2 without a traceback; any other exception is a bug and keeps its
@@ -155,6 +155,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return int(_lazy("rlgraph.runtime.launch", "run_main", "run")(args) or 0)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's checkpoint as a Hugging Face model folder (rlgraph.runtime.run_dir)."""
+    export_model = _lazy("rlgraph.runtime.run_dir", "export_model", "export")
+    source, out = Path(args.run_dir), Path(args.out)
+    names = export_model(source, out)
+    print(f"wrote {out}/: {' '.join(names)} (load it with "
+          f"AutoModelForCausalLM.from_pretrained('{out}'))")
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """Search groups, shares and lag (rlgraph.compiler.search.tune_main)."""
     return int(_lazy("rlgraph.compiler.search", "tune_main", "tune")(args) or 0)
@@ -200,11 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", metavar="DIR", help="run folder (default: runs/<name>-<time>/)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS or local)")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="checkpoint every N steps (default: at the end and on Ctrl-C)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N steps (default: every minute; 0: only at the "
+                   "end, on Ctrl-C / SIGTERM and on a failure)")
+    p.add_argument("--verify-weights", action="store_true",
+                   help="check a SHA-256 of the weights at every object-store sync")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (logs and CI)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a run dir (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("out", metavar="OUT", help="new folder for the model")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("tune", help="search groups, shares and lag for the shortest period")
     _graph_args(p)

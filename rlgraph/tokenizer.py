@@ -2,11 +2,14 @@
 
 Both expose the same small surface the workers use: `encode_prompt` (a string, or a chat
 message list rendered through the tokenizer's chat template when it has one), `decode`,
-`vocab_size` and the `pad_id` / `bos_id` / `eos_id` specials.
+`vocab_size` and the `pad_id` / `bos_id` / `eos_id` specials. `save_tokenizer` writes either
+as Hugging Face tokenizer files (the character tokenizer as a `tokenizers` JSON that
+`AutoTokenizer.from_pretrained` loads with the same ids), so a checkpoint is a model folder.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from rlgraph.errors import RLGraphError, SpecError
@@ -62,6 +65,23 @@ class CharTokenizer:
                 out.append(self.itos[i])
         return "".join(out)
 
+    def to_transformers(self) -> Any:
+        """The same tokenizer as a `PreTrainedTokenizerFast` (same ids, `<bos>` prepended,
+        lower-cased, one token per character, decoded without separators)."""
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
+        from tokenizers import Tokenizer as RustTokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        tok = RustTokenizer(models.WordLevel(dict(self.stoi), unk_token="<unk>"))
+        tok.normalizer = normalizers.Lowercase()
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", self.bos_id)])
+        tok.add_special_tokens(list(SPECIALS))
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>",
+                                       eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
 
 class HFTokenizer:
     """A local Hugging Face tokenizer (`model.path`), chat template applied to message lists."""
@@ -102,6 +122,12 @@ class HFTokenizer:
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
         return self.tok.decode(ids, skip_special_tokens=True)
+
+
+def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> list[str]:
+    """Write `tokenizer` as Hugging Face tokenizer files into `folder`; their names."""
+    hf = tokenizer.tok if isinstance(tokenizer, HFTokenizer) else tokenizer.to_transformers()
+    return [Path(f).name for f in hf.save_pretrained(str(folder))]
 
 
 def build_tokenizer(model_path: str | None = None) -> Tokenizer:

@@ -171,6 +171,14 @@ class Workspace:
         with self.lock:
             return digest(self.policy.state_dict())
 
+    def staged_digest(self) -> str:
+        """SHA-256 of the weights received into the second buffer (before the switch)."""
+        if self._buffer is None or not self._buffer.staging:
+            raise WeightSyncError("no weights staged to check")
+        if self._buffer._stream is not None:  # copies into staging run on a side stream
+            self._buffer._stream.synchronize()
+        return digest(self._buffer.staging)
+
     # ------------------------------------------------------------ checkpoints
 
     def state_for_checkpoint(self) -> dict:

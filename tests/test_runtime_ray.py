@@ -47,7 +47,8 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
 
     runner = Runner(spec, plan, RunOptions(out_dir=out, steps=steps, resume=resume,
                                            on_step=on_step, tensorboard=tensorboard,
-                                           checkpoint_every=checkpoint_every))
+                                           checkpoint_every=checkpoint_every,
+                                           verify_weights=True))
     return plan, runner.run()
 
 
@@ -113,7 +114,8 @@ def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):
     assert rows[-1]["time/param_update_s"] > 0
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
     for name in ("plan.json", "trace.json", "ledger.jsonl", "checkpoint/meta.json",
-                 "checkpoint/weights.safetensors"):
+                 "checkpoint/model.safetensors", "checkpoint/config.json",
+                 "checkpoint/manifest.json"):
         assert (folder / name).exists(), name
 
 

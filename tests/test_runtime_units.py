@@ -4,7 +4,6 @@ the ledger, metrics rows, the critical path, and how `rlgraph run --resume` read
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pytest
@@ -124,21 +123,12 @@ def test_critical_path_counts_the_gaps_between_binding_spans():
     assert path.steps == 3 and path.overhead_fraction == pytest.approx(0.16 / 6.06)
 
 
-def test_resume_reads_the_runs_own_spec_and_step_count(tmp_path):
-    spec = load_spec(QUICKSTART, ["data.prompts_per_step=3", "schedule.max_lag=2"])
-    (tmp_path / "plan.json").write_text(json.dumps({"spec": spec.to_yaml_dict()}))
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps({"step": 2, "steps": 9}))
-    args = argparse.Namespace(graph=str(QUICKSTART), overrides=["algorithm.kl_coef=0.01"],
-                              steps=None, out=None, resume=str(tmp_path), address=None)
-    resumed, plan, out = prepare(args)
-    assert out == tmp_path and resumed.schedule.steps == 9
-    assert resumed.data.prompts_per_step == 3 and resumed.schedule.max_lag == 2
-    assert resumed.algorithm.kl_coef == 0.01 and plan["lag"]["max_policy_lag"] == 2
-    assert resumed.source.path == str(QUICKSTART), "relative data paths resolve as before"
-    args.steps = 12
-    assert prepare(args)[0].schedule.steps == 12
-    with pytest.raises(RunDirError, match=r"no plan\.json"):
+def test_resume_without_a_checkpoint_and_bad_steps_are_clear_errors(tmp_path):
+    args = argparse.Namespace(graph=str(QUICKSTART), overrides=[], steps=None, out=None,
+                              resume=str(tmp_path), address=None)
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        prepare(args)
+    with pytest.raises(RunDirError, match="not a directory"):
         prepare(argparse.Namespace(**{**vars(args), "resume": str(tmp_path / "missing")}))
     with pytest.raises(RunDirError, match="positive"):
         prepare(argparse.Namespace(**{**vars(args), "steps": 0}))

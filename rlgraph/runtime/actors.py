@@ -275,10 +275,11 @@ class GroupActor:
 
     # ------------------------------------------------------------ weight sync
 
-    def export_weights(self, key: str, bucket_mb: float, receivers: int = 1) -> dict:
+    def export_weights(self, key: str, bucket_mb: float, receivers: int = 1,
+                       verify: bool = False) -> dict:
         """Sender half of an object-store param_update (default group: holds the group)."""
         return self._with_model_peers(lambda: ws_sync.export_to_store(
-            self.workspace, self.outbox, key, bucket_mb, receivers))
+            self.workspace, self.outbox, key, bucket_mb, receivers, verify))
 
     def next_bucket(self, key: str) -> dict:
         """The next bucket reference of sync `key` for its receiver (`serve` group)."""

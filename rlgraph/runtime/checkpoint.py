@@ -1,23 +1,35 @@
 """Checkpoints and the ledger of trained prompts: what `--resume DIR` needs to go on at step k.
 
-`DIR/checkpoint/` (the latest one; replaced atomically) holds
-- `weights.safetensors`: the policy after train step k-1 (version k);
-- `trainer.pt`: the rest of the train workspace's state (optimizer, seed);
-- `rollout.pt`: the rollout buffer, batches generated but not yet trained (steps >= k),
-  with every token's behaviour log-prob and version, so nothing sampled is lost or redone;
-- `rollout_cache.pt` (partial rollout only): per generate node, its rollout cache (the prompt
-  groups in flight with their unfinished samples' tokens, log-probs and versions, and the
-  next data position) as it stood after the last buffered step;
-- `meta.json`: step k, policy version, data position (the next step generate samples),
-  the buffered steps and where the trace's clock stood.
+`DIR/checkpoint/` (the latest one; replaced atomically) holds no pickle, only data:
+- the policy after train step k-1 (version k) as a Hugging Face model folder:
+  `model.safetensors`, `config.json`, `generation_config.json` and the tokenizer's files
+  (`AutoModelForCausalLM.from_pretrained(DIR/checkpoint)` loads it; see runtime.hf_folder);
+- `trainer.json` + `trainer.safetensors`: the rest of the train workspace's state (optimizer
+  state, seed, policy version) as JSON whose tensors live in the safetensors file;
+- `rollout.json` + `rollout.safetensors`: the rollout buffer, batches generated but not yet
+  trained (steps >= k), with every token's behaviour log-prob and version;
+- `rollout_cache.json` + `.safetensors` (partial rollout only): per generate node, its
+  rollout cache (prompt groups in flight, unfinished samples, next data position);
+- `meta.json`: step k, policy version, data position, buffered steps, trace clock, and the
+  graph it was written by;
+- `manifest.json`: the SHA-256 and size of every other file, checked before anything is read.
 
-`DIR/ledger.jsonl` has one line per trained step with the prompt ids it trained on; a resumed
-run cuts it at k and appends, so it equals the ledger of an uninterrupted run.
+Writes go to `checkpoint.tmp/` (each file fsync'd), which replaces `checkpoint/` by rename;
+a crash or a full disk mid-write leaves the previous checkpoint as it was. Every problem
+reading one (a file changed, truncated, empty, missing, not JSON) is a one-line
+CheckpointError naming the file and what to do.
+
+`DIR/ledger.jsonl` has one line per trained step with the prompt ids it trained on (fsync'd
+before the checkpoint that covers the step is written); a resumed run cuts it at k and
+appends, so it equals the ledger of an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,12 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.errors import RLGraphError
+from rlgraph.runtime.hf_folder import MODEL_WEIGHTS
+from rlgraph.runtime.state_files import StateFormatError, join, owned, split
 
 CHECKPOINT = "checkpoint"
+MANIFEST = "manifest.json"
+FORMAT = 2
+REQUIRED = ("meta.json", MODEL_WEIGHTS, "trainer.json", "trainer.safetensors", "rollout.json",
+            "rollout.safetensors")
+REDO = "restore the file from a copy of the run dir, or start the run again without --resume"
 
 
 class CheckpointError(RLGraphError):
-    """A run dir without a usable checkpoint."""
+    """A run dir without a usable checkpoint, or a checkpoint that cannot be written."""
 
 
 @dataclass
@@ -42,6 +61,7 @@ class Checkpoint:
     state: dict[str, Any]
     rollout: dict[tuple[str, int], dict[str, Any]]
     caches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    folder: Path | None = None
 
     @property
     def step(self) -> int:
@@ -49,58 +69,218 @@ class Checkpoint:
         return int(self.meta["step"])
 
 
+# ------------------------------------------------------------------------------- writing
+
+
+def _tensor_bytes(tensors: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors, metadata={"format": "pt"})
+
+
+def checkpoint_files(meta: dict[str, Any], state: dict[str, Any],
+                     rollout: dict[tuple[str, int], dict[str, Any]],
+                     caches: dict[str, dict[str, Any]] | None = None,
+                     policy_files: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """{file name: bytes} of a checkpoint (without its manifest)."""
+    weights: dict[str, Any] = {}
+    for k, v in state.get("weights", {}).items():
+        weights[k] = owned(v, weights)  # tied embeddings: the second name gets a copy
+    files = dict(policy_files or {})
+    files[MODEL_WEIGHTS] = _tensor_bytes(weights)
+    parts: dict[str, Any] = {
+        "trainer": {k: v for k, v in state.items() if k != "weights"},
+        "rollout": [{"node": n, "step": s, "batch": b} for (n, s), b in sorted(rollout.items())],
+    }
+    if caches:
+        parts["rollout_cache"] = caches
+    for name, value in parts.items():
+        tree, tensors = split(value)
+        files[f"{name}.json"] = json.dumps(tree).encode()
+        files[f"{name}.safetensors"] = _tensor_bytes(tensors)
+    meta = {**meta, "format": FORMAT, "rollout_steps": sorted({s for _, s in rollout}),
+            "written": time.time()}
+    files["meta.json"] = (json.dumps(meta, indent=2) + "\n").encode()
+    return files
+
+
+def write_folder(folder: Path, files: dict[str, bytes]) -> None:
+    """`files` and their manifest into `folder` (created), each fsync'd."""
+    folder.mkdir(parents=True)
+    manifest = {"format": FORMAT, "files": {
+        name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        for name, data in sorted(files.items())}}
+    for name, data in [*files.items(), (MANIFEST, json.dumps(manifest, indent=2).encode())]:
+        with (folder / name).open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsync'd
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
                     rollout: dict[tuple[str, int], dict[str, Any]],
-                    caches: dict[str, dict[str, Any]] | None = None) -> Path:
-    """Write DIR/checkpoint atomically (a crash mid-write leaves the previous one)."""
-    import torch
-    from safetensors.torch import save_file
-
+                    caches: dict[str, dict[str, Any]] | None = None,
+                    policy_files: dict[str, bytes] | None = None) -> Path:
+    """Write DIR/checkpoint atomically: a crash or a full disk mid-write leaves the previous
+    one (a full disk is a CheckpointError saying so)."""
     final = run_dir / CHECKPOINT
     tmp = run_dir / f"{CHECKPOINT}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().to("cpu").contiguous().clone()
-               for k, v in state.get("weights", {}).items()}
-    save_file(weights, str(tmp / "weights.safetensors"))
-    torch.save({k: v for k, v in state.items() if k != "weights"}, tmp / "trainer.pt")
-    torch.save([{"node": n, "step": s, "batch": b} for (n, s), b in sorted(rollout.items())],
-               tmp / "rollout.pt")
-    if caches:
-        torch.save(caches, tmp / "rollout_cache.pt")
-    meta = {**meta, "rollout_steps": sorted({s for _, s in rollout}), "written": time.time()}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     old = run_dir / f"{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
+    try:
+        files = checkpoint_files(meta, state, rollout, caches, policy_files)
+    except StateFormatError as exc:
+        raise CheckpointError(f"cannot write the checkpoint at step {meta.get('step')}: "
+                              f"{exc}") from None
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_folder(tmp, files)
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        _fsync_dir(run_dir)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = kept_step(run_dir)
+        raise CheckpointError(
+            f"cannot write the checkpoint at step {meta.get('step')} into {final}: "
+            f"{exc.strerror or exc}; "
+            + (f"the checkpoint at step {kept} stays valid (free space, then --resume "
+               f"{run_dir})" if kept is not None else "no earlier checkpoint exists")) from None
     shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_checkpoint(run_dir: Path) -> Checkpoint:
-    """Read DIR/checkpoint; a clear error when there is none."""
-    import torch
+def kept_step(run_dir: Path) -> int | None:
+    """The step of the checkpoint that survives a failed write (None when there is none)."""
+    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return int(json.loads((run_dir / name / "meta.json").read_text())["step"])
+    return None
+
+
+# ------------------------------------------------------------------------------- reading
+
+
+def checkpoint_folder(run_dir: Path) -> Path:
+    """DIR/checkpoint, or DIR/checkpoint.old when a crash came between the two renames."""
+    folder = run_dir / CHECKPOINT
+    if not folder.is_dir() and (run_dir / f"{CHECKPOINT}.old" / MANIFEST).exists():
+        folder = run_dir / f"{CHECKPOINT}.old"
+    if not folder.is_dir():
+        raise CheckpointError(f"{run_dir}: no checkpoint to resume from (a run writes "
+                              f"{CHECKPOINT}/ every few steps, at its end and when stopped)")
+    if not (folder / MANIFEST).exists():
+        if any((folder / n).exists() for n in ("trainer.pt", "rollout.pt")):
+            raise CheckpointError(f"{folder}: a checkpoint in the old pickle format "
+                                  f"(trainer.pt), which rlgraph no longer loads because "
+                                  f"unpickling can run code; start the run again")
+        raise CheckpointError(f"{folder / MANIFEST}: missing, so the checkpoint cannot be "
+                              f"checked; {REDO}")
+    return folder
+
+
+def verified_files(folder: Path) -> dict[str, Path]:
+    """The files the manifest lists, each checked (present, size, SHA-256)."""
+    manifest = read_json_file(folder / MANIFEST)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{folder / MANIFEST}: not a format-{FORMAT} rlgraph manifest; "
+                              f"{REDO}")
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{folder / MANIFEST}: no 'files' table; {REDO}")
+    for name in REQUIRED:
+        if name not in listed:
+            raise CheckpointError(f"{folder / name}: not in {MANIFEST} (an incomplete "
+                                  f"checkpoint); {REDO}")
+    paths = {}
+    for name, entry in listed.items():
+        path = folder / name
+        if Path(name).name != name or not isinstance(entry, dict):
+            raise CheckpointError(f"{folder / MANIFEST}: bad entry {name!r}; {REDO}")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST}); {REDO}")
+        data = path.read_bytes()
+        if not data and entry.get("bytes"):
+            raise CheckpointError(f"{path}: empty file ({MANIFEST} lists {entry['bytes']} "
+                                  f"bytes); {REDO}")
+        if len(data) != entry.get("bytes"):
+            raise CheckpointError(f"{path}: {len(data)} bytes, {MANIFEST} lists "
+                                  f"{entry.get('bytes')} (truncated or changed); {REDO}")
+        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            raise CheckpointError(f"{path}: SHA-256 differs from {MANIFEST} (changed or "
+                                  f"damaged after the run wrote it); {REDO}")
+        paths[name] = path
+    return paths
+
+
+def read_json_file(path: Path) -> Any:
+    """A JSON file, or a one-line CheckpointError naming it."""
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it: {exc.strerror or exc}; {REDO}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f"{path}:{exc.lineno}:{exc.colno}" if isinstance(
+            exc, json.JSONDecodeError) else str(path)
+        raise CheckpointError(f"{where}: not valid JSON; {REDO}") from None
+
+
+def read_tensors(path: Path) -> dict[str, Any]:
+    """A safetensors file, or a one-line CheckpointError naming it."""
     from safetensors.torch import load_file
 
-    folder = run_dir / CHECKPOINT
-    if not (folder / "meta.json").exists():
-        old = run_dir / f"{CHECKPOINT}.old"
-        if (old / "meta.json").exists():
-            folder = old
-        else:
-            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (a run writes "
-                                  f"{CHECKPOINT}/ at its end and when stopped with Ctrl-C)")
-    meta = json.loads((folder / "meta.json").read_text())
-    state = torch.load(folder / "trainer.pt", weights_only=False)
-    state["weights"] = load_file(str(folder / "weights.safetensors"))
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for a broken header
+        raise CheckpointError(f"{path}: not a safetensors file "
+                              f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                              f"; {REDO}") from None
+
+
+def _part(paths: dict[str, Path], name: str) -> Any:
+    try:
+        return join(read_json_file(paths[f"{name}.json"]),
+                    read_tensors(paths[f"{name}.safetensors"]))
+    except StateFormatError as exc:
+        raise CheckpointError(f"{paths[f'{name}.json']}: {exc}; {REDO}") from None
+
+
+def load_checkpoint(run_dir: Path) -> Checkpoint:
+    """Read and check DIR/checkpoint (manifest first); runs no code from the run dir."""
+    folder = checkpoint_folder(run_dir)
+    paths = verified_files(folder)
+    meta = read_json_file(paths["meta.json"])
+    for key in ("step", "policy_version"):
+        if not isinstance(meta, dict) or not isinstance(meta.get(key), int):
+            raise CheckpointError(f"{paths['meta.json']}: no integer '{key}'; {REDO}")
+    state = _part(paths, "trainer")
+    rows = _part(paths, "rollout")
+    if not isinstance(state, dict) or not isinstance(rows, list):
+        raise CheckpointError(f"{folder}: trainer.json / rollout.json hold the wrong kind of "
+                              f"value; {REDO}")
+    state["weights"] = read_tensors(paths[MODEL_WEIGHTS])
     state["policy_version"] = int(meta["policy_version"])
-    rows = torch.load(folder / "rollout.pt", weights_only=False)
-    rollout = {(r["node"], int(r["step"])): r["batch"] for r in rows}
-    cache_file = folder / "rollout_cache.pt"
-    caches = torch.load(cache_file, weights_only=False) if cache_file.exists() else {}
-    return Checkpoint(meta, state, rollout, caches)
+    try:
+        rollout = {(r["node"], int(r["step"])): r["batch"] for r in rows}
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{paths['rollout.json']}: rows without node/step/batch; "
+                              f"{REDO}") from None
+    caches = _part(paths, "rollout_cache") if "rollout_cache.json" in paths else {}
+    return Checkpoint(meta, state, rollout, caches, folder)
+
+
+# -------------------------------------------------------------------------------- ledger
 
 
 class Ledger:
@@ -109,18 +289,31 @@ class Ledger:
     def __init__(self, run_dir: Path, first_step: int = 0) -> None:
         self.path = run_dir / "ledger.jsonl"
         keep = [r for r in read_ledger(self.path) if r["step"] < first_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in keep))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
 
     def append(self, step: int, uids: list[str], policy_version: int) -> None:
-        """Record what train step `step` trained on."""
+        """Record what train step `step` trained on (on disk before this returns)."""
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "policy_version": policy_version,
                                 "prompt_uids": uids}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
-    """Rows of a ledger.jsonl, in step order."""
+    """Rows of a ledger.jsonl, in step order (a last line cut short by a crash is dropped)."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line half-written when the process was killed
     return sorted(rows, key=lambda r: r["step"])

@@ -1,9 +1,14 @@
 """The Ray cluster a run uses: a quiet local one by default, or an existing one by address.
 
-- Local (the default): `ray.init` with the dashboard off, a small bounded object store, logs
-  kept out of the terminal and as many CPUs as the plan has slots.
-- `--address ADDR` or `RAY_ADDRESS`: join an existing cluster; an unreachable address is a
-  clear error within seconds (Ray itself would retry for minutes).
+- Local (the default): a new local cluster of this run's own (`ray.init(address="local")`),
+  beside any cluster already running on the machine (`ray start --head`, or the session file
+  one left behind, which plain `ray.init` would try to join): one line says so. The
+  dashboard is off, the object store small and bounded, logs kept out of the terminal, as
+  many CPUs as the plan has slots.
+- `--address ADDR` or `RAY_ADDRESS`: join an existing cluster. An unreachable address is a
+  clear error within seconds (Ray itself would retry for minutes); a refused token (Ray's
+  token authentication, `RAY_AUTH_MODE=token`) or a Ray/Python version mismatch is one line
+  naming the cause, with Ray's own retry warnings kept off the terminal.
 - One placement group per plan group, one bundle per replica (rlgraph.replicas): on a local
   CPU cluster its share of the group's slots; on GPUs one GPU (a replica per GPU).
   A plan that needs GPUs the cluster lacks is refused before any actor starts.
@@ -14,7 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,18 +77,104 @@ def connect(plan: dict[str, Any], address: str | None = None,
     # a local run needs no advice on cluster auth settings: keep the terminal for the run
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR)
-    if address:
+    with _keep_sigterm():
+        if address:
+            _join(address, quiet)
+            return True
+        note = existing_cluster_note()
+        if note:
+            print(f"rlgraph: {note}", file=sys.stderr, flush=True)
+        local = bool(plan["placement"].get("local"))
+        slots = int(plan["placement"].get("slots") or 0) if local else 0
+        ray.init(address="local", num_cpus=max(slots, 1) if local else None,
+                 num_gpus=0 if local else visible_gpus(), include_dashboard=False,
+                 object_store_memory=object_store_mb * 2**20, **quiet)
+    return True
+
+
+@contextlib.contextmanager
+def _keep_sigterm() -> Any:
+    """`ray.init` replaces the SIGTERM handler with a bare exit: keep the run's own (which
+    stops with a checkpoint)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def existing_cluster_note() -> str | None:
+    """One line when a cluster started with `ray start` (or its stale session file) is
+    there, which this run leaves alone; None otherwise."""
+    try:
+        from ray._private.utils import read_ray_address
+
+        found = read_ray_address()
+    except (ImportError, OSError):
+        return None
+    if not found:
+        return None
+    try:
+        _probe(found, timeout=1.0)
+    except ClusterError:
+        return (f"ignoring a stale Ray session file (nothing answers at {found}); starting a "
+                f"local Ray cluster for this run")
+    return (f"a Ray cluster runs at {found}; this run starts its own local cluster beside it "
+            f"(to run on that one instead: --address {found})")
+
+
+def _join(address: str, quiet: dict[str, Any]) -> None:
+    """`ray.init(address)` with Ray's retry warnings captured, a failure named in one line."""
+    import ray
+
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)  # the C++ core's warnings go to fd 2 directly
         try:
             ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ClusterError(f"cannot join the Ray cluster at {address}: {exc}") from None
-        return True
-    local = bool(plan["placement"].get("local"))
-    slots = int(plan["placement"].get("slots") or 0) if local else 0
-    ray.init(num_cpus=max(slots, 1) if local else None,
-             num_gpus=0 if local else visible_gpus(),
-             include_dashboard=False, object_store_memory=object_store_mb * 2**20, **quiet)
-    return True
+            error: BaseException | None = None
+        except Exception as exc:
+            error = exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        if error is None:
+            return
+        captured.seek(0)
+        log = captured.read().decode(errors="replace")
+    raise ClusterError(join_failure(address, error, log, os.environ)) from None
+
+
+def join_failure(address: str, error: BaseException, log: str,
+                 env: Any = os.environ) -> str:
+    """The one-line cause of a failed join, from Ray's exception and its captured output."""
+    text = f"{type(error).__name__}: {error}\n{log}"
+    head = f"cannot join the Ray cluster at {address}"
+    token_mode = str(env.get("RAY_AUTH_MODE", "")).lower() == "token"
+    if type(error).__name__ == "AuthenticationError" or "no authentication token" in text:
+        return (f"{head}: RAY_AUTH_MODE=token but no token found here; give the cluster's "
+                f"token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, or in "
+                f"~/.ray/auth_token (`ray get-auth-token` on the head prints it)")
+    if "Unauthenticated" in text or "InvalidAuthToken" in text:
+        if not token_mode:
+            return (f"{head}: the cluster requires token authentication; set "
+                    f"RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, "
+                    f"RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+        source = ("RAY_AUTH_TOKEN" if env.get("RAY_AUTH_TOKEN") else
+                  env.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token")
+        return (f"{head}: the cluster refused the token from {source}; use the token the "
+                f"cluster was started with (`ray get-auth-token` on the head prints it)")
+    if "Version mismatch" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(("Ray:",
+                                                                                  "Python:"))]
+        versions = ", ".join(lines[:2]) + " there; " + ", ".join(lines[2:4]) + " here"
+        return (f"{head}: version mismatch ({versions}); install the cluster's Ray and Python "
+                f"versions on this machine")
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return (f"{head}: {first} (is it a Ray head's GCS port, e.g. 6379? drop --address / "
+            f"RAY_ADDRESS to run on a local cluster)")
 
 
 def visible_gpus() -> int | None:

@@ -1,37 +1,32 @@
 """`rlgraph run`: load and compile the graph, print the plan, run it with a progress bar.
 
-Writes the run dir (default `runs/<name>-<YYYYmmdd-HHMMSS>/`): plan.json and the predicted
-timeline first (so they exist even if the run fails), then metrics.jsonl, TensorBoard
-events, ledger.jsonl and trace.json as it goes, and at the end (or on Ctrl-C) a checkpoint
-and timeline.html / .png with predicted and measured side by side. The first Ctrl-C stops
-cleanly with a checkpoint; a second one aborts at once.
+Writes the run dir (default `runs/<name>-<YYYYmmdd-HHMMSS>/`, claimed atomically and locked
+for the run: runtime.run_dir): plan.json and the predicted timeline first (so they exist even
+if the run fails), then metrics.jsonl, TensorBoard events, ledger.jsonl and trace.json as it
+goes, a checkpoint every `--checkpoint-every` steps, and at the end (or on Ctrl-C / SIGTERM,
+or a failure that leaves the trainer intact) a checkpoint and timeline.html / .png with
+predicted and measured side by side. The first Ctrl-C or SIGTERM stops cleanly with a
+checkpoint (exit 130 / 143); a second one aborts at once. `--resume DIR` runs the graph given
+on the command line, refused when it differs from the run's (see runtime.run_dir).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rlgraph.errors import RLGraphError
-from rlgraph.runtime.runner import Runner, RunOptions, RunResult
+from rlgraph.runtime import run_dir
+from rlgraph.runtime.run_dir import RunDirError, default_run_dir
+from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
 from rlgraph.spec import Spec, load_spec
 
-
-class RunDirError(RLGraphError):
-    """A --resume / --out folder that cannot be used."""
-
-
-def default_run_dir(name: str, now: float | None = None) -> Path:
-    """runs/<name>-<YYYYmmdd-HHMMSS>/."""
-    safe = re.sub(r"[^\w.-]+", "-", name).strip("-.") or "run"
-    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+__all__ = ["RunDirError", "default_run_dir", "prepare", "run_main"]
 
 
 class RunProgress:
@@ -87,45 +82,33 @@ class RunProgress:
 
 def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
     """Spec with overrides and --steps, the compiled plan, and the run dir. A resumed run
-    takes the spec it was started with (DIR/plan.json) and its step count, unless told."""
+    takes the graph on the command line (refused if it differs from the run's in anything
+    but the step count) and the run's step count, unless told. A fresh default run dir is
+    claimed here."""
     from rlgraph.cli import compile_spec
 
     overrides = list(getattr(args, "overrides", None) or [])
     steps = getattr(args, "steps", None)
     if steps is not None and steps < 1:
         raise RunDirError(f"--steps {steps}: give a positive number of train steps")
+    every = getattr(args, "checkpoint_every", None)
+    if every is not None and every < 0:
+        raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
+    spec = load_spec(args.graph, overrides)
     if getattr(args, "resume", None):
         out = Path(args.resume)
-        spec, saved_steps = _resumed_spec(out, str(args.graph), overrides)
-        steps = steps or saved_steps
+        meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))
+        args.resumed_step = int(meta["step"])
+        steps = steps or meta.get("steps")
+    elif getattr(args, "out", None):
+        out = Path(args.out)
+        run_dir.refuse_reuse(out)
     else:
-        spec = load_spec(args.graph, overrides)
-        out = Path(args.out) if getattr(args, "out", None) else default_run_dir(spec.name)
+        out = None
     if steps:
         spec.schedule.steps = int(steps)
-    return spec, compile_spec(spec), out
-
-
-def _resumed_spec(out: Path, graph: str, overrides: list[str]) -> tuple[Spec, int | None]:
-    """The spec of the run in `out` (from its plan.json) with `overrides` on top. Its source
-    stays the graph file, so relative data and reward paths resolve as they did."""
-    from rlgraph.errors import SourceMap
-    from rlgraph.spec import apply_overrides, parse_yaml, validate_spec
-
-    plan_file, meta_file = out / "plan.json", out / "checkpoint" / "meta.json"
-    if not plan_file.exists():
-        raise RunDirError(f"--resume {out}: no plan.json there (give the folder a run wrote)")
-    try:
-        data = json.loads(plan_file.read_text())["spec"]
-    except (json.JSONDecodeError, KeyError):
-        raise RunDirError(f"{plan_file}: not a plan written by rlgraph run") from None
-    try:
-        source = parse_yaml(Path(graph).read_text(), graph)[1]
-    except (OSError, RLGraphError):
-        source = SourceMap(path=graph)
-    apply_overrides(data, overrides, source)
-    steps = json.loads(meta_file.read_text()).get("steps") if meta_file.exists() else None
-    return validate_spec(data, source), steps
+    plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
+    return spec, plan, out or run_dir.claim_default_dir(spec.name)
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -136,6 +119,11 @@ def run_main(args: argparse.Namespace) -> int:
     spec, plan, out = prepare(args)
     resume = bool(getattr(args, "resume", None))
     steps = spec.schedule.steps
+    if resume and getattr(args, "resumed_step", 0) >= steps:
+        print(f"the run in {out} is already complete: it trained {args.resumed_step} of "
+              f"{steps} steps (give --steps N with N > {args.resumed_step} to train on)")
+        return 0
+    lock = run_dir.hold(out)  # noqa: F841 (held until the process ends)
     print_summary(plan, footer=f"running {steps} steps into {out}/")
     write_plan(out, plan)
     progress: RunProgress | None = None
@@ -148,20 +136,32 @@ def run_main(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.update(row)
 
+    every = getattr(args, "checkpoint_every", None)
+    verify = getattr(args, "verify_weights", None)
     options = RunOptions(out_dir=out, steps=steps, address=getattr(args, "address", None),
                          resume=resume, on_step=on_step, on_ready=on_ready,
-                         checkpoint_every=int(getattr(args, "checkpoint_every", 0) or 0))
+                         checkpoint_every=int(every or 0),
+                         checkpoint_every_s=CHECKPOINT_EVERY_S if every is None else 0.0,
+                         verify_weights=bool(verify))
     runner = Runner(spec, plan, options)
     for note in runner.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     previous = _install_sigint(runner)
+    terminated = _install_sigterm(runner)
     try:
         result = runner.run()
     finally:
         signal.signal(signal.SIGINT, previous)
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, terminated.pop("previous"))
         if progress is not None:
             progress.close()
-    return finish(out, plan, result, args)
+    status = finish(out, plan, result, args)
+    if terminated.get("signal") and result.stopped:
+        print(f"terminated by SIGTERM: checkpoint at step {result.next_step} in "
+              f"{out}/checkpoint", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    return status
 
 
 def _install_sigint(runner: Runner) -> Any:
@@ -179,6 +179,23 @@ def _install_sigint(runner: Runner) -> Any:
     except ValueError:  # not the main thread: no handler, Ctrl-C is the caller's business
         return previous
     return previous
+
+
+def _install_sigterm(runner: Runner) -> dict[str, Any]:
+    """SIGTERM (a scheduler, `kill`, a container stop): stop cleanly with a checkpoint, as
+    the first Ctrl-C does; a second SIGTERM ends the process at once."""
+    state: dict[str, Any] = {"previous": signal.getsignal(signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        print("\nSIGTERM: stopping after the running tasks with a checkpoint ...",
+              file=sys.stderr, flush=True)
+        state["signal"] = signum
+        runner.request_stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        signal.signal(signal.SIGTERM, handler)
+    return state
 
 
 def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Namespace) -> int:

@@ -4,8 +4,10 @@ The loop is the whole runtime in four lines: start every task the pipeline allow
 any to finish (`ray.wait`), hand the completion back to the pipeline, record it. Data moves
 actor to actor as object references; the driver reads only each task's small info dict.
 
-A stop (Ctrl-C, or `request_stop`) starts nothing new, lets running tasks finish, and writes
-a checkpoint at the last trained step with the rollout buffer, so `--resume` loses nothing.
+A stop (Ctrl-C, SIGTERM, or `request_stop`) starts nothing new, lets running tasks finish,
+and writes a checkpoint at the last trained step with the rollout buffer, so `--resume` loses
+nothing. Checkpoints are also written every `checkpoint_every` steps (each after the ledger
+rows it covers) and, where the trainer's state is intact, when the run fails (runtime.rescue).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
-from rlgraph.runtime import cluster
+from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import Completion, RayExecutor, WorkerError
+from rlgraph.runtime.hf_folder import policy_files
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.tracing import Tracer, load_events
@@ -31,6 +34,11 @@ from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resol
 from rlgraph.spec import Spec
 
 WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
+# default time between periodic checkpoints: writing one of the quickstart's policy took
+# 259 ms median (71-371) on the loaded 2-core dev machine (bench/results/checkpoint_cost.json,
+# `python bench/checkpoint_cost.py`), so one a minute costs under 1% and a crash loses at
+# most a minute of training
+CHECKPOINT_EVERY_S = 60.0
 
 
 @dataclass
@@ -41,7 +49,9 @@ class RunOptions:
     steps: int
     address: str | None = None
     resume: bool = False
-    checkpoint_every: int = 0  # 0: only at the end and on a stop
+    checkpoint_every: int = 0  # steps between periodic checkpoints (0: by time, below)
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # used when checkpoint_every is 0; 0: off
+    verify_weights: bool = False  # compare sender and receiver digests at every sync
     on_step: Callable[[dict[str, Any]], None] | None = None
     on_ready: Callable[[Runner], None] | None = None
     tensorboard: bool = True
@@ -80,6 +90,9 @@ class Runner:
         self._builds: list[Any] = []  # replicas' build calls, awaited with `ready`
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
+        self.spec_data: dict[str, Any] = plan.get("spec") or {}  # what resume compares with
+        self._policy_files: dict[str, bytes] | None = None  # config + tokenizer, made once
+        self._last_checkpoint = time.time()
         self._refuse_unsupported()
         self.notes = self._model_parallel_notes()
 
@@ -183,7 +196,7 @@ class Runner:
                 receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
                 route = Route(node, self.actors[nspec.src], dst,
                               float(nspec.bucket_mb.produce), float(nspec.bucket_mb.consume),
-                              self._transport(node), receivers)
+                              self._transport(node), receivers, self.options.verify_weights)
                 if route.transport == "nccl" and route.src_actor is not route.dst_actor:
                     connect_route(route, backend_for("cpu" if self.local else "cuda"))
                 routes[node] = route
@@ -288,7 +301,6 @@ class Runner:
                         break
                     raise RuntimeError("the pipeline stalled with nothing running:\n"
                                        + pipeline.describe())
-                trained = []
                 for done in executor.wait(timeout=WAIT_S):
                     event = self._record(done, tracer)
                     report.latest[done.task.node] = event
@@ -298,19 +310,25 @@ class Runner:
                     pipeline.complete(done.task.node, done.task.step, done.output,
                                       done.info.get("version"))
                     if done.task.kind == "train":
-                        trained.append((done, event))
+                        report.pending.append((done, event))
                         step = done.task.step
-                        if (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0
-                                and step + 1 < opts.steps):
-                            self._checkpoint(pipeline, tracer)  # before the trainer moves on
+                        if self._checkpoint_due(step):
+                            report.flush()  # the ledger rows first: the checkpoint covers them
+                            with contextlib.suppress(rescue.StateMismatch):  # a train step
+                                # chained behind this one already ran: the next one will do
+                                self._checkpoint(pipeline, tracer)
                 for task in pipeline.startable():  # react first, write metrics after
                     executor.submit(task)
-                for done, event in trained:
-                    report.train_step(done, event)
-        except WorkerError as err:
-            (out / "error.log").write_text("".join(traceback.format_exception(err.__cause__))
-                                           if err.__cause__ else str(err))
-            err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
+                report.flush()
+        except Exception as err:
+            if isinstance(err, WorkerError):
+                (out / "error.log").write_text(
+                    "".join(traceback.format_exception(err.__cause__))
+                    if err.__cause__ else str(err))
+                err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
+            if not isinstance(err, ckpt.CheckpointError):  # a full disk: the last one stays
+                rescue.annotate(err, rescue.emergency_checkpoint(self, pipeline, executor,
+                                                                 report, tracer))
             raise
         finally:
             settle_idle(result.rows, report.windows, tracer.events, self.groups)
@@ -323,6 +341,17 @@ class Runner:
         self._checkpoint(pipeline, tracer)
         return result
 
+    def _checkpoint_due(self, step: int) -> bool:
+        """A periodic checkpoint after train step `step`: every `checkpoint_every` steps, or
+        `checkpoint_every_s` after the last one (never after the last step: the final one
+        follows)."""
+        opts = self.options
+        if step + 1 >= opts.steps:
+            return False
+        if opts.checkpoint_every:
+            return (step + 1) % opts.checkpoint_every == 0
+        return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
+
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info
         extra: dict[str, Any] = {"submitted": round(tracer.now(done.submitted), 6)}
@@ -331,23 +360,30 @@ class Runner:
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 
-    def _checkpoint(self, pipeline: Pipeline, tracer: Tracer) -> Path:
-        """Trainer state at the last trained step plus the rollout buffer, into DIR/checkpoint."""
+    def _checkpoint(self, pipeline: Pipeline, tracer: Tracer, timeout: float | None = None
+                    ) -> Path:
+        """Trainer state at the last trained step plus the rollout buffer, into DIR/checkpoint
+        (`timeout`: a failed run's rescue, which drops a rollout buffer it cannot fetch)."""
         import ray
 
         step = pipeline.trained_steps()
-        state = ray.get(self._train_actor().state_for_checkpoint.remote())
-        buffer = pipeline.rollout_buffer()
-        rollout = dict(zip(buffer, ray.get(list(buffer.values())))) if buffer else {}
+        state = ray.get(self._train_actor().state_for_checkpoint.remote(), timeout=timeout)
+        rescue.check_version(state, step)
+        rollout = rescue.fetch_rollout(pipeline, timeout, self.spec.schedule.partial_rollout)
         gens = [m.step + 1 for m in pipeline.machines.values() if m.kind == "generate"]
         caches = self._rollout_caches(rollout, step)
-        meta = {"graph": self.spec.name, "step": step,
+        if self._policy_files is None:
+            self._policy_files = policy_files(self.spec)
+        meta = {"graph": self.spec.name, "spec": self.spec_data, "step": step,
                 "policy_version": int(state.get("policy_version", step)),
                 "data_position": max([step, *(s + 1 for _, s in rollout)]),
                 "generate_next_step": min(gens) if gens else step,
                 "max_lag": self.max_lag, "steps": self.options.steps,
                 "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
-        return ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches)
+        folder = ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches,
+                                      self._policy_files)
+        self._last_checkpoint = time.time()
+        return folder
 
     def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int
                         ) -> dict[str, dict[str, Any]]:
@@ -381,10 +417,17 @@ class _Report:
         self.runner, self.result, self.metrics, self.ledger = runner, result, metrics, ledger
         self.latest: dict[str, dict[str, Any] | None] = dict.fromkeys(runner.kinds)
         self.last_train_end: float | None = None
+        self.pending: list[tuple[Completion, dict[str, Any]]] = []  # trained, not yet written
         self.tracer: Tracer | None = None
         self.windows: dict[int, tuple[float, float]] = {}  # step -> its row's time window
         # other nodes' metrics by step, until the row of that step (or a later one) takes them
         self.node_metrics: dict[int, dict[str, float]] = {}
+
+    def flush(self) -> None:
+        """Write the rows and ledger lines of the train steps finished so far."""
+        pending, self.pending = self.pending, []
+        for done, event in pending:
+            self.train_step(done, event)
 
     def train_step(self, done: Completion, event: dict[str, Any]) -> None:
         """Row, ledger and progress of the train step that just finished."""

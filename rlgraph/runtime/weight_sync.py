@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.weights import WeightSyncError, bucket_names
+from rlgraph.weights import WeightSyncError, bucket_names, digest
 
 if TYPE_CHECKING:
     from rlgraph.workspace import Workspace
@@ -144,9 +144,10 @@ def receiver_key(key: str, rank: int) -> str:
 
 
 def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: float,
-                    receivers: int = 1) -> dict:
+                    receivers: int = 1, verify: bool = False) -> dict:
     """Sender half: each produce bucket into the object store as soon as it is cut, its
-    reference into `outbox` for each of the `receivers`; returns the span and what was sent."""
+    reference into `outbox` for each of the `receivers`; returns the span and what was sent
+    (with `verify`, the SHA-256 of the weights sent, which the receiver checks)."""
     import ray
 
     start = time.time()
@@ -163,8 +164,10 @@ def export_to_store(workspace: Workspace, outbox: Outbox, key: str, bucket_mb: f
                                          "total": len(groups), "tensors": tensors}))
                 for rank in range(receivers):  # in a list: Ray passes it on unresolved
                     outbox.put(receiver_key(key, rank), {"ref": [ref]})
-        sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
-                "buckets": len(groups)}
+            sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
+                    "buckets": len(groups)}
+            if verify:
+                sent["digest"] = digest(state)
     except BaseException as exc:
         for rank in range(receivers):
             outbox.put(receiver_key(key, rank), {"error": f"{type(exc).__name__}: {exc}"})
@@ -198,10 +201,24 @@ def apply_from_store(workspace: Workspace, src_actor: Any, key: str,
         workspace.receive_bucket(_from_store(ray.get(item["ref"][0])), consume_mb)
         load_s += time.time() - began
     workspace.stage_weights(sent["version"])
+    if sent.get("digest"):
+        check_digest(workspace, key, sent)
     pieces, largest = workspace.staging_pieces()
     return _info(sent["start"], time.time(), sent["version"], sent["bytes"], sent["buckets"],
                  send_end=sent["end"], recv_start=recv_start, load_s=load_s, pieces=pieces,
                  largest_piece=largest)
+
+
+def check_digest(workspace: Workspace, key: str, sent: dict) -> None:
+    """The staged weights hash to what the sender sent, or a WeightSyncError naming the
+    sync's step and version."""
+    got = workspace.staged_digest()
+    if got != sent["digest"]:
+        node, _, step = key.split("#")[0].rpartition(":")
+        raise WeightSyncError(
+            f"{node} at step {step}: the weights of version {sent['version']} arrived changed "
+            f"(sender SHA-256 {sent['digest'][:12]}..., receiver {got[:12]}...); the transfer "
+            f"corrupted them, so the run stops before generate uses them")
 
 
 # ----------------------------------------------------------------------------- nccl / gloo
@@ -298,6 +315,7 @@ class Route:
     consume_mb: float | None = None
     transport: str = "object_store"  # resolved: object_store | nccl
     receivers: int = 1  # replicas of the receiving group (its leader is dst_actor)
+    verify: bool = False  # the receiver checks the sender's digest (object-store transport)
 
 
 def connect_route(route: Route, backend: str) -> None:
@@ -334,7 +352,7 @@ def start_param_update(route: Route, step: int) -> tuple[Any, Any]:
         sent = src.send_weights.remote(route.name)
         return dst.receive_weights.options(concurrency_group=SYNC).remote(route.name), sent
     key = f"{route.name}:{step}"
-    sent = src.export_weights.remote(key, route.produce_mb, route.receivers)
+    sent = src.export_weights.remote(key, route.produce_mb, route.receivers, route.verify)
     info = dst.apply_weights.options(concurrency_group=SYNC).remote(src, key, route.consume_mb)
     return info, sent
 
