@@ -58,6 +58,7 @@ class Request:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     request_id: Any = None
+    ignore_eos: bool = False  # a benchmark's forced length: only max_new_tokens stops it
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -204,6 +205,7 @@ class StaticDecoder:
         self.cur_tok, self.pos, self.ngen = (torch.zeros(B, **z) for _ in range(3))
         self.max_new = torch.ones(B, **z)
         self.done = torch.ones(B, dtype=torch.bool, device=dev)
+        self.stop_on_eos = torch.ones(B, dtype=torch.bool, device=dev)
         self.temperature = torch.ones(B, device=dev)
         self.top_p = torch.ones(B, device=dev)
         self.version_t = torch.tensor(policy_version, **z)
@@ -390,12 +392,14 @@ class StaticDecoder:
                            top_p if any(r.top_p < 1.0 for r in reqs) else None,
                            greedy_only=all(r.temperature <= 0 for r in reqs))
         max_new = torch.tensor([r.max_new_tokens - len(r.tokens) for r in reqs], device=dev)
+        stop_on_eos = torch.tensor([not r.ignore_eos for r in reqs], device=dev)
         self.temperature[rows], self.top_p[rows], self.max_new[rows] = temp, top_p, max_new
+        self.stop_on_eos[rows] = stop_on_eos
         self.out_tok[rows, 0], self.out_logp[rows, 0] = tok, logp
         self.out_ver[rows, 0] = self.version_t
         self.cur_tok[rows], self.pos[rows] = tok, lengths
         self.ngen[rows] = 1
-        self.done[rows] = self._is_eos(tok) | (max_new <= 1)
+        self.done[rows] = (self._is_eos(tok) & stop_on_eos) | (max_new <= 1)
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
 
@@ -419,7 +423,8 @@ class StaticDecoder:
         self.ngen.add_(step)
         self.pos.add_(step)
         self.cur_tok.copy_(torch.where(active, tok, self.cur_tok))
-        self.done.logical_or_(active & (self._is_eos(tok) | (self.ngen >= self.max_new)))
+        self.done.logical_or_(active & ((self._is_eos(tok) & self.stop_on_eos)
+                                        | (self.ngen >= self.max_new)))
 
     def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return (tok[:, None] == self.eos[None, :]).any(-1)
@@ -472,7 +477,7 @@ class StaticDecoder:
             if b in interrupted:
                 reason = "interrupted"
             else:
-                reason = "eos" if new and new[-1] in eos else "length"
+                reason = "eos" if new and new[-1] in eos and not r.ignore_eos else "length"
             out.append(Completion(r, r.tokens + new, r.logprobs + logp[i, :n[i]].tolist(),
                                   r.versions + ver[i, :n[i]].tolist(), reason))
             self.slots[b] = None

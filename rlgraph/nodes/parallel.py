@@ -17,6 +17,10 @@ class ParallelNodeSpec(NodeSpec):
     tp: int = Field(default=1, ge=1, description="tensor-parallel size")
     pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
     ep: int = Field(default=1, ge=1, description="expert-parallel size (MoE)")
+    micro_tokens: int | None = Field(
+        default=None, ge=1, description="tokens per forward (padding included): rows sorted "
+        "by response length, each pass trimmed to its longest response rounded up to 256 "
+        "(verl: use_dynamic_bsz); none: the whole batch (train: micro_batch rows) at once")
 
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
