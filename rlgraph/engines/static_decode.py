@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from rlgraph.models import with_cache
 
 ATTN_NAME = "rlgraph_static"
+PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)
 
 
 @dataclass
@@ -366,7 +367,17 @@ class StaticDecoder:
         take = [(b, self.queue.popleft()) for b in free[:len(self.queue)]]
         for b, r in take:
             self.slots[b] = r
-        self._prefill([b for b, _ in take], [r for _, r in take])
+        # in chunks of at most PREFILL_TOKENS padded tokens (shortest first): resumed rows
+        # carry prefixes of thousands of tokens, and one prefill of all of them runs out of
+        # memory (seen on an H200: 20 GiB asked for at 768 slots of up to 8200 positions)
+        take.sort(key=lambda item: len(item[1].prompt) + len(item[1].tokens))
+        chunk: list[tuple[int, Request]] = []
+        for b, r in take:
+            if chunk and (len(chunk) + 1) * (len(r.prompt) + len(r.tokens)) > PREFILL_TOKENS:
+                self._prefill([c for c, _ in chunk], [q for _, q in chunk])
+                chunk = []
+            chunk.append((b, r))
+        self._prefill([c for c, _ in chunk], [q for _, q in chunk])
 
     def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
         """Encode prompt + earlier tokens of new slots from position 0; sample their next token."""
