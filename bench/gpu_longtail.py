@@ -180,8 +180,8 @@ def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
         for ctx in contexts:
             dec = StaticDecoder(model, max_batch=width, max_len=ctx + new + 8, timing=True,
                                 attn_block=128, sync_every=16)
-            reqs = [Request([rng.randrange(3, cfg.vocab_size) for _ in range(ctx)], new, ignore_eos=True)
-                    for _ in range(width)]
+            reqs = [Request([rng.randrange(3, cfg.vocab_size) for _ in range(ctx)], new,
+                            ignore_eos=True) for _ in range(width)]
             dec.run(reqs)  # capture
             for k in dec.stats:
                 dec.stats[k] = 0
