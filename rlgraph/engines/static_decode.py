@@ -367,16 +367,18 @@ class StaticDecoder:
         take = [(b, self.queue.popleft()) for b in free[:len(self.queue)]]
         for b, r in take:
             self.slots[b] = r
-        # in chunks of at most PREFILL_TOKENS padded tokens (shortest first): resumed rows
-        # carry prefixes of thousands of tokens, and one prefill of all of them runs out of
-        # memory (seen on an H200: 20 GiB asked for at 768 slots of up to 8200 positions)
-        take.sort(key=lambda item: len(item[1].prompt) + len(item[1].tokens))
+        # in chunks of at most PREFILL_TOKENS padded tokens (queue order): resumed rows carry
+        # prefixes of thousands of tokens, and one prefill of all of them runs out of memory
+        # (seen on an H200: 20 GiB asked for at 768 slots of up to 8200 positions)
         chunk: list[tuple[int, Request]] = []
+        longest = 0
         for b, r in take:
-            if chunk and (len(chunk) + 1) * (len(r.prompt) + len(r.tokens)) > PREFILL_TOKENS:
+            n = len(r.prompt) + len(r.tokens)
+            if chunk and (len(chunk) + 1) * max(longest, n) > PREFILL_TOKENS:
                 self._prefill([c for c, _ in chunk], [q for _, q in chunk])
-                chunk = []
+                chunk, longest = [], 0
             chunk.append((b, r))
+            longest = max(longest, n)
         self._prefill([c for c, _ in chunk], [q for _, q in chunk])
 
     def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
