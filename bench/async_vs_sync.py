@@ -41,9 +41,11 @@ last 10 steps), and the compiler's predicted speedup over sync, three ways:
 - as measured: `compile_plan(mode, calibration=the mode's own trace)`: the schedule model
   alone, given each node's measured time (known only after the run).
 
-Each mode runs `--repeats` times (default 2), interleaved A B C D D C B A so slow spells of
-other load on the machine hit every mode; the run with the most samples/s counts (other load
-can only slow a run down), and every run's figure is kept in the JSON.
+Each mode runs `--repeats` times (default 3), interleaved A B C D D C B A A B C D so slow
+spells of other load on the machine hit every mode alike. Every figure is the median run's
+(by samples/s), with its spread: samples/s median, min and max over the repeats, and the
+speedup over sync per repeat (mode run r against sync run r, measured side by side) as
+median, min and max. Every run's figure is kept in the JSON.
 
     python bench/async_vs_sync.py [--steps 40] [--modes sync,one_step_off] [--runs DIR]
 
@@ -55,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -238,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", default=str(GRAPH))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved "
-                        "(A B C D D C B A); the fastest counts: other load only slows a run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved "
+                        "(A B C D D C B A ...); figures are medians with min and max")
     parser.add_argument("--runs", help="folder of earlier runs (MODE/) to reuse; default: "
                         "run every mode into a fresh temporary folder")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every mode")
@@ -281,19 +284,29 @@ def main(argv: list[str] | None = None) -> int:
                                         "runs": []})
         res["runs"].append({k: v for k, v in run.items() if k != "measured"}
                            | {"samples_per_s": run["measured"]["samples_per_s"]})
-        if "measured" not in res or (run["measured"]["samples_per_s"]
-                                     > res["measured"]["samples_per_s"]):
-            res["measured"], modes[name], runs[name] = run["measured"], overrides, out
+        res.setdefault("_measured", []).append((run["measured"], out))
+        modes[name] = overrides
+    for name, res in results.items():  # the median run of every mode, and the spread
+        ranked = sorted(res.pop("_measured"), key=lambda m: m[0]["samples_per_s"])
+        res["measured"], runs[name] = ranked[(len(ranked) - 1) // 2]
+        rates = [m["samples_per_s"] for m, _ in ranked]
+        res["samples_per_s_spread"] = {"median": statistics.median(rates), "min": min(rates),
+                                       "max": max(rates), "repeats": len(rates)}
+    base = [r["samples_per_s"] for r in results["sync"]["runs"]]
+    for res in results.values():
+        ratios = [r["samples_per_s"] / b for r, b in zip(res["runs"], base)]
+        res["speedup_spread"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                 "max": max(ratios), "paired_repeats": len(ratios)}
     for name, pred in predictions(graph, modes, runs).items():
         results[name]["predicted"] = pred
-    sync = results["sync"]["measured"]
     level = LEVEL_FRACTION * min(r["measured"]["reward_final"] for r in results.values())
     lines = [f"{'mode':16} {'samples/s':>9} {'speedup':>8} {'pred(uncal)':>11} "
              f"{'pred(cal)':>9} {'pred(as is)':>11} {'pred(1core)':>11} {'err':>5} {'t→level':>8} "
-             f"{'final':>6}  samples/s of every run"]
+             f"{'final':>6}  speedup median [min, max] per repeat; samples/s of every run"]
     for name, res in results.items():
         m, p = res["measured"], res["predicted"]
-        m["speedup"] = m["samples_per_s"] / sync["samples_per_s"]
+        m["speedup"] = (res["samples_per_s_spread"]["median"]
+                        / results["sync"]["samples_per_s_spread"]["median"])
         m["time_to_level_s"] = time_to(m["curve"], level)
         p["calibrated_error"] = (m["speedup"] - p["calibrated_speedup"]) / p["calibrated_speedup"]
         one = p.get("one_core_speedup", float("nan"))
@@ -305,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{p['as_is_speedup']:10.2f}x {one:10.2f}x {p['one_core_error']:+5.0%} "
                      f"{ttl:>8} "
                      f"{m['reward_final']:6.2f}  "
+                     f"{res['speedup_spread']['median']:.2f}x [{res['speedup_spread']['min']:.2f}, "
+                     f"{res['speedup_spread']['max']:.2f}]; "
                      + ", ".join(f"{r['samples_per_s']:.1f}" for r in res["runs"]))
     best = max((r["measured"]["speedup"] for n, r in results.items()
                 if not n.startswith("sync")),

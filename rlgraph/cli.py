@@ -9,6 +9,7 @@ only when a summary is printed or a PNG drawn, so `rlgraph compile --json` stays
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import re
@@ -27,6 +28,12 @@ class CLIError(RLGraphError):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def one_line(message: str) -> str:
+    """An error as one line: line breaks a user's text brought in (a key, a value, a file
+    name) printed escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _lazy(module: str, attr: str, command: str) -> Callable[..., Any]:
@@ -78,13 +85,22 @@ def out_dir_for(name: str) -> Path:
 
 
 def write_plan(out: Path, plan: dict, measured: list[dict] | None = None) -> list[Path]:
-    """plan.json and the three timeline files into `out`."""
+    """plan.json and the three timeline files into `out`; a folder that cannot be written
+    (read-only, no permission, a name too long, a full disk) is a one-line CLIError."""
+    from rlgraph.safe_yaml import shown
     from rlgraph.timeline import write_timeline
 
-    out.mkdir(parents=True, exist_ok=True)
-    plan_file = out / "plan.json"
-    plan_file.write_text(json.dumps(plan, indent=2) + "\n")
-    return [plan_file, *write_timeline(out, plan, measured)]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        plan_file = out / "plan.json"
+        plan_file.write_text(json.dumps(plan, indent=2) + "\n")
+        return [plan_file, *write_timeline(out, plan, measured)]
+    except OSError as exc:
+        what = exc.strerror or type(exc).__name__
+        if exc.errno == errno.ENAMETOOLONG:
+            what += f" ({max(len(part) for part in out.parts)} characters in one name)"
+        raise CLIError(f"{shown(out)}: cannot write the plan there: {what} (give -o a "
+                       f"writable folder)") from None
 
 
 # ---------------------------------------------------------------- commands
@@ -224,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except RLGraphError as err:
-        print(err.render(), file=sys.stderr)
+        print(one_line(err.render()), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -8,10 +8,22 @@ prints `graph.yaml:LINE:COL: key: message (hint)` with exit status 2, never a tr
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 Key = tuple[str | int, ...]
+MAX_NAME_CHARS = 120  # a path or override longer than this is shortened in messages
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """A path (or override) as messages print it: control characters escaped, shortened in
+    the middle when very long, so an error stays one readable line."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(path))
+    if len(text) <= MAX_NAME_CHARS:
+        return text
+    half = MAX_NAME_CHARS // 2 - 2
+    return f"{text[:half]}...{text[-half:]}"
 
 
 @dataclass
@@ -28,7 +40,7 @@ class SourceMap:
         for end in range(len(key), -1, -1):
             prefix = key[:end]
             if prefix in self.overrides:
-                return f"<override {self.overrides[prefix]}>"
+                return f"<override {shown(self.overrides[prefix])}>"
             if prefix in self.positions:
                 line, col = self.positions[prefix]
                 return f"{self.path}:{line}:{col}"

@@ -23,6 +23,9 @@ from rlgraph.errors import RLGraphError, SpecError
 
 RewardFn = Callable[..., Any]
 DEFAULT_FN = "rlgraph.rewards:default_compute_score"
+# The largest reward magnitude taken: rewards are float32, and GRPO squares their spread, so
+# far below float32's 3.4e38 (1e308, or inf, would turn into NaN weights a step later).
+MAX_ABS_REWARD = 1e6
 
 
 class RewardFnError(RLGraphError):
@@ -101,7 +104,8 @@ def load_reward_fn(ref: str | None, key: Sequence[str | int] = (),
 
 
 def _as_score(value: Any) -> float | None:
-    """verl accepts a number or a dict with 'score'; anything else (or NaN) is None."""
+    """verl accepts a number or a dict with 'score'; anything else (or NaN) is None. A number
+    is returned as given, infinite or huge ones too (score_samples refuses those)."""
     if isinstance(value, dict):
         value = value.get("score")
     if not isinstance(value, numbers.Real) and hasattr(value, "item"):
@@ -116,14 +120,18 @@ def _as_score(value: Any) -> float | None:
 
 def score_samples(fn: RewardFn, fn_name: str, data_sources: Sequence[str],
                   responses: Sequence[str], ground_truths: Sequence[Any],
-                  extra_infos: Sequence[dict], uids: Sequence[str]) -> list[float]:
-    """Score every sample; the first failure raises RewardFnError naming the fn and sample."""
+                  extra_infos: Sequence[dict], uids: Sequence[str],
+                  step: int | None = None) -> list[float]:
+    """Score every sample; the first failure (an exception, not a number, not finite or
+    beyond MAX_ABS_REWARD) raises RewardFnError naming the fn, the step and the sample."""
+    at_step = f" at step {step}" if step is not None else ""
     scores = []
     for i, (source, response, truth, extra, uid) in enumerate(
         zip(data_sources, responses, ground_truths, extra_infos, uids)
     ):
-        where = (f"reward fn {fn_name} on sample {i} (prompt {uid}, data_source {source!r}, "
-                 f"response {response!r}, ground_truth {truth!r})")
+        where = (f"reward fn {fn_name}{at_step} on sample {i} (prompt {uid}, data_source "
+                 f"{source!r}, response {str(response)[:200]!r}, ground_truth "
+                 f"{str(truth)[:200]!r})")
         try:
             value = fn(data_source=source, solution_str=response, ground_truth=truth,
                        extra_info=extra)
@@ -133,5 +141,9 @@ def score_samples(fn: RewardFn, fn_name: str, data_sources: Sequence[str],
         if score is None:
             raise RewardFnError(f"{where} returned {value!r}, not a number "
                                 "(return a float, or a dict with a 'score')")
+        if not abs(score) <= MAX_ABS_REWARD:
+            raise RewardFnError(f"{where} returned {score!r}, not a finite reward within "
+                                f"+-{MAX_ABS_REWARD:g} (it would turn the weights into NaN; "
+                                "scale or clip the reward)")
         scores.append(score)
     return scores

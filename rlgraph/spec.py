@@ -1,7 +1,8 @@
 """graph.yaml as pydantic models, loaded with line numbers and `key=value` overrides.
 
 `load_spec(path, overrides)` returns a validated `Spec` whose `source` maps every key to
-its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`.
+its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`. The
+file and the overrides are read by `rlgraph.safe_yaml` (limits on size, depth, aliases).
 Node sections are validated by their kind's own model from `rlgraph.nodes.KINDS`.
 """
 
@@ -11,10 +12,8 @@ import os
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     Field,
@@ -26,18 +25,32 @@ from pydantic import (
 
 from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.base import StrictModel
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+    StrictModel,
+)
 from rlgraph.presets import GPU_PRESETS, MODEL_PRESETS
+from rlgraph.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
+from rlgraph.safe_yaml import located as _located
+from rlgraph.safe_yaml import parse_yaml as parse_yaml
+
+MAX_LAG = 256  # policy versions; the seeds use 1 to 8
+MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
 
 
 class ClusterSpec(StrictModel):
     """`{nodes, gpus_per_node, gpu}` for GPUs, or `{local: true}` for CPU cores as slots."""
 
     local: bool = False
-    nodes: int = Field(default=1, ge=1)
-    gpus_per_node: int = Field(default=8, ge=1)
+    nodes: int = Field(default=1, ge=1, le=4096)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
     gpu: str = "H200"
-    cpus: int | None = Field(default=None, ge=1, description="local slots; default: all cores")
+    cpus: int | None = Field(default=None, ge=1, le=4096,
+                             description="local slots; default: all cores")
 
     @field_validator("gpu")
     @classmethod
@@ -57,9 +70,10 @@ class ClusterSpec(StrictModel):
 class WarmStartSpec(StrictModel):
     """Supervised steps on the training prompts' answers before RL; the result is version 0."""
 
-    steps: int = Field(default=0, ge=0, description="0: RL from the initial weights")
-    lr: float = Field(default=1e-3, gt=0, description="constant AdamW learning rate")
-    batch_size: int = Field(default=64, ge=1)
+    steps: int = Field(default=0, ge=0, le=MAX_STEPS, description="0: RL from the initial "
+                       "weights")
+    lr: float = Field(default=1e-3, ge=1e-12, le=10, description="constant AdamW learning rate")
+    batch_size: int = Field(default=64, ge=1, le=MAX_COUNT)
 
 
 class ModelSpec(StrictModel):
@@ -86,13 +100,13 @@ class ModelSpec(StrictModel):
 class ResponseLength(StrictModel):
     """Response length in tokens: the mean decides throughput, the max a synchronous batch."""
 
-    mean: float = Field(default=256, gt=0)
-    max: int = Field(default=512, ge=1)
+    mean: float = Field(default=256, ge=1, le=MAX_TOKENS)
+    max: int = Field(default=512, ge=1, le=MAX_TOKENS)
     dist: Literal["lognormal", "pareto"] = Field(
         default="lognormal", description="length distribution of the longtail task's targets: "
         "mean as above, clipped at max (which lowers the realized mean, a pareto's most)")
-    sigma: float = Field(default=1.0, gt=0, description="lognormal: std of log length")
-    alpha: float = Field(default=1.5, gt=1, description="pareto: tail index (smaller: "
+    sigma: float = Field(default=1.0, ge=1e-3, le=10, description="lognormal: std of log length")
+    alpha: float = Field(default=1.5, gt=1, le=100, description="pareto: tail index (smaller: "
                          "heavier tail)")
 
     @model_validator(mode="after")
@@ -105,14 +119,25 @@ class ResponseLength(StrictModel):
 class DataSpec(StrictModel):
     """Batch shape per train step and where prompts come from."""
 
-    prompts_per_step: int = Field(default=8, ge=1)
-    samples_per_prompt: int = Field(default=4, ge=1)
-    prompt_len: int = Field(default=16, ge=1)
+    prompts_per_step: int = Field(default=8, ge=1, le=MAX_COUNT)
+    samples_per_prompt: int = Field(default=4, ge=1, le=4096)
+    prompt_len: int = Field(default=16, ge=1, le=MAX_TOKENS)
     response_len: ResponseLength = Field(default_factory=ResponseLength)
     task: str = Field(default="arithmetic", description="built-in task when no files are given")
     train_files: list[str] | None = None
     val_files: list[str] | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from rlgraph.data import TASKS
+
+        if task not in TASKS:
+            hint = did_you_mean(task, TASKS) or (f"tasks: {', '.join(TASKS)}; or give "
+                                                 "data.train_files")
+            raise ValueError(f"unknown task '{task}' ({hint})")
+        return task
 
     @field_validator("response_len", mode="before")
     @classmethod
@@ -128,29 +153,41 @@ class AlgorithmSpec(StrictModel):
     """The RL objective (verl: algorithm.* and actor.*_loss settings)."""
 
     name: Literal["grpo", "ppo"] = "grpo"
-    kl_coef: float = Field(default=0.001, ge=0)
+    kl_coef: float = Field(default=0.001, ge=0, le=100)
     kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
-    clip: float = Field(default=0.2, gt=0)
-    is_truncation: float = Field(default=2.0, gt=0, description="decoupled-PPO weight cap")
+    clip: float = Field(default=0.2, ge=1e-4, le=10)
+    is_truncation: float = Field(default=2.0, ge=1e-3, le=1e6,
+                                 description="decoupled-PPO weight cap")
     norm_adv_by_std: bool = Field(default=True, description="GRPO: divide by the group's std")
 
 
 class GroupSpec(StrictModel):
     """Tasks that share the group's GPUs in time, and the group's share of the cluster."""
 
-    share: float = Field(gt=0, le=1)
+    share: float = Field(gt=0, le=1)  # and at least MIN_SHARE (_not_a_sliver)
     tasks: list[str] = Field(min_length=1)
-    replicas: int | None = Field(default=None, ge=1, description="data-parallel processes the "
+    replicas: int | None = Field(default=None, ge=1, le=MAX_PARALLEL,
+                                 description="data-parallel processes the "
                                  "group's work is split over; default one per GPU, one on a "
                                  "local CPU cluster (its slots are then its threads)")
+
+
+    @field_validator("share")
+    @classmethod
+    def _not_a_sliver(cls, share: float) -> float:
+        if share < MIN_SHARE:
+            raise ValueError(f"share {share:g} is less than {MIN_SHARE:g} of the cluster (it "
+                             f"would still get a whole GPU or CPU slot); give at least "
+                             f"{MIN_SHARE:g}")
+        return share
 
 
 class ScheduleSpec(StrictModel):
     """Lag bound, partial rollout and run length (seeds: generate_ahead_steps = max_lag)."""
 
-    max_lag: int = Field(default=1, ge=0)
+    max_lag: int = Field(default=1, ge=0, le=MAX_LAG)
     partial_rollout: bool = False
-    steps: int = Field(default=100, ge=1)
+    steps: int = Field(default=100, ge=1, le=MAX_STEPS)
 
 
 def _node_union() -> Any:
@@ -204,87 +241,6 @@ class Spec(StrictModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that also records the line and column of every key."""
-
-
-def _walk(node: yaml.Node, path: Key, positions: dict[Key, tuple[int, int]], file: str) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = _Constructor.construct_object(key_node, deep=True)
-            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if key in out:
-                first = positions[(*path, key)][0]
-                positions[(*path, key)] = where  # point at the second one
-                raise SpecError(f"key '{key}' appears twice (first on line {first})",
-                                (*path, key), hint="keep one")
-            positions[(*path, key)] = where
-            out[key] = _walk(value_node, (*path, key), positions, file)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        items = []
-        for i, item in enumerate(node.value):
-            positions[(*path, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            items.append(_walk(item, (*path, i), positions, file))
-        return items
-    return _Constructor.construct_object(node, deep=True)
-
-
-_Constructor = yaml.SafeLoader("")
-
-
-def parse_yaml(text: str, path: str = "graph.yaml") -> tuple[dict[str, Any], SourceMap]:
-    """YAML text -> (plain data, source map); syntax errors name the line."""
-    source = SourceMap(path=path)
-    try:
-        root = yaml.compose(text, Loader=_LineLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        problem = str(exc.problem or exc.context)
-        raise _located(SpecError(f"invalid YAML: {problem}", hint=_yaml_hint(problem)),
-                       where) from None
-    if root is None:
-        raise _located(SpecError("the file is empty", hint="start from graphs/quickstart.yaml"),
-                       f"{path}:1:1")
-    if not isinstance(root, yaml.MappingNode):
-        mark = root.start_mark
-        raise _located(SpecError("the top level must be a mapping of keys (name:, nodes:, ...)"),
-                       f"{path}:{mark.line + 1}:{mark.column + 1}")
-    try:
-        data = _walk(root, (), source.positions, path)
-    except SpecError as err:
-        err.source = source
-        raise
-    return data, source
-
-
-def _yaml_hint(problem: str) -> str | None:
-    """What usually causes PyYAML's problem, in words."""
-    if "'\\t'" in problem or "\t" in problem:
-        return "indent with spaces, not tabs"
-    if "expected ',' or '}'" in problem or "expected ',' or ']'" in problem:
-        return "a { or [ opened before this line is not closed"
-    if "<block end>" in problem or "mapping values are not allowed" in problem:
-        return "check the indentation of this line and the one before"
-    if "could not find expected ':'" in problem:
-        return "a key needs a colon: key: value"
-    return None
-
-
-def _located(err: SpecError, where: str) -> SpecError:
-    """Pin an error to a literal `file:line:col` (for errors before any key exists)."""
-    err.source = SourceMap(path=where, positions={(): (0, 0)})
-    err.render = lambda source=None: f"{where}: {err.message}" + (  # type: ignore[method-assign]
-        f" ({err.hint})" if err.hint else ""
-    )
-    return err
-
-
 # ---------------------------------------------------------------- overrides
 
 
@@ -297,13 +253,13 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
                            f"<override {text}>")
         dotted, _, raw = text.partition("=")
         keys = [k for k in dotted.lstrip("+").split(".") if k]
+        if len(keys) > MAX_DEPTH:
+            raise _located(SpecError(f"override '{shown(dotted)}' names {len(keys)} levels of "
+                                     f"keys, more than {MAX_DEPTH}"), f"<override {shown(text)}>")
         if not keys:
             raise _located(SpecError(f"override '{text}' names no key",
                                      hint="e.g. schedule.max_lag=2"), f"<override {text}>")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        value = parse_value(raw, f"<override {shown(text)}>")
         target = data
         for i, key in enumerate(keys[:-1]):
             nxt = target.setdefault(key, {})
@@ -315,6 +271,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
             target = nxt
         target[keys[-1]] = value
         source.overrides[tuple(keys)] = text
+        for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
+            del source.positions[stale]  # the file's lines under it no longer hold its value
 
 
 # ---------------------------------------------------------------- validation errors
@@ -402,7 +360,8 @@ def _you_wrote(value: Any) -> str | None:
     """`you wrote 'half'` for a scalar the user typed (None for mappings and lists)."""
     if isinstance(value, dict | list) or value is None:
         return None
-    return f"you wrote {value!r}"
+    text = repr(value)
+    return f"you wrote {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
@@ -448,12 +407,7 @@ def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
 
 def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Spec:
     """Read, override and validate a graph.yaml."""
-    file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise _located(SpecError(f"cannot read the graph: {exc.strerror}"), str(file)) from None
-    data, source = parse_yaml(text, str(file))
+    data, source = read_graph(path)
     try:
         apply_overrides(data, overrides, source)
     except SpecError as err:

@@ -106,6 +106,16 @@ def summary_renderables(plan: Mapping[str, Any]) -> list[Any]:
     facts.add_row("max policy lag", _lag_text(lag))
     if sched.get("bottleneck"):
         facts.add_row("bottleneck", str(sched["bottleneck"]))
+    pricing, trust = plan.get("pricing", {}), plan.get("trust", {})
+    if pricing:
+        facts.add_row("prices", f"{pricing.get('runtime')}: {pricing.get('why')}")
+    if trust:
+        how = ("calibrated: " + ", ".join(trust.get("calibrated_nodes", []))
+               if trust.get("calibrated") else "uncalibrated (analytic costs; calibrate with "
+               "`rlgraph compile --calibrate RUN/trace.json`)")
+        facts.add_row("trust", how)
+        for line in trust.get("assumptions", []):
+            facts.add_row("", f"• {line}")
     for i, message in enumerate(plan.get("messages", [])):
         facts.add_row("advice" if i == 0 else "", f"• {message}")
     return [title, groups, nodes, facts]

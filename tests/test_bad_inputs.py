@@ -6,7 +6,10 @@ Each file states what the error must say in its header:
     # args: key=value ...        (overrides passed after the file; optional)
     # needs: compiler            (a placement refusal: skipped until rlgraph.compiler exists)
 
-and marks the offending line with a trailing `# <-` (or gives `line=`). The test asserts
+and marks the offending line with a trailing `# <-` (or gives `line=`). The header is ASCII
+even where the rest of the file is not UTF-8 text (yaml_latin1.yaml, yaml_binary.yaml).
+Attacks that cannot be a file in git (a FIFO, /dev/zero, a 300-character name, UTF-16, an
+unwritable -o) are in tests/test_hostile_inputs.py. The test asserts
 exit status 2, `file:LINE:` (or `<override ...>`), the key and each text on stderr, nothing
 on stdout, and no traceback.
 """
@@ -41,7 +44,7 @@ class Expect:
 
 def parse_expect(path: Path) -> Expect:
     """Read the header comments and the `# <-` marker of a corpus file."""
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()  # some are not UTF-8
     header: dict[str, list[str]] = {}
     for text in lines:
         match = re.match(r"#\s*(expect|args|needs):\s*(.*)", text)

@@ -277,17 +277,19 @@ def test_calibrate_replaces_modelled_costs_with_measured_ones(
 # ---------------------------------------------------------------- README and CI agree
 
 README = ROOT / "README.md"
-TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test]' && pytest"
+FRESH_VENV = "python3 -m venv .venv && . .venv/bin/activate && "
+TEST_COMMAND = FRESH_VENV + "pip install torch==2.13.0 && pip install -e '.[test]' && pytest"
 
 
 def test_ci_runs_the_readme_test_command() -> None:
     text = README.read_text()
     assert TEST_COMMAND in text
-    assert "pip install torch==2.13.0 && pip install -e . && rlgraph run graphs/quickstart.yaml" \
-        in text
+    assert FRESH_VENV + "pip install torch==2.13.0 && pip install -e . && " \
+        "rlgraph run graphs/quickstart.yaml" in text
     ci = ROOT / ".ci" / "run"
     lines = [line for line in ci.read_text().splitlines() if line.strip()]
     assert lines[-1] == TEST_COMMAND
+    assert "rm -rf .venv" in lines, ".ci/run must install into a fresh virtual environment"
     assert "set -euo pipefail" in lines
     assert ci.stat().st_mode & 0o111, ".ci/run must be executable"
 

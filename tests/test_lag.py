@@ -123,3 +123,22 @@ def test_partial_rollout_that_cannot_carry_is_reported() -> None:
     gen_bound = compile_plan(load_spec(root / "graphs" / "quickstart.yaml", [
         "schedule.partial_rollout=true", "schedule.max_lag=2", "nodes.generate.cost={seconds: 5}"]))
     assert not any("carries nothing" in m for m in gen_bound["messages"])
+
+
+GRAPHS = sorted((Path(__file__).resolve().parents[1] / "graphs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("graph", GRAPHS, ids=[g.stem for g in GRAPHS])
+def test_large_max_lag_is_simulated_only_as_far_as_it_matters(graph: Path) -> None:
+    """A max_lag of 256 compiles like 12 (the period is already at its lag-free bound), with
+    the proof and channels still at 256, and simulates no more steps than max_lag 12."""
+    from rlgraph.spec import load_spec
+
+    small = compile_plan(load_spec(graph, ["schedule.max_lag=12"]))
+    large = compile_plan(load_spec(graph, ["schedule.max_lag=256"]))
+    assert large["schedule"]["period_s"] == pytest.approx(small["schedule"]["period_s"])
+    assert large["schedule"]["steps_simulated"] == small["schedule"]["steps_simulated"]
+    assert large["lag"]["max_policy_lag"] == 256
+    assert set(large["channels"].values()) == {257}
+    assert any("max_lag 256 is simulated as 12" in m for m in large["messages"])
+

@@ -8,7 +8,7 @@ import pytest
 import torch
 from rl_support import make_spec
 
-from rlgraph.errors import SpecError
+from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.rewards import RewardFnError
 from rlgraph.workspace import Workspace
@@ -97,10 +97,23 @@ def test_worker_refuses_the_batch_of_another_step(ws: Workspace) -> None:
 
 
 def test_long_prompt_is_a_spec_error() -> None:
-    ws = Workspace(make_spec(data={"prompt_len": 3}), ["generate"])
+    spec = make_spec(data={"prompt_len": 3})
+    spec._source = SourceMap(path="my-graph.yaml", positions={("data", "prompt_len"): (7, 3)})
+    ws = Workspace(spec, ["generate"])
     with pytest.raises(SpecError, match="more than prompt_len 3") as err:
         ws.worker("generate").run(0, {})
     assert err.value.key == ("data", "prompt_len")
+    assert err.value.render().startswith("my-graph.yaml:7:3: data.prompt_len: prompt ")
+
+
+def test_reward_worker_refuses_a_reward_that_is_not_finite(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, "
+                                   "extra_info=None):\n    return 1e308\n")
+    ws = Workspace(make_spec(reward={"fn": f"{tmp_path}/r.py:f"}), ["generate", "reward"])
+    gen = ws.worker("generate").run(2, {})
+    with pytest.raises(RewardFnError, match=r"r.py:f at step 2 on sample 0 \(prompt "
+                       r"arithmetic:train:\d+.*returned 1e\+308, not a finite reward"):
+        ws.worker("reward").run(2, {"generate": gen})
 
 
 def test_reward_worker_reports_a_failing_fn(tmp_path: Path) -> None:
@@ -108,5 +121,6 @@ def test_reward_worker_reports_a_failing_fn(tmp_path: Path) -> None:
                                    "extra_info=None):\n    return None\n")
     spec = make_spec(reward={"fn": f"{tmp_path}/r.py:f"})
     ws = Workspace(spec, ["generate", "reward"])
-    with pytest.raises(RewardFnError, match=r"r.py:f on sample 0 \(prompt arithmetic:train:0"):
+    with pytest.raises(RewardFnError,
+                       match=r"r.py:f at step 0 on sample 0 \(prompt arithmetic:train:0"):
         ws.worker("reward").run(0, {"generate": ws.worker("generate").run(0, {})})

@@ -3,6 +3,7 @@
 `compile_plan(spec, calibration=None)` runs the passes, each a pure function of the spec
 and what the passes before it returned:
 
+0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
 2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
@@ -31,6 +32,7 @@ from rlgraph.compiler.lag import (
     smallest_lag_for_best_period,
 )
 from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
     TaskState,
@@ -39,12 +41,18 @@ from rlgraph.compiler.schedule import (
     utilization,
 )
 from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.compiler.trust import trust
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
 from rlgraph.spec import GroupSpec, Spec
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
+MAX_SIMULATED_LAG = 64  # the largest max_lag simulated (see effective_lag)
+LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph feels
+OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
     "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
@@ -54,12 +62,20 @@ __all__ = [
 
 
 def sync_spec(spec: Spec) -> Spec:
-    """The colocated synchronous baseline (verl's hybrid engine): every grouped task in one
-    group on all GPUs, max_lag 0, no partial rollout."""
+    """The colocated synchronous baseline: every grouped task in one group on all GPUs,
+    max_lag 0, no partial rollout. Where the plan prices verl's hybrid engine it is verl's
+    baseline: the switch is paid (cost pass) and old_log_prob is computed, so a plan without
+    a logp node gets one (OLD_LOG_PROB) in the baseline."""
     tasks = [t for g in spec.groups.values() for t in g.tasks]
+    nodes = spec.nodes
+    kinds = {n.kind for n in nodes.values()}
+    if (hybrid_engine_priced(spec) and tasks and "train" in kinds and "logp" not in kinds
+            and OLD_LOG_PROB not in nodes):
+        nodes = {**nodes, OLD_LOG_PROB: KINDS["logp"].spec()}
+        tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
-    return spec.model_copy(update={"groups": groups, "schedule": schedule})
+    return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -81,13 +97,15 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     return sync
 
 
-def _sync_period(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]) -> float:
+def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]
+                   ) -> tuple[float, dict[str, NodeCost]]:
+    """The baseline's period and node costs."""
     base = sync_spec(spec)
-    graph = sync_graph(graph)
+    graph = sync_graph(graph) if len(base.nodes) == len(spec.nodes) else build_graph(base)
     placement = place(base, strict=False)
     sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
     tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))
-    return steady_state(tg).period
+    return steady_state(tg).period, sync_costs
 
 
 def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement,
@@ -100,6 +118,35 @@ def _without_partial_rollout(spec: Spec, graph: nx.DiGraph, placement: Placement
     seconds = {n: (costs[n] if costs[n].source == "override" else plain_costs[n]).seconds
                for n in costs}
     return timed_graph(graph, seconds, list(placement.groups)).with_lag(0)
+
+
+def effective_lag(tg: TimedGraph) -> tuple[int, str | None]:
+    """The max_lag the simulator needs for a plan of `tg.max_lag`, and why it is smaller.
+
+    Every period is at least the lag-free bound (the bound with no back edge or channel
+    limit). Once a lag's simulated period reaches it, no larger lag can shorten the period,
+    so the simulation stops there (at EVENT_STEPS at least: a back edge or channel of more
+    than EVENT_STEPS steps never binds within the timeline's steps), and at
+    MAX_SIMULATED_LAG in any case: compile time stays bounded whatever max_lag says."""
+    if tg.max_lag <= EVENT_STEPS:
+        return tg.max_lag, None
+    free = schedule_bound(tg.with_lag(LAG_FREE)).seconds
+    reached = None
+    for lag in range(min(tg.max_lag, MAX_SIMULATED_LAG) + 1):
+        variant = tg.with_lag(lag)
+        if schedule_bound(variant).seconds > free * (1 + 1e-9) + 1e-12:
+            continue  # the back edge still bounds the period: no need to simulate
+        if steady_state(variant).period <= free * (1 + 1e-9) + 1e-12:
+            reached = lag
+            break
+    if reached is not None:
+        lag = max(reached, EVENT_STEPS)
+        return lag, (f"max_lag {tg.max_lag} is simulated as {lag}: from max_lag {reached} on "
+                     f"the period is at its lag-free bound ({free:.4g} s), which no larger lag "
+                     f"can shorten; the lag bound and channels keep {tg.max_lag}")
+    return MAX_SIMULATED_LAG, (f"max_lag {tg.max_lag} is simulated as {MAX_SIMULATED_LAG}, the "
+                               f"largest the compiler simulates; the lag bound and channels "
+                               f"keep {tg.max_lag}")
 
 
 def _lag_sweep(tg: TimedGraph, period: float, at_zero: TimedGraph | None = None
@@ -184,13 +231,17 @@ def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
 
 
 def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+    check_references(spec)
     graph = build_graph(spec)
     placement: Placement = place(spec)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
     proof = prove_lag(graph, spec.schedule.partial_rollout)
-    tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
+    user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
+                          list(placement.groups))
+    simulated_lag, lag_note = effective_lag(user_tg)
+    tg = user_tg.with_lag(simulated_lag)
     bound = schedule_bound(tg)
     steady = steady_state(tg)
     period = steady.period
@@ -201,14 +252,19 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     periods = _lag_sweep(tg, period, at_zero)
     evaluated = {lag: p for lag, p in periods.items() if p is not None}
     smallest = smallest_lag_for_best_period(evaluated)
-    messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest, evaluated)
-    more = schedule_bound(tg.with_lag(tg.max_lag + 1)).seconds
+    messages += proof.messages + lag_messages(spec.schedule.max_lag, smallest,
+                                              {**evaluated, spec.schedule.max_lag: period})
+    if lag_note:
+        messages.append(lag_note)
+    more = schedule_bound(user_tg.with_lag(user_tg.max_lag + 1)).seconds
     if period > 0 and more < period * 0.95:
-        messages.append(f"max_lag {tg.max_lag + 1} would allow a period down to {more:.4g} s "
-                        f"(its bound, {more / period - 1:+.0%})")
+        messages.append(f"max_lag {user_tg.max_lag + 1} would allow a period down to "
+                        f"{more:.4g} s (its bound, {more / period - 1:+.0%})")
     if spec.schedule.partial_rollout:
         messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
-    sync = period if _is_sync(spec) else _sync_period(spec, graph, costs)
+    sync, sync_costs = ((period, costs) if _is_sync(spec)
+                        else _sync_baseline(spec, graph, costs))
+    runtime, why = PRICING[hybrid_engine_priced(spec)]
     util = utilization(tg, period)
     if not steady.exact:
         messages.append(f"the schedule did not settle into a periodic regime within "
@@ -243,5 +299,7 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
             "events": steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
         },
         "channels": {f"{u}->{v}": spec.schedule.max_lag + 1 for u, v in data_edges(graph)},
+        "pricing": {"runtime": runtime, "why": why},
+        "trust": trust(spec, costs, sync_costs, sync),
         "messages": messages,
     }

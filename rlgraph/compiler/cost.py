@@ -3,10 +3,12 @@
 Order of precedence: a measured calibration (source "calibrated"), then the node's
 `cost: {seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"),
 then the kind's analytic model (`rlgraph/nodes/<kind>.py`, constants in `rlgraph/presets.py`;
-source "model"). A group that holds both a train and a generate node pays the colocation
-switch on its generate node every step: train states and rollout weights go to host memory
-and come back (bytes over PCIe), as verl's hybrid engine does with offload / sleep mode.
-Local CPU clusters pay no switch: train and generate already share host memory.
+source "model"). Where the plan prices verl's hybrid engine (a generate node on engine
+sglang, `nodes.rollout_cost.hybrid_engine_priced`), a group that holds both a train and a
+generate node pays the colocation switch on its generate node every step: train states and
+rollout weights go to host memory and come back over PCIe, and the weights are resharded
+into the engine at the measured resharding rate. rlgraph's own runtime (engine native)
+decodes with the training weights and pays no switch; local CPU clusters pay none either.
 A generate node that receives weights from another group pays the dual-buffer switch instead
 (`nodes.param_update.switch_cost`): param_update stages the new version beside generation
 and holds only the sender's group, so the copy into the live weights is all generate waits.
@@ -26,6 +28,7 @@ from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import CostContext
 from rlgraph.nodes.param_update import switch_cost
+from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS, ModelShape
 from rlgraph.spec import Spec
 
@@ -45,14 +48,28 @@ class NodeCost:
 
 
 def switch_seconds(spec: Spec, placement: Placement, group: str, shape: ModelShape) -> float:
-    """Per-step offload + reload of train states and rollout weights in a colocated group."""
-    if placement.local:
-        return 0.0
+    """Per-step switch of a colocated group between training and rollout, as verl's hybrid
+    engine pays it (0 where the plan prices rlgraph's runtime, or on a local CPU cluster):
+    train states offloaded to host and reloaded, the engine's weights put to sleep and woken
+    (both over PCIe), and the training weights resharded into the engine at the measured
+    resharding rate (COSTS.reshard_bytes_per_s)."""
+    return sum(switch_terms(spec, placement, group, shape).values())
+
+
+def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
+                 ) -> dict[str, float]:
+    """The switch's terms in seconds: offload/reload, sleep/wake, reshard."""
+    if placement.local or not hybrid_engine_priced(spec):
+        return {}
     gpus = placement.gpus_of(group)
     tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
     tp = max((getattr(n, "tp", 1) for n in tasks if n.kind == "generate"), default=1)
-    per_gpu = COSTS.train_state_bytes_per_param * shape.params / gpus + 2 * shape.params / tp
-    return 2 * per_gpu / placement.preset.host_bytes_per_s
+    host = placement.preset.host_bytes_per_s
+    return {
+        "offload": 2 * COSTS.train_state_bytes_per_param * shape.params / gpus / host,
+        "sleep_wake": 2 * 2 * shape.params / tp / host,
+        "reshard": 2 * shape.params / COSTS.reshard_bytes_per_s,
+    }
 
 
 def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:
@@ -88,7 +105,9 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
         ends = tuple(dict.fromkeys(graph.nodes[n]["group"] for n in (node.src, node.dst)
                                    if n in graph and graph.nodes[n]["group"]))
     hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
-    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies}
+    replicas = placement.groups[home].replicas if home in placement.groups else 1
+    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
+             "replicas": replicas}
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
 
@@ -119,11 +138,12 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
             detail = str(ctx.extra.get("detail") or KINDS[node.kind].doc)
             if ctx.extra.get("note"):
                 messages.append(str(ctx.extra["note"]))
-            if name in switches:
-                switch = switch_seconds(spec, placement, switches[name], shape)
+            if name in switches and switch_terms(spec, placement, switches[name], shape):
+                terms = switch_terms(spec, placement, switches[name], shape)
+                switch = sum(terms.values())
                 seconds += switch
-                detail += (f" + colocation switch {switch:.3g} s (train states and weights "
-                           f"offloaded and reloaded over PCIe)")
+                detail += (f" + colocation switch {switch:.3g} s (verl hybrid engine: "
+                           + ", ".join(f"{k} {v:.3g} s" for k, v in terms.items()) + ")")
             elif name in fed:
                 switch = switch_cost(node, shape, placement.preset, placement.local)
                 seconds += switch

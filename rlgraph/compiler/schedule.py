@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from rlgraph.compiler.bound import schedule_bound
 from rlgraph.compiler.timed import TimedGraph
 
 MAX_CYCLE = 8  # longest cyclicity (steps per repeat) searched for
@@ -288,6 +289,8 @@ def steady_state(tg: TimedGraph, policy: LowestStepFirst | None = None,
         if 2 * steps * max(tg.n, 1) > MAX_TASKS:
             lo, hi = steps // 2, max(steps // 2 + 1, steps - tg.max_distance() - 2)
             period = (sim.row(hi)[-1] - sim.row(lo)[-1]) / (hi - lo)
+            # a finite window's average can dip below the proven lower bound; never report that
+            period = max(period, schedule_bound(tg).seconds)
             return SteadyState(max(period, 0.0), 0, lo, sim, exact=False)
         steps *= 2
 

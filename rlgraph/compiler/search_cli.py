@@ -21,13 +21,14 @@ import yaml
 from rlgraph.compiler.calibrate import load_calibration
 from rlgraph.compiler.search import Plan, TuneResult, tune
 from rlgraph.errors import RLGraphError, SpecError
-from rlgraph.spec import apply_overrides, load_spec, parse_yaml
+from rlgraph.safe_yaml import read_graph
+from rlgraph.spec import apply_overrides, load_spec
 
 
 def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneResult
                      ) -> dict[str, Any]:
     """The user's graph.yaml data with the best plan's groups, lag, partial rollout and tp."""
-    data, source = parse_yaml(Path(path).read_text(), str(path))
+    data, source = read_graph(path)
     apply_overrides(data, overrides, source)
     best = result.best
     if best.origin == "input":

@@ -32,6 +32,7 @@ from typing import Any
 
 import networkx as nx
 
+from rlgraph.compiler import MAX_SIMULATED_LAG
 from rlgraph.compiler.bound import Bound, schedule_bound
 from rlgraph.compiler.cost import node_costs
 from rlgraph.compiler.placement import GroupPlacement, Placement, place
@@ -117,7 +118,8 @@ class SearchSpace:
         self.machines = 1 if cluster.local else cluster.nodes
         self.sizes = tuple(range(1, self.per_node + 1)) + tuple(
             self.per_node * k for k in range(2, self.machines + 1))
-        self.lags = tuple(range(spec.schedule.max_lag + 1))
+        # lags beyond what compile simulates are not searched (compile time stays bounded)
+        self.lags = tuple(range(min(spec.schedule.max_lag, MAX_SIMULATED_LAG) + 1))
         self.partials = (False, True) if spec.schedule.partial_rollout else (False,)
         has_generate = any(node.kind == "generate" for node in spec.nodes.values())
         self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) \

@@ -19,17 +19,29 @@ if TYPE_CHECKING:
     from rlgraph.spec import Spec
 
 
-class StrictModel(BaseModel):
-    """A spec section: unknown keys are errors, so typos never pass silently."""
+# Every int and float key of every section declares a lower and an upper bound, and no
+# section accepts inf or NaN (`allow_inf_nan=False`), so a value outside them is refused
+# naming its key (tests/test_spec_bounds.py checks every field). The shared maxima:
+MAX_COUNT = 1_000_000  # prompts, samples or sequences in one batch
+MAX_STEPS = 10_000_000  # steps of a run
+MAX_TOKENS = 1 << 20  # tokens of one prompt or response
+MAX_PARALLEL = 1024  # tp / pp / ep / data-parallel replicas
+MAX_SECONDS = 1e6  # one node's step (11 days)
+MAX_SEED = 2**32 - 1  # numpy's and CUDA's seed range
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+class StrictModel(BaseModel):
+    """A spec section: unknown keys are errors, so typos never pass silently; numbers are
+    finite and bounded."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CostOverride(StrictModel):
     """`cost: {seconds: S}` (fixed per step) or `cost: {gpu_seconds: W}` (W / group GPUs)."""
 
-    seconds: float | None = Field(default=None, ge=0)
-    gpu_seconds: float | None = Field(default=None, ge=0)
+    seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    gpu_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS * MAX_PARALLEL)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> CostOverride:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, no_inputs
-from rlgraph.presets import COSTS
+from rlgraph.nodes.base import MAX_PARALLEL, NodeKind, NodeSpec, no_inputs
+from rlgraph.nodes.rollout_cost import generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.batch import Batch
@@ -20,10 +19,12 @@ class GenerateSpec(NodeSpec):
 
     kind: Literal["generate"] = "generate"
     engine: Literal["native", "sglang"] = "native"
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size of one engine replica")
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    oversample: float = Field(default=2.0, ge=1, description="partial rollout: prompt groups "
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL,
+                    description="tensor-parallel size of one engine replica")
+    temperature: float = Field(default=1.0, ge=1e-3, le=100)
+    top_p: float = Field(default=1.0, ge=1e-6, le=1)
+    oversample: float = Field(default=2.0, ge=1, le=64,
+                              description="partial rollout: prompt groups "
                               "in flight per prompt of a batch (supplementation)")
     stale: Literal["drop", "restart", "finish"] = Field(
         default="drop", description="partial rollout: a cached sample whose oldest token would "
@@ -43,80 +44,6 @@ class GenerateSpec(NodeSpec):
     def model_parallel(self) -> int:
         """GPUs one engine replica spans."""
         return self.tp
-
-
-def _harmonic(n: int) -> float:
-    """1 + 1/2 + ... + 1/n: the longest of n exponential lengths is H_n times their mean."""
-    return sum(1.0 / k for k in range(1, n + 1))
-
-
-def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Prefill (compute-bound, 2*N*prompt tokens) plus decode (memory-bound: a step reads the
-    weights and the live KV cache once, so it is nearly flat in batch). A synchronous batch
-    decodes until its longest response ends (response_len.max steps); when the KV cache
-    holds only C of a replica's n sequences, continuous batching streams them through it
-    (n * mean / C steps) and still pays the tail (max - mean).
-
-    Partial rollout (rlgraph.rollout) keeps `oversample * n` rows in flight and stops once a
-    batch of groups is complete, carrying the rest over. A step makes one token per decoding
-    row, so a call takes about n * mean / L steps (never more than the synchronous batch),
-    L = min(alive * oversample * n, what the KV cache holds). `alive` is the fraction of
-    in-flight rows still decoding: a finished row waits (holding no KV) for the longest
-    sample of its group, about mean * H_k for k samples per prompt with an exponential tail
-    (at most max), so alive = mean / min(max, mean * H_k). Measured on CPU (tests' micro
-    Llama, geometric lengths, 4 samples per prompt, steps per call after warm-up): oversample
-    2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps where this gives 1.02-1.04 / 0.68-0.69 x
-    mean; oversample 1.5 took 1.86-1.88 x mean where this gives 1.37-1.39 (the last groups of
-    few spares set the pace there); oversample 1 decodes the whole batch. Every call also
-    re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n of them). This
-    assumes generate runs fresher than the bound (it is the bottleneck, or colocated with
-    train); a call that holds the oldest version the bound allows admits no spares and
-    decodes like the synchronous batch (see rlgraph.rollout)."""
-    data, shape, gpu = ctx.spec.data, ctx.shape, ctx.gpu
-    tp = node.tp
-    batch = data.samples_per_step()
-    replicas = max(1, ctx.gpus // tp)
-    per_replica = math.ceil(batch / replicas)
-    weights = 2 * shape.params / tp  # bytes per GPU, read once per decode step
-    kv_token = shape.kv_bytes_per_token() / tp
-    mean, longest = data.response_len.mean, data.response_len.max
-    free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
-    seq_kv = kv_token * (data.prompt_len + mean)  # paged KV of a live sequence, on average
-
-    def held(rows: float) -> float:
-        return rows if free <= 0 else max(1, min(rows, free // seq_kv))
-
-    concurrent = held(per_replica)
-    if concurrent < per_replica:
-        steps = per_replica * mean / concurrent + longest - mean
-        how = "synchronous batch streamed through the KV cache, then its longest tail"
-    else:
-        steps = longest
-        how = "synchronous batch: its longest response"
-    prefill_tokens = batch * data.prompt_len
-    if ctx.spec.schedule.partial_rollout:
-        alive = mean / min(longest, mean * _harmonic(data.samples_per_prompt))
-        live = held(alive * node.oversample * per_replica)
-        if per_replica * mean / live < steps:
-            steps = per_replica * mean / live
-            how = (f"partial rollout: {node.oversample:g}x rows in flight, "
-                   f"{alive:.0%} of them decoding")
-        prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
-    prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * COSTS.prefill_mfu * ctx.gpus))
-    kv_reads = per_replica * mean * (data.prompt_len + mean / 2) * kv_token
-    bandwidth = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    per_layer = (COSTS.native_decode_overhead_per_layer_s if node.engine == "native"
-                 else COSTS.sglang_decode_overhead_per_layer_s)
-    decode = (steps * weights + kv_reads) / bandwidth + steps * per_layer * shape.layers
-    waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
-    ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
-                           f"{decode / max(steps, 1e-12) * 1e3:.3g} ms ({how}{waves})")
-    if concurrent < per_replica:
-        ctx.extra["note"] = (f"{ctx.name}: the KV cache holds {concurrent:.0f} of the "
-                             f"{per_replica} sequences of each replica at a time; more GPUs "
-                             f"(share) or a larger tp would decode them together")
-    return prefill + decode
 
 
 def use_static_engine(node: GenerateSpec, device: str) -> bool:
@@ -195,8 +122,10 @@ class GenerateWorker:
         ids = self.ws.tokenizer.encode_prompt(example.prompt)
         limit = self.ws.spec.data.prompt_len
         if len(ids) > limit:
-            raise SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
+            err = SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
                             f"{limit}", ("data", "prompt_len"), hint=f"raise it to {len(ids)}")
+            err.source = self.ws.spec.source  # the user's graph file and line
+            raise err
         return ids
 
     def prompts(self, step: int) -> tuple[list[Any], list[list[int]]]:

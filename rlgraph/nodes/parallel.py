@@ -3,20 +3,23 @@ compute-bound cost of a pass over every token of the step."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeSpec
+from rlgraph import lengths
+from rlgraph.nodes.base import MAX_PARALLEL, CostContext, NodeSpec
+from rlgraph.presets import COSTS
 
 
 class ParallelNodeSpec(NodeSpec):
     """A node that runs the policy or reference model on its group's GPUs."""
 
     backend: Literal["torch", "megatron"] = "torch"
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size")
-    pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
-    ep: int = Field(default=1, ge=1, description="expert-parallel size (MoE)")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
+    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
     micro_tokens: int | None = Field(
         default=None, ge=1, description="tokens per forward (padding included): rows sorted "
         "by response length, each pass trimmed to its longest response rounded up to 256 "
@@ -25,6 +28,17 @@ class ParallelNodeSpec(NodeSpec):
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
         return self.tp * self.pp
+
+
+def compute_units(ctx: CostContext) -> float:
+    """GPUs of the node's group, or on a local CPU cluster its processes' worth of cores:
+    each data-parallel replica past the first adds COSTS.local_extra_replica_efficiency of a
+    core, and a replica's extra torch threads add nothing (a tiny model's ops are too small
+    to split)."""
+    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        replicas = min(ctx.gpus, int(ctx.extra.get("replicas", 1)))
+        return 1 + (replicas - 1) * COSTS.local_extra_replica_efficiency
+    return float(ctx.gpus)
 
 
 def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
@@ -37,13 +51,69 @@ def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
     return (micro + pp - 1) / micro
 
 
-def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float) -> float:
-    """A compute-bound pass over every token of the step: flops_per_param * N_active * tokens
-    FLOPs at `mfu` of the group's peak (times the pipeline bubble when pp > 1)."""
+def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int = 1) -> float:
+    """Slowest data-parallel rank over the mean one, per (mini-)batch: a rank's work is the
+    tokens of its k sequences, so the slowest of D ranks carries about k * mu + z_D * sqrt(k) *
+    sigma (z_D: expected largest of D standard normals), and never less than the longest
+    sequence of the batch (E[max], clipped at max) beside k - 1 average ones."""
     data = ctx.spec.data
-    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    if ranks <= 1:
+        return 1.0
+    model = lengths.of(data.response_len)
+    mean, second = lengths.moments(model)
+    mu = data.prompt_len + mean
+    sigma = math.sqrt(max(0.0, second - mean * mean))
+    size = max(1, data.samples_per_step() // mini_batches)
+    k = size / ranks
+    longest = data.prompt_len + lengths.expected_max(model, size)
+    slowest = max(k * mu + lengths.expected_max_normal(ranks) * math.sqrt(k) * sigma,
+                  longest + max(0.0, k - 1) * mu)
+    return slowest / (k * mu)
+
+
+def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: int = 1
+               ) -> float:
+    """Host overhead of eager passes: every forward-equivalent pass of every micro-batch
+    costs COSTS.native_decode_overhead_per_layer_s per layer on the host (launches, Python),
+    however few its tokens (bench/results/gpu-node-profile-h200x2.json: logp of 128 rows took
+    29 ms where its FLOPs take 7). `passes`: 1 for a forward, 3 for forward + backward."""
+    rows = ctx.spec.data.samples_per_step()
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        ranks = int(ctx.extra.get("replicas", 1))
+    share = math.ceil(rows / mini_batches / ranks)
+    micro = getattr(node, "micro_batch", None) or share
+    per_pass = ctx.shape.layers * COSTS.native_decode_overhead_per_layer_s
+    return mini_batches * math.ceil(share / micro) * passes * per_pass
+
+
+def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
+                    mini_batches: int = 1) -> float:
+    """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
+    at `mfu` of the group's peak (times the pipeline bubble when pp > 1). rlgraph's runtime
+    pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
+    every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
+    (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
+    from rlgraph.nodes.rollout_cost import hybrid_engine_priced
+
+    data = ctx.spec.data
+    model = lengths.of(data.response_len)
+    rows = data.samples_per_step()
+    if hybrid_engine_priced(ctx.spec):
+        mean, _ = lengths.moments(model)
+        tokens, how = rows * (data.prompt_len + mean), "packed"
+        imbalance = data_parallel_imbalance(node, ctx, mini_batches)
+    else:
+        longest = lengths.expected_max(model, rows)
+        tokens, how, imbalance = rows * (data.prompt_len + longest), "padded", 1.0
     flops = flops_per_param * ctx.shape.active_params * tokens
-    peak = ctx.gpu.bf16_flops * mfu * ctx.gpus
+    peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
-                           f"{tokens:.3g} tokens at {mfu:.0%} of {ctx.gpus} x {ctx.gpu.name}")
-    return flops / peak * pipeline_bubble(node, ctx)
+                           f"{tokens:.3g} tokens ({how}) at {mfu:.0%} of {ctx.gpus} x "
+                           f"{ctx.gpu.name}"
+                           + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
+                              else ""))
+    floor = host_floor(node, ctx, flops_per_param / 2, mini_batches)
+    ctx.extra["detail"] += f" + host floor {floor:.3g} s"
+    return flops / peak * pipeline_bubble(node, ctx) * imbalance + floor

@@ -15,8 +15,8 @@ from rlgraph.presets import COSTS
 class BucketSizes(StrictModel):
     """Sender and receiver granularity (dots.rl: param_update_preduce/consume_bucket_size_mb)."""
 
-    produce: float = Field(default=512, gt=0)
-    consume: float = Field(default=128, gt=0)
+    produce: float = Field(default=512, ge=0.01, le=1e6)
+    consume: float = Field(default=128, ge=0.01, le=1e6)
 
 
 class ParamUpdateSpec(NodeSpec):
@@ -44,9 +44,16 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     cluster, where `auto` means it) puts whole produce buckets: one produce bucket to
     gather, one consume bucket to load, and COSTS.bucket_overhead_s per bucket of either
     size. The receiver stages the version in its second buffer while generation runs, so
-    generate pays only `switch_cost`. Reads ctx.extra["local"] and ctx.extra["cross_node"]."""
+    generate pays only `switch_cost`. Reads ctx.extra["local"] and ctx.extra["cross_node"].
+    Within one group nothing moves (`rlgraph.runtime.weight_sync.local_sync`): 0 s."""
     gpu = ctx.gpu
     weight_bytes = 2 * ctx.shape.params
+    home = ctx.spec.group_of(node.src)
+    if home is not None and home == ctx.spec.group_of(node.dst):
+        ctx.extra["detail"] = ("src and dst share a group: nothing moves (rlgraph's runtime "
+                               "trains the weights generate decodes with; verl's reshard is "
+                               "its switch)")
+        return 0.0
     local = bool(ctx.extra.get("local"))
     if local:
         link, via = gpu.host_bytes_per_s, "memory copy"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.presets import COSTS
@@ -19,15 +19,23 @@ class RewardSpec(NodeSpec):
 
     kind: Literal["reward"] = "reward"
     fn: str | None = Field(default=None, description="module:function or file.py:function")
-    workers: int = Field(default=1, ge=1, description="CPU processes scoring in parallel")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_workers(cls, data: Any) -> Any:
+        """`workers` was accepted once and never used: refuse it rather than ignore it."""
+        if isinstance(data, dict) and "workers" in data:
+            raise ValueError("'workers' is not supported: the reward node scores its samples "
+                             "in one process (remove the key; a slow verifier can be given its "
+                             "own group or a cost: override)")
+        return data
 
 
 def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, over `workers` processes."""
+    """A rule-based verifier: reward_seconds_per_sample per sample, in one process."""
     samples = ctx.spec.data.samples_per_step()
-    ctx.extra["detail"] = (f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us "
-                           f"/ {node.workers} worker(s)")
-    return COSTS.reward_seconds_per_sample * samples / node.workers
+    ctx.extra["detail"] = f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us"
+    return COSTS.reward_seconds_per_sample * samples
 
 
 KIND = NodeKind(
@@ -63,6 +71,6 @@ class RewardWorker:
         check_step(batch, step, self.name)
         scores = score_samples(self.fn, self.fn_name, batch["data_source"],
                                batch["response_text"], batch["ground_truth"],
-                               batch["extra_info"], batch["prompt_uid"])
+                               batch["extra_info"], batch["prompt_uid"], step=step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
         return batch

@@ -6,8 +6,16 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_STEPS,
+    CostContext,
+    NodeKind,
+    NodeSpec,
+    inputs_from_kinds,
+)
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
+from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -21,21 +29,34 @@ class TrainSpec(ParallelNodeSpec):
     """Optimizer settings of the policy (verl: actor_rollout_ref.actor.*)."""
 
     kind: Literal["train"] = "train"
-    lr: float = Field(default=1e-6, gt=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    micro_batch: int | None = Field(default=None, ge=1,
+    lr: float = Field(default=1e-6, ge=1e-12, le=10)
+    grad_clip: float = Field(default=1.0, ge=1e-6, le=1e6)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    micro_batch: int | None = Field(default=None, ge=1, le=MAX_COUNT,
                                     description="sequences per forward/backward (accumulated)")
-    mini_batches: int = Field(default=1, ge=1, description="optimizer updates per epoch "
+    mini_batches: int = Field(default=1, ge=1, le=MAX_COUNT,
+                              description="optimizer updates per epoch "
                               "(verl: train batch / ppo_mini_batch_size)")
-    epochs: int = Field(default=1, ge=1, description="passes over the batch (verl: ppo_epochs)")
-    warmup_steps: int = Field(default=0, ge=0, description="linear lr warmup, in train steps")
+    epochs: int = Field(default=1, ge=1, le=1000,
+                        description="passes over the batch (verl: ppo_epochs)")
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
+                              description="linear lr warmup, in train steps")
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params),
-    compute-bound."""
-    return token_pass_cost(node, ctx, 6, COSTS.train_mfu)
+    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params)
+    per epoch, compute-bound, at the pace of the slowest data-parallel rank of each
+    mini-batch (`parallel.data_parallel_imbalance`); plus a 2 * N forward for the proximal
+    log-probs when rlgraph's runtime trains without a logp node (verl takes them from the
+    rollout). The gradient all-reduce of each update overlaps the backward in buckets (DDP,
+    FSDP), so only compute is priced."""
+    proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
+                and not hybrid_engine_priced(ctx.spec))
+    seconds = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
+                              mini_batches=node.mini_batches) * node.epochs
+    if proximal:
+        ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
+    return seconds
 
 
 KIND = NodeKind(

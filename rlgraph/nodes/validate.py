@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator
 
 from rlgraph.errors import SpecError, did_you_mean
-from rlgraph.nodes.base import CostContext, EdgeList, NodeKind, NodeSpec
+from rlgraph.nodes.base import MAX_COUNT, MAX_STEPS, CostContext, EdgeList, NodeKind, NodeSpec
 from rlgraph.nodes.generate import generate_cost
 
 if TYPE_CHECKING:
@@ -34,14 +34,17 @@ class ValidateSpec(NodeSpec):
     """Held-out prompts, how often, and how to sample them (verl: trainer.test_freq)."""
 
     kind: Literal["validate"] = "validate"
-    every: int = Field(default=10, ge=1, description="validate on steps 0, every, 2 * every, ...")
-    prompts: int = Field(default=64, ge=1, description="the first N prompts of the val split")
+    every: int = Field(default=10, ge=1, le=MAX_STEPS,
+                       description="validate on steps 0, every, 2 * every, ...")
+    prompts: int = Field(default=64, ge=1, le=MAX_COUNT,
+                         description="the first N prompts of the val split")
     task: str | None = Field(default=None, description="built-in task (default: data.task)")
     files: list[str] | None = Field(
         default=None, description="verl-format validation files (default: data.val_files)")
     fn: str | None = Field(default=None, description="reward fn (default: the reward node's)")
     greedy: bool = Field(default=True, description="argmax decoding; false: sample")
-    temperature: float = Field(default=1.0, gt=0, description="sampling temperature if not "
+    temperature: float = Field(default=1.0, ge=1e-3, le=100,
+                               description="sampling temperature if not "
                                "greedy")
 
     @field_validator("task")

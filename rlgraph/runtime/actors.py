@@ -113,6 +113,8 @@ class GroupActor:
                                        replicas=self.replicas)
             self.workers = {t: self.workspace.worker(t) for t in self.tasks}
         except RLGraphError as err:
+            if isinstance(err, SpecError):
+                err.source = err.source or self.spec.source  # the user's file, not graph.yaml
             self.build_error = err
 
     def ready(self) -> dict[str, Any]:
@@ -155,6 +157,9 @@ class GroupActor:
             out = self.workers[node].run(step, inputs)
         except torch.OutOfMemoryError as exc:
             raise self._out_of_memory(node, step, exc) from None
+        except SpecError as err:
+            err.source = err.source or self.spec.source  # the user's file:line, not graph.yaml
+            raise
         if self.device != "cpu":
             import torch
 

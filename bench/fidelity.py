@@ -1,0 +1,284 @@
+"""Does the uncalibrated compiler agree with published measurements? Compiles every pair of
+`../shared/published/cases.json` (async graph against its sync graph, or the compiler's
+built-in baseline) and compares the predicted speedup with the published one; for the verl
+tables of `../shared/published/README.md` (read at run time, nothing copied) it compares the
+per-phase times (gen, generate_sequences, old_log_prob, update_actor, step) too.
+
+Targets (issue 14): every speedup within +-25% (a direction-only case: predicted below 1),
+median |log(predicted / published)| <= 0.15, phase times within +-30%.
+
+    python bench/fidelity.py [--published DIR]
+
+Writes bench/results/fidelity.json and prints a markdown table for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, ROOT, machine
+
+from rlgraph.compiler import compile_plan
+from rlgraph.compiler.search import tune
+from rlgraph.errors import SpecError
+from rlgraph.spec import load_spec
+
+SPEEDUP_TARGET = 0.25
+MEDIAN_LOG_TARGET = 0.15
+PHASE_TARGET = 0.30
+PUBLISHED = ROOT.parent / "shared" / "published"
+
+
+def table_rows(readme: str, heading: str) -> list[dict[str, str]]:
+    """The first markdown table under `heading` of the published README, as dicts."""
+    start = readme.find(heading)
+    if start < 0:
+        return []
+    lines = [ln.strip() for ln in readme[start:].splitlines()]
+    first = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+    if first is None:
+        return []
+    block = []
+    for ln in lines[first:]:
+        if not ln.startswith("|"):
+            break
+        block.append([c.strip() for c in ln.strip("|").split("|")])
+    header, rows = block[0], [r for r in block[2:] if len(r) == len(block[0])]
+    return [dict(zip(header, r)) for r in rows]
+
+
+def number(cell: str | None) -> float | None:
+    """'749' -> 749.0; '–' or '' -> None."""
+    match = re.match(r"^[0-9.]+", (cell or "").replace(",", ""))
+    return float(match.group()) if match else None
+
+
+def published_phases(readme: str, case: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{'sync': {phase: s}, 'async': {phase: s}} of a verl case, from the README tables."""
+    name = case["name"]
+    phases = ("step", "gen", "generate_sequences", "old_log_prob", "update_actor")
+
+    def pick(row: dict[str, str], waits: bool = False) -> dict[str, float]:
+        """A row's phases; in an async row `gen` / `wait_prev_gen` is the trainer's wait."""
+        out = {p: v for p in phases if (v := number(row.get(p))) is not None}
+        wait = number(row.get("wait_prev_gen")) if "wait_prev_gen" in row else out.get("gen")
+        if waits:
+            out.pop("gen", None)
+            if wait is not None:
+                out["trainer_wait"] = wait
+        return out
+
+    if "one-step-off 7B" in name:
+        engine = "Megatron" if "Megatron" in name else "FSDP2"
+        rows = [r for r in table_rows(readme, "## verl one-step-off recipe")
+                if engine in r.get("engine", "")]
+        sync = [r for r in rows if r["mode"].startswith("colocate")]
+        async_ = [r for r in rows if not r["mode"].startswith("colocate")]
+        if sync and async_:
+            return {"sync": pick(sync[0]), "async": pick(async_[0], waits=True)}
+    match = re.search(r"fully_async 7B (\d+)x", name)
+    if match:
+        gpus = int(match.group(1))
+        rows = table_rows(readme, "## verl fully_async_policy recipe")
+        sync = [r for r in rows if r.get("GPUs") == str(gpus)]
+        async_ = [r for r in rows if r.get("GPUs") == f"{gpus // 2}:{gpus // 2}"]
+        if sync and async_:
+            return {"sync": pick(sync[0]), "async": pick(async_[0], waits=True)}
+    return {}
+
+
+def graph_path(published: Path, path: str) -> Path:
+    """A case's graph: `graphs/...` is the project's, anything else lies in `published`."""
+    return ROOT / path if "/" in path else published / path
+
+
+def predicted_phases(plan: dict[str, Any]) -> dict[str, float]:
+    """The plan's figures under the published phase names."""
+    costs = {n: c["seconds"] for n, c in plan["costs"].items()}
+    kinds = {n: s.get("kind") for n, s in plan["spec"]["nodes"].items()}
+    by_kind: dict[str, float] = {}
+    for name, seconds in costs.items():
+        kind = kinds.get(name, "logp" if name == "old_log_prob" else name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+    period = plan["schedule"]["period_s"]
+    out = {"step": period}
+    trainer = next((g["name"] for g in plan["placement"]["groups"] if any(
+        kinds.get(t) == "train" for t in g["tasks"])), None)
+    if trainer is not None:
+        out["trainer_wait"] = period * plan["schedule"]["idle"].get(trainer, 0.0)
+    if "generate" in by_kind:
+        out["gen"] = out["generate_sequences"] = by_kind["generate"]
+    if "logp" in by_kind:
+        out["old_log_prob"] = by_kind["logp"]
+    if "train" in by_kind:
+        out["update_actor"] = by_kind["train"]
+    return out
+
+
+def sync_phases(async_plan: dict[str, Any], sync_plan: dict[str, Any] | None
+                ) -> dict[str, float]:
+    """Phases of the baseline: the sync graph's plan, or the built-in baseline's period."""
+    if sync_plan is not None:
+        out = predicted_phases(sync_plan)
+        out.pop("trainer_wait", None)
+        switch = sum(float(m.group(1)) for c in sync_plan["costs"].values()
+                     for m in [re.search(r"colocation switch ([0-9.e+-]+) s", c["detail"])] if m)
+        if "gen" in out:  # the colocated gen includes the switch, generate_sequences does not
+            out["generate_sequences"] = out["gen"] - switch
+        return out
+    return {"step": async_plan["schedule"]["sync_period_s"]}
+
+
+def compare(predicted: dict[str, float], published: dict[str, float]) -> dict[str, Any]:
+    """Per phase: published, predicted, ratio."""
+    return {p: {"published": v, "predicted": round(predicted[p], 2),
+                "ratio": round(predicted[p] / v, 3)}
+            for p, v in published.items() if p in predicted and v > 0}
+
+
+def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, Any]:
+    """Compile one case and compare it with its published figures."""
+    overrides = list(case.get("overrides", []))
+    async_plan = compile_plan(load_spec(graph_path(published, case["async"]), overrides))
+    sync_plan = None
+    if case["sync"] != "-":
+        sync_plan = compile_plan(load_spec(graph_path(published, case["sync"]), overrides))
+        sync_period = sync_plan["schedule"]["period_s"]
+    else:
+        sync_period = async_plan["schedule"]["sync_period_s"]
+    predicted = sync_period / async_plan["schedule"]["period_s"]
+    pub = float(case["published"])
+    direction = bool(case.get("direction_only"))
+    within = predicted < 1 if direction else abs(predicted / pub - 1) <= SPEEDUP_TARGET
+    row: dict[str, Any] = {
+        "name": case["name"], "source": case.get("source"), "overrides": overrides,
+        "published": pub, "direction_only": direction,
+        "predicted": round(predicted, 3), "ratio": round(predicted / pub, 3),
+        "within_target": within,
+        "async_period_s": round(async_plan["schedule"]["period_s"], 2),
+        "sync_period_s": round(sync_period, 2),
+        "pricing": async_plan.get("pricing", {}).get("runtime"),
+        "bottleneck": async_plan["schedule"]["bottleneck"],
+    }
+    phases = published_phases(readme, case)
+    if phases:
+        row["phases"] = {
+            "sync": compare(sync_phases(async_plan, sync_plan), phases["sync"]),
+            "async": compare(predicted_phases(async_plan), phases["async"]),
+        }
+    return row
+
+
+def tuned(case: dict[str, Any], published: Path, extra: list[str]) -> dict[str, Any]:
+    """What `rlgraph tune` proposes for the case's async graph: the best plan's groups, lag,
+    period and its speedup over the built-in baseline, beside the published layout's."""
+    spec = load_spec(graph_path(published, case["async"]), [*case.get("overrides", []), *extra])
+    result = tune(spec, top=3)
+    best = result.best
+    groups = " | ".join(f"[{', '.join(g['tasks'])}] x{g['gpus']}" for g in best.groups)
+    return {"name": case["name"], "proposes": groups, "max_lag": best.max_lag,
+            "partial_rollout": best.partial_rollout, "period_s": round(best.period_s, 2),
+            "speedup_vs_sync": round(result.speedup_vs_sync(best), 3),
+            "over_published_layout": round(result.speedup_vs_input(best) or 1.0, 3),
+            "is_published_layout": best.origin == "input"}
+
+
+def cell(text: str) -> str:
+    """A markdown table cell: pipes escaped."""
+    return text.replace("|", "\\|")
+
+
+def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """The README tables: speedups, phase times, what `rlgraph tune` proposes."""
+    out = ["| case | published | predicted | predicted / published | within ±25% |",
+           "|---|---:|---:|---:|:---:|"]
+    for r in rows:
+        pub = f"< 1 (≈{r['published']:g})" if r["direction_only"] else f"{r['published']:g}×"
+        out.append(f"| {cell(r['name'])} | {pub} | {r['predicted']:.2f}× | {r['ratio']:.2f} | "
+                   f"{'yes' if r['within_target'] else '**no**'} |")
+    out += ["", f"Median |log(predicted / published)|: {summary['median_abs_log']:.3f} "
+            f"(target ≤ {MEDIAN_LOG_TARGET}).", "",
+            "| case | mode | phase | published s | predicted s | ratio |",
+            "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        for mode, figures in r.get("phases", {}).items():
+            for phase, f in figures.items():
+                flag = "" if abs(f["ratio"] - 1) <= PHASE_TARGET else " **"
+                out.append(f"| {cell(r['name'])} | {mode} | {phase} | {f['published']:g} | "
+                           f"{f['predicted']:.0f} | {f['ratio']:.2f}{flag} |")
+    out += ["", "| case | `rlgraph tune` proposes | lag | vs built-in sync | vs published "
+            "layout |", "|---|---|---:|---:|---:|"]
+    for t in summary.get("tune", []):
+        lag = f"{t['max_lag']}{' +partial' if t['partial_rollout'] else ''}"
+        layout = "(the published layout)" if t["is_published_layout"] else t["proposes"]
+        out.append(f"| {cell(t['name'])} | {cell(layout)} | {lag} | {t['speedup_vs_sync']:.2f}× | "
+                   f"{t['over_published_layout']:.2f}× |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile every case, compare, write the JSON, print the README tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--published", default=str(PUBLISHED),
+                        help="folder holding cases.json and README.md (default ../shared/published"
+                        " beside the repository)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a sensitivity check: apply to every graph of every case (the "
+                        "result is then not the fidelity figure; nothing is written)")
+    args = parser.parse_args(argv)
+    published = Path(args.published)
+    cases_file = published / "cases.json"
+    if not cases_file.is_file():
+        print(f"bench/fidelity.py: {cases_file} is missing: the published cases live in "
+              f"../shared/published beside the clone; pass --published DIR", file=sys.stderr)
+        return 2
+    cases = json.loads(cases_file.read_text())["cases"]
+    readme_file = published / "README.md"
+    readme = readme_file.read_text() if readme_file.is_file() else ""
+    rows = []
+    for case in cases:
+        try:
+            rows.append(run_case(dict(case, overrides=[*case.get("overrides", []),
+                                                        *args.override]), published, readme))
+        except SpecError as err:
+            print(f"{case['name']}: {err.render()}", file=sys.stderr)
+            return 1
+    logs = [abs(math.log(r["predicted"] / r["published"])) for r in rows
+            if not r["direction_only"]]
+    phase_ratios = [f["ratio"] for r in rows for figures in r.get("phases", {}).values()
+                    for f in figures.values()]
+    summary = {
+        "cases": len(rows),
+        "within_target": sum(r["within_target"] for r in rows),
+        "median_abs_log": round(statistics.median(logs), 4) if logs else None,
+        "phases": len(phase_ratios),
+        "phases_within_target": sum(abs(x - 1) <= PHASE_TARGET for x in phase_ratios),
+    }
+    summary["tune"] = [tuned(c, published, args.override) for c in cases]
+    if args.override:
+        print(markdown(rows, summary))
+        print(f"\nwith {args.override}: {summary['within_target']}/{summary['cases']} cases "
+              f"within target, {summary['phases_within_target']}/{summary['phases']} phase "
+              "times (not written: a sensitivity check)")
+        return 0
+    result = {"benchmark": "fidelity", "machine": machine(), "targets": {
+        "speedup_within": SPEEDUP_TARGET, "median_abs_log": MEDIAN_LOG_TARGET,
+        "phase_within": PHASE_TARGET}, "summary": summary, "cases": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(rows, summary))
+    print(f"\n{summary['within_target']}/{summary['cases']} cases within target, "
+          f"{summary['phases_within_target']}/{summary['phases']} phase times within ±30%; "
+          "wrote bench/results/fidelity.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

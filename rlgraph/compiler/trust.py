@@ -1,0 +1,41 @@
+"""How much to trust a plan's period: whether its costs are calibrated, and the assumptions
+that dominate it (`plan["trust"]`, the summary's "trust" lines)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlgraph.compiler.cost import NodeCost
+from rlgraph.presets import COSTS
+from rlgraph.spec import Spec
+
+_SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
+
+
+def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
+          sync: float) -> dict[str, Any]:
+    """How much to trust the period: whether costs are calibrated, and the assumptions that
+    dominate it (the largest modelled terms, the switch's share of the colocated step, the
+    assumed response lengths)."""
+    modelled = sorted((c.seconds, n) for n, c in costs.items() if c.source == "model")
+    calibrated = sorted(n for n, c in costs.items() if c.source == "calibrated")
+    lines = []
+    data = spec.data
+    if any(spec.nodes[n].kind in ("generate", "train", "logp", "ref_logp")
+           for _, n in modelled):
+        lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
+                     f"{data.response_len.max}, {data.response_len.dist} sigma "
+                     f"{data.response_len.sigma:g}): decode, logp and train scale with it")
+    busy = sum(s for s, _ in modelled)
+    for seconds, name in reversed(modelled[-2:]):
+        if busy > 0 and seconds >= 0.2 * busy:
+            lines.append(f"{name} is {seconds / busy:.0%} of the modelled work")
+    switch = sum(float(m.group(1)) for c in sync_costs.values()
+                 for m in [_SWITCH.search(c.detail)] if m)
+    if sync > 0 and switch > 0:
+        lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
+                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, verl "
+                     f"issue 2419)")
+    return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
+            "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

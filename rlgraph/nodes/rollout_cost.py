@@ -1,0 +1,152 @@
+"""The cost model of `generate`: prefill, then decode steps that each cost the larger of a
+compute term and an HBM term, plus a fixed floor per layer and the tp all-reduces.
+
+A decode step over R live rows of context c reads a replica's weights and the rows' KV once
+(HBM term: (W + R * c * kv) / (HBM x efficiency)) and does 2 * N_active * R FLOPs (compute
+term, at forward_mfu of the replica's peak); the larger wins (H20's ridge point is ~37
+FLOP/byte, so a large batch is compute-bound there). Every step also pays a floor per layer
+(kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and, with
+tp > 1, two all-reduce latencies per layer. Lengths follow `data.response_len` (dist /
+sigma / alpha, clipped at max, `rlgraph.lengths`): rows finish along its survival curve, so
+KV reads go with E[L^2] and a synchronous batch decodes until the expected longest of its
+samples, not always max.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rlgraph import lengths
+from rlgraph.nodes.base import CostContext, NodeSpec
+from rlgraph.nodes.parallel import compute_units
+from rlgraph.presets import COSTS
+
+SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
+
+
+def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
+    """Fixed seconds per layer and decode step, and what it is: the CUDA-graph floor (SGLang,
+    or engine native's static decoder on a GPU) or the dynamic decode's host overhead."""
+    local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
+    graphs = node.engine == "sglang" or (not local and node.cuda_decode != "dynamic")
+    if graphs:
+        return COSTS.graph_decode_floor_per_layer_s, "CUDA-graph floor"
+    return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
+
+
+def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
+    """One decode step of a replica over `rows` live rows whose context is `context` tokens:
+    max(compute, HBM) + layers x (floor + 2 all-reduce latencies when tp > 1)."""
+    shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
+    weights = 2 * shape.params / tp
+    kv = rows * context * shape.kv_bytes_per_token() / tp
+    memory = (weights + kv) / (gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
+    compute = 2 * shape.active_params * rows / (tp * gpu.bf16_flops * COSTS.forward_mfu)
+    floor, _ = per_layer_floor(node, ctx)
+    allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
+    return max(memory, compute) + shape.layers * (floor + allreduce)
+
+
+def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
+                  model: lengths.LengthModel) -> tuple[float, float]:
+    """(seconds, steps) of a synchronous batch of `rows` per replica when the KV cache holds
+    `held` of them: continuous batching streams the surplus at `held` rows, then the last
+    `held` rows finish along the survival curve until the expected longest."""
+    mean, second = lengths.moments(model)
+    prompt = ctx.spec.data.prompt_len
+    seconds = steps = 0.0
+    live = min(rows, held)
+    if held < rows:
+        steps = (rows - held) * mean / held
+        seconds = steps * decode_step_seconds(held, prompt + second / (2 * mean), node, ctx)
+    end = lengths.expected_max(model, max(1, round(live)))
+    width = end / SEGMENTS
+    for i in range(SEGMENTS):
+        t = (i + 0.5) * width
+        alive = max(1.0, live * model.survival(t)) if t < end else 1.0
+        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx)
+    return seconds, steps + end
+
+
+def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
+    """Prefill (compute-bound, 2 * N_active * prompt tokens) plus decode (see the module).
+
+    Partial rollout (rlgraph.rollout) keeps `oversample * n` rows in flight and stops once a
+    batch of groups is complete, carrying the rest over. A step makes one token per decoding
+    row, so a call takes about n * E[L] / live steps, live = min(alive * oversample * n,
+    what the KV cache holds), where `alive` is the fraction of in-flight rows still
+    decoding: a finished row waits (holding no KV) for the longest sample of its group, the
+    expected longest of k = samples_per_prompt lengths, so alive = E[L] / E[max of k].
+    Measured on CPU (tests' micro Llama, 4 samples per prompt, steps per call after warm-up):
+    oversample 2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps; oversample 1.5 took 1.86-1.88
+    (the last groups of few spares set the pace there); oversample 1 decodes the whole batch.
+    Every call also re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n
+    of them). This assumes generate runs fresher than the bound; a call that holds the oldest
+    version the bound allows admits no spares and decodes like the synchronous batch."""
+    data, shape, gpu = ctx.spec.data, ctx.shape, ctx.gpu
+    tp = node.tp
+    batch = data.samples_per_step()
+    replicas = max(1, ctx.gpus // tp)
+    if ctx.extra.get("local", gpu.name == "cpu"):  # one engine per process, threads aside
+        replicas = min(replicas, int(ctx.extra.get("replicas", 1)))
+    per_replica = math.ceil(batch / replicas)
+    model = lengths.of(data.response_len)
+    mean, second = lengths.moments(model)
+    weights = 2 * shape.params / tp
+    kv_token = shape.kv_bytes_per_token() / tp
+    free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
+    seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
+
+    def held(rows: float) -> float:
+        return rows if free <= 0 else max(1, min(rows, free // seq_kv))
+
+    concurrent = held(per_replica)
+    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model)
+    how = ("synchronous batch streamed through the KV cache, then its longest tail"
+           if concurrent < per_replica else "synchronous batch: until its expected longest")
+    prefill_tokens = batch * data.prompt_len
+    if ctx.spec.schedule.partial_rollout:
+        alive = mean / lengths.expected_max(model, data.samples_per_prompt)
+        live = held(alive * node.oversample * per_replica)
+        partial_steps = per_replica * mean / live
+        partial = partial_steps * decode_step_seconds(
+            live, data.prompt_len + second / (2 * mean), node, ctx)
+        if partial < decode:
+            decode, steps = partial, partial_steps
+            how = (f"partial rollout: {node.oversample:g}x rows in flight, "
+                   f"{alive:.0%} of them decoding")
+        prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
+    prefill = (2 * shape.active_params * prefill_tokens
+               / (gpu.bf16_flops * COSTS.prefill_mfu * compute_units(ctx)))
+    _, floor_kind = per_layer_floor(node, ctx)
+    waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
+    ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
+                           f"{decode / max(steps, 1e-12) * 1e3:.3g} ms ({how}{waves}; "
+                           f"{floor_kind} per layer)")
+    if concurrent < per_replica:
+        ctx.extra["note"] = (f"{ctx.name}: the KV cache holds {concurrent:.0f} of the "
+                             f"{per_replica} sequences of each replica at a time; more GPUs "
+                             f"(share) or a larger tp would decode them together")
+    return prefill + decode
+
+
+def hybrid_engine_priced(spec: Any) -> bool:
+    """Whether the plan prices verl's hybrid engine rather than rlgraph's own runtime: a
+    generate node on engine sglang (on GPUs) holds its own copy of the weights, so a group
+    that also trains pays the switch every step (offload, reshard, engine sleep/wake) and
+    the synchronous baseline computes old_log_prob. Engine native decodes with the training
+    weights themselves: a colocated group pays no switch."""
+    if spec.cluster.local:
+        return False
+    return any(n.kind == "generate" and n.engine == "sglang" for n in spec.nodes.values())
+
+
+PRICING = {
+    True: ("verl hybrid engine", "engine sglang keeps its own weights: a group that trains and "
+           "generates pays verl's switch (offload, reshard, sleep/wake) every step; the "
+           "synchronous baseline computes old_log_prob"),
+    False: ("rlgraph runtime", "engine native decodes with the training weights: a colocated "
+            "group pays no switch; train recomputes the proximal log-probs when no logp node "
+            "feeds it"),
+}
