@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import MAX_PARALLEL, NodeKind, NodeSpec, no_inputs
+from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
 from rlgraph.nodes.rollout_cost import generate_cost
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ class GenerateSpec(NodeSpec):
         default=False, description="benchmark mode: each sample's response length is drawn "
         "from data.response_len (seeded by data position and sample) and eos is ignored "
         "until it, as serving benchmarks do (a random-init model stops anywhere)")
-    sync_every: int = Field(default=8, ge=1, description="static engine: decode steps "
-                            "between the host's checks for finished rows")
+    sync_every: int = Field(default=8, ge=1, le=MAX_TOKENS, description="static engine: "
+                            "decode steps between the host's checks for finished rows")
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
