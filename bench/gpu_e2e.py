@@ -189,6 +189,7 @@ def check(out: Path, name: str, device: str) -> int:
            "attention_mask": ref.attention_mask.cpu(), "response_mask": ref.response_mask.cpu(),
            "behavior_logp": ref.behavior_logp.cpu(), "token_version": ref.token_version.cpu()}
     res["decoder_dynamic_cache_check"] = verify(ws, dyn, 0, temp)
+    res["version0"].update(fp32_gap(ws, first, temp))
     # an in-place weight switch (what the dual buffer does): the captured graphs must see it
     live = {k: v.data_ptr() for k, v in ws.policy.state_dict().items()}
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -207,6 +208,7 @@ def check(out: Path, name: str, device: str) -> int:
     # the batch sampled before the switch no longer matches the (new) weights' forward
     res["after_switch"]["old_batch_vs_new_weights_diff_mean"] = verify(
         ws, first, 0, temp)["logp_abs_diff_mean"]
+    res["switch_explained"] = explain_switch(ws, worker, batch, temp)
     checks = [res["version0"], res["after_switch"]]
     res["ok"] = bool(
         res["same_seed_same_batch"] and res["after_switch"]["addresses_kept"]
@@ -218,6 +220,63 @@ def check(out: Path, name: str, device: str) -> int:
     (out / f"{name}-check.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     print(json.dumps(res, indent=1, default=str), flush=True)
     return 0 if res["ok"] else 1
+
+
+def fp32_gap(ws, batch: dict, temp: float) -> dict:
+    """The bf16 forward against an fp32 forward of the same weights on one batch's tokens (the
+    numerics floor of the behaviour log-probs), and the batch's mean -logp (sharper policies
+    sit further from the floor)."""
+    import copy
+
+    import torch
+
+    from rlgraph.sampling import token_logp
+
+    dev = next(ws.policy.parameters()).device
+    mask = batch["response_mask"].bool()
+    ref = copy.deepcopy(ws.policy).float()
+    with torch.no_grad():
+        args = (batch["sequences"].to(dev), batch["attention_mask"].to(dev),
+                batch["prompt_len"], temp)
+        lo = token_logp(ws.policy, *args).float().cpu()
+        hi = token_logp(ref, *args).float().cpu()
+    del ref
+    diff = (lo - hi)[mask].abs()
+    return {"bf16_vs_fp32_forward_mean": round(float(diff.mean()), 5),
+            "bf16_vs_fp32_forward_max": round(float(diff.max()), 5),
+            "behaviour_vs_fp32_mean": round(float(
+                (batch["behavior_logp"] - hi)[mask].abs().mean()), 5),
+            "mean_neg_logp": round(float(-batch["behavior_logp"][mask].mean()), 4)}
+
+
+def explain_switch(ws, worker, switched: dict, temp: float) -> dict:
+    """Why the behaviour log-probs after the in-place switch differ more from a fresh forward
+    than before it: (1) a static engine built from scratch on the switched weights (no buffer
+    of the old engine can be stale there), (2) the bf16 forward against an fp32 forward of the
+    same weights (the numerics floor), (3) a switch to weights of the original's scale (a
+    +0.02 N(0,1) move, each tensor rescaled to its old std)."""
+    import torch
+
+    out = {"switched_weights": fp32_gap(ws, switched, temp)}
+    worker.static = None  # a fresh engine (new cache, new graphs) on the switched weights
+    out["fresh_engine_after_switch"] = verify(ws, worker.run(3), 1, temp)
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    scaled = {}
+    for k, v in ws.policy.state_dict().items():
+        moved = v.float() + 0.02 * torch.randn(v.shape, generator=gen).to(v.device)
+        std0, std1 = v.float().std() if v.numel() > 1 else 0, moved.std()
+        scaled[k] = (moved * (std0 / std1) if v.numel() > 1 and std0 > 0 else v.float()
+                     ).to(v.dtype)
+
+    def switch() -> None:
+        for k, v in ws.policy.state_dict().items():
+            v.copy_(scaled[k])
+
+    ws.stage_weights(2, switch)
+    same_scale = worker.run(4)
+    out["same_scale_switch"] = verify(ws, same_scale, 2, temp)
+    out["same_scale_switch"].update(fp32_gap(ws, same_scale, temp))
+    return out
 
 
 def verify_partial(ws, batch: dict, weights: dict, temperature: float) -> dict:

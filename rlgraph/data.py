@@ -98,16 +98,25 @@ def longtail_answer(n: int) -> str:
                    for r in range(n, 0, -1))
 
 
-def draw_length(rng: random.Random, lengths: ResponseLength) -> int:
+def draw_length(rng: random.Random, lengths: ResponseLength, limit: int = LONGTAIL_MAX) -> int:
     """A target length from `lengths.dist` with mean `lengths.mean`, clipped to [1, max]
-    (clipping at max puts the truncated tail's mass on max, as max_response_length does)."""
+    (clipping at max puts the truncated tail's mass on max, as max_response_length does) and
+    to `limit` (the longtail task's notation spells at most LONGTAIL_MAX)."""
     if lengths.dist == "pareto":
         low = lengths.mean * (lengths.alpha - 1) / lengths.alpha
         value = low / (1.0 - rng.random()) ** (1 / lengths.alpha)
     else:
         mu = math.log(lengths.mean) - lengths.sigma ** 2 / 2
         value = rng.lognormvariate(mu, lengths.sigma)
-    return max(1, min(round(value), lengths.max, LONGTAIL_MAX))
+    return max(1, min(round(value), lengths.max, limit))
+
+
+def forced_length(seed: int, position: int, sample: int, lengths: ResponseLength) -> int:
+    """The response length that generate's benchmark mode (`forced_lengths`) imposes on sample
+    `sample` of the prompt at data position `position`: drawn from data.response_len, seeded
+    by (seed, position, sample), so every schedule decodes the same work for a prompt."""
+    rng = random.Random(f"{seed}:forced:{position}:{sample}")
+    return draw_length(rng, lengths, limit=lengths.max)
 
 
 def _longtail(rng: random.Random, lengths: ResponseLength | None) -> tuple[str, str]:

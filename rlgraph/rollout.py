@@ -10,7 +10,12 @@ position in the synchronous order, step * prompts_per_step); running totals.
 `generate_round(cache, step, ...)` is generate(t), given weights of version >= t - max_lag:
 1. evict: a sample whose oldest token version is < t - max_lag could never be trained within
    the bound; its group is dropped (`stale: drop`, every sample counted in `rollout/dropped`)
-   or the sample restarts from no tokens (`stale: restart`, counted in `rollout/restarted`);
+   or the sample restarts from no tokens (`stale: restart`, counted in `rollout/restarted`).
+   Both lose the long answers first (they need the most rounds), so the trained lengths fall
+   below the started ones; `stale: finish` prevents it: round t does not end while a group
+   holding a token of version t - max_lag (the oldest a batch t may train) is open, so such
+   a group is trained in batch t, not evicted (drop stays the rule for what still goes
+   stale: more of them than one batch takes);
 2. refill (supplementation): admit new prompts in data order, deterministic in (seed,
    position), until `ceil(oversample * prompts_per_step)` groups are in flight. When the
    round's weights are already as old as the bound allows (version <= t - max_lag), a sample
@@ -21,8 +26,10 @@ position in the synchronous order, step * prompts_per_step); running totals.
    the bottleneck and runs fresher than the bound;
 3. decode every unfinished sample in one `sampling.Decoder` (CPU) or on the static engine
    (GPU, `StaticRollout.resume`): its prompt and prefix are re-encoded under the current
-   weights (no KV from older weights is reused), its budget is response_len.max minus its
-   prefix; the round stops once `prompts_per_step` groups are complete (checked every step,
+   weights (no KV from older weights is reused), its budget is response_len.max (or its
+   forced length, generate's benchmark mode) minus its prefix; the round stops once
+   `prompts_per_step` groups are complete (and, with `stale: finish`, the groups that must
+   be trained now; checked every step,
    or every `sync_every` steps on the static engine). Between steps `switch()` may adopt
    newly staged weights: the live rows are re-encoded and continue, so a sample's tokens
    then carry both versions;
@@ -43,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
-Stale = Literal["drop", "restart"]
+Stale = Literal["drop", "restart", "finish"]
 
 
 @dataclass
@@ -55,13 +62,15 @@ class Sample:
     versions: list[int] = field(default_factory=list)
     finished: bool = False  # eos sampled or response_len.max reached
     first_step: int = -1  # the generate step that sampled its first token
+    budget: int | None = None  # a benchmark's forced length (eos ignored until it)
 
     def oldest(self) -> int | None:
         """Version of its first token (versions only grow along a sample), None if empty."""
         return self.versions[0] if self.versions else None
 
     def restart(self) -> None:
-        """Forget every token: the sample starts again under the current weights."""
+        """Forget every token: the sample starts again under the current weights (with the
+        same budget)."""
         self.tokens, self.logps, self.versions = [], [], []
         self.finished, self.first_step = False, -1
 
@@ -85,11 +94,13 @@ class RolloutCache:
 
     def __init__(self, *, prompts_per_step: int, samples_per_prompt: int, oversample: float,
                  max_lag: int, stale: Stale, max_new_tokens: int,
-                 prompt_of: Callable[[int], list[int]]) -> None:
+                 prompt_of: Callable[[int], list[int]],
+                 length_of: Callable[[int, int], int] | None = None) -> None:
         self.prompts_per_step, self.samples_per_prompt = prompts_per_step, samples_per_prompt
         self.in_flight = max(prompts_per_step, math.ceil(oversample * prompts_per_step))
         self.max_lag, self.stale, self.max_new_tokens = max_lag, stale, max_new_tokens
         self.prompt_of = prompt_of  # data position -> prompt token ids
+        self.length_of = length_of  # (data position, sample) -> forced length, or None
         self.groups: list[PromptGroup] = []
         self.next_position: int | None = None  # set by the first round (or a checkpoint)
         self.totals = {"admitted": 0, "emitted": 0, "dropped": 0, "restarted": 0}  # samples
@@ -105,7 +116,7 @@ class RolloutCache:
         keep = []
         for group in self.groups:
             stale = [s for s in group.samples if s.versions and s.oldest() < floor]
-            if stale and self.stale == "drop":
+            if stale and self.stale in ("drop", "finish"):
                 dropped += len(group.samples)
                 continue
             for sample in stale:
@@ -128,12 +139,26 @@ class RolloutCache:
         added = 0
         while len(self.groups) < target:
             position = self.next_position
+            budgets = [None if self.length_of is None else self.length_of(position, k)
+                       for k in range(self.samples_per_prompt)]
             self.groups.append(PromptGroup(position, list(self.prompt_of(position)),
-                                           [Sample() for _ in range(self.samples_per_prompt)]))
+                                           [Sample(budget=b) for b in budgets]))
             self.next_position += 1
             added += 1
         self.totals["admitted"] += added * self.samples_per_prompt
         return added
+
+    def must_finish(self, step: int) -> set[int]:
+        """`stale: finish`: indices of the groups that batch `step` must take because a later
+        batch could not (a token as old as the bound allows), at most a batch of them in
+        admission order; a round does not end while one is open. Empty for the other
+        policies."""
+        if self.stale != "finish":
+            return set()
+        floor = step - self.max_lag
+        old = [i for i, g in enumerate(self.groups)
+               if any(s.versions and s.oldest() <= floor for s in g.samples)]
+        return set(old[: self.prompts_per_step])
 
     def take(self) -> list[PromptGroup]:
         """Remove and return the first `prompts_per_step` complete groups (admission order)."""
@@ -156,7 +181,8 @@ class RolloutCache:
             "groups": [{"position": g.position,
                         "samples": [{"tokens": list(s.tokens), "logps": list(s.logps),
                                      "versions": list(s.versions), "finished": s.finished,
-                                     "first_step": s.first_step} for s in g.samples]}
+                                     "first_step": s.first_step, "budget": s.budget}
+                                    for s in g.samples]}
                        for g in self.groups],
         }
 
@@ -169,13 +195,13 @@ class RolloutCache:
                        for g in state["groups"]]
 
 
-def _complete_groups(finished: torch.Tensor, row_group: torch.Tensor, groups: int) -> int:
+def _complete_groups(finished: torch.Tensor, row_group: torch.Tensor, groups: int) -> set[int]:
     """Groups with no unfinished row (rows not in the decoder have finished already)."""
     import torch
 
     open_rows = torch.zeros(groups, dtype=torch.long, device=finished.device)
     open_rows.index_add_(0, row_group, (~finished).long())
-    return int((open_rows == 0).sum())
+    return set((open_rows == 0).nonzero().flatten().tolist())
 
 
 def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
@@ -191,14 +217,21 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
     rows = [(i, s) for i, g in enumerate(cache.groups) for s in g.samples if not s.finished]
     stats = {"carried": float(sum(1 for _, s in rows if s.tokens)), "decode_steps": 0.0,
              "switches": 0.0}
-    if not rows or sum(g.complete for g in cache.groups) >= cache.prompts_per_step:
+    must = cache.must_finish(step)
+
+    def enough(complete: set[int]) -> bool:
+        return len(complete) >= cache.prompts_per_step and must <= complete
+
+    if not rows or enough({i for i, g in enumerate(cache.groups) if g.complete}):
         return stats
     if engine is not None:
-        return {**stats, **_decode_static(cache, step, engine, version, switch, rows,
+        return {**stats, **_decode_static(cache, step, engine, version, switch, rows, enough,
                                           **sampling)}
     from rlgraph.sampling import Decoder
 
-    budgets = [cache.max_new_tokens - len(s.tokens) for _, s in rows]
+    if cache.length_of is not None:  # forced lengths: only the budget stops a row
+        sampling = {**sampling, "eos_id": -1}
+    budgets = [(s.budget or cache.max_new_tokens) - len(s.tokens) for _, s in rows]
     decoder = Decoder(model, [cache.groups[i].prompt for i, _ in rows],
                       prefixes=[s.tokens for _, s in rows], budgets=budgets,
                       max_new_tokens=max(budgets), **sampling)
@@ -207,7 +240,7 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
         decoder.step(version)
         stats["decode_steps"] += 1
         complete = _complete_groups(decoder.finished, row_group, len(cache.groups))
-        if complete >= cache.prompts_per_step or decoder.done:
+        if enough(complete) or decoder.done:
             break
         new = switch()
         if new is not None:  # weights changed: recompute every row's KV under them
@@ -227,22 +260,27 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
 
 def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
                    switch: Callable[[], int | None], rows: list[tuple[int, Sample]],
-                   temperature: float, generator: torch.Generator, top_p: float = 1.0,
+                   enough: Callable[[set[int]], bool], temperature: float,
+                   generator: torch.Generator, top_p: float = 1.0,
                    **_: Any) -> dict[str, float]:
     """`decode` on the static engine: each row a request carrying its sample so far (prompt
-    and prefix prefilled under the current weights, budget max_new_tokens minus the prefix)."""
+    and prefix prefilled under the current weights, budget max_new_tokens, or the sample's
+    forced length, minus the prefix)."""
     from rlgraph.engines.static_decode import Request
 
-    requests = [Request(cache.groups[i].prompt, cache.max_new_tokens, temperature=temperature,
-                        top_p=top_p, request_id=r, tokens=list(s.tokens), logprobs=list(s.logps),
-                        versions=list(s.versions)) for r, (i, s) in enumerate(rows)]
+    requests = [Request(cache.groups[i].prompt, s.budget or cache.max_new_tokens,
+                        temperature=temperature, top_p=top_p, request_id=r,
+                        ignore_eos=s.budget is not None, tokens=list(s.tokens),
+                        logprobs=list(s.logps), versions=list(s.versions))
+                for r, (i, s) in enumerate(rows)]
+    groups = set(range(len(cache.groups)))
 
-    def enough(finished: set[int]) -> bool:
-        still_open = {i for r, (i, _) in enumerate(rows) if r not in finished}
-        return len(cache.groups) - len(still_open) >= cache.prompts_per_step
+    def enough_rows(finished: set[int]) -> bool:
+        return enough(groups - {i for r, (i, _) in enumerate(rows) if r not in finished})
 
     done, metrics = engine.resume(requests, policy_version=version,
-                                  seed=generator.initial_seed(), switch=switch, enough=enough)
+                                  seed=generator.initial_seed(), switch=switch,
+                                  enough=enough_rows)
     for (_, sample), c in zip(rows, done):
         if c.tokens and not sample.tokens:
             sample.first_step = step

@@ -207,3 +207,39 @@ def token_logp(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: 
                 logits_to_keep=width + 1)
     logits = out.logits[:, :-1].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, response[..., None]).squeeze(-1)
+
+
+WIDTH_BLOCK = 256  # response widths of length_batches are multiples of it (few shapes)
+
+
+def length_batches(response_mask: torch.Tensor, prompt_len: int, max_tokens: int
+                   ) -> list[tuple[torch.Tensor, int]]:
+    """Row indices and response width of passes of at most `max_tokens` tokens (padding
+    included; a row longer than that goes alone): rows sorted by response length, each pass
+    trimmed to its longest response rounded up to WIDTH_BLOCK, so a batch of long-tailed
+    lengths is not padded to its longest everywhere and the pass shapes stay few."""
+    lengths = response_mask.sum(1)
+    width = response_mask.shape[1]
+    order = torch.argsort(lengths, descending=True, stable=True)
+    passes, i = [], 0
+    while i < len(order):
+        w = min(width, -(-max(int(lengths[order[i]]), 1) // WIDTH_BLOCK) * WIDTH_BLOCK)
+        n = max(1, max_tokens // (prompt_len + w))
+        passes.append((order[i:i + n], w))
+        i += n
+    return passes
+
+
+def token_logp_passes(model: torch.nn.Module, sequences: torch.Tensor,
+                      attention_mask: torch.Tensor, prompt_len: int, temperature: float,
+                      passes: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """`token_logp` of every row, computed pass by pass (`length_batches`); 0 beyond a pass's
+    width (padding there)."""
+    rows, width = sequences.shape[0], sequences.shape[1] - prompt_len
+    out = torch.zeros(rows, width, device=sequences.device)
+    for index, w in passes:
+        index = index.to(sequences.device)
+        cols = prompt_len + w
+        out[index, :w] = token_logp(model, sequences[index, :cols], attention_mask[index, :cols],
+                                    prompt_len, temperature).float()
+    return out

@@ -404,3 +404,32 @@ def test_rlgraph_run_with_partial_rollout(cluster, tmp_path: Path) -> None:
     t = cache["totals"]
     in_cache = sum(len(g["samples"]) for g in cache["groups"])
     assert t["admitted"] == t["emitted"] + t["dropped"] + in_cache and t["emitted"] == 4 * 8
+
+
+def forced(position: int, k: int) -> int:
+    """A forced length per sample (1..MAX_NEW), long for every third prompt."""
+    return MAX_NEW if position % 3 == 0 else 1 + (position + k) % 4
+
+
+@pytest.mark.parametrize("max_lag", [1, 2])
+def test_stale_finish_drops_nothing_and_keeps_the_long_answers(max_lag: int) -> None:
+    # forced lengths (eos ignored): every admitted sample has a known length; with `finish` a
+    # round waits for the groups that would go stale, so none is dropped, lag stays bounded
+    # and every sample is trained at exactly its forced length
+    cache = RolloutCache(prompts_per_step=2, samples_per_prompt=3, oversample=2.0,
+                         max_lag=max_lag, stale="finish", max_new_tokens=MAX_NEW,
+                         prompt_of=prompt_of, length_of=forced)
+    live = Versions(0)
+    for step in range(8):
+        live.set(step)  # colocated: generate(t) holds version t
+        must = {cache.groups[i].position for i in cache.must_finish(step)}
+        groups, metrics = run_round(cache, step, live)
+        assert must <= {g.position for g in groups}
+        assert metrics["rollout/dropped"] == 0
+        rollout = as_rollout(groups)
+        mask = rollout.response_mask.bool()
+        assert int((step - rollout.token_version[mask]).max()) <= max_lag
+        for g in groups:
+            assert [len(s.tokens) for s in g.samples] == [forced(g.position, k)
+                                                          for k in range(3)]
+    assert cache.totals["dropped"] == 0

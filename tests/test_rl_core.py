@@ -10,7 +10,15 @@ from rl_support import MICRO, make_spec
 
 from rlgraph.algorithms import grpo_advantages, kl_penalty, policy_loss
 from rlgraph.models import build_model
-from rlgraph.sampling import Decoder, sample, token_logp, top_p_filter
+from rlgraph.sampling import (
+    Decoder,
+    length_batches,
+    pack,
+    sample,
+    token_logp,
+    token_logp_passes,
+    top_p_filter,
+)
 from rlgraph.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -160,3 +168,29 @@ def test_kl_estimators() -> None:
     policy_loss(x[None], x.detach()[None], x.detach()[None], torch.zeros(1), torch.ones(1, 3),
                 0.2, 2.0, ref_logp=ref[None], kl_coef=1.0, kl_type="k3").loss.backward()
     assert x.grad[0] > 0 > x.grad[1]  # 0.5 > 0.4 is pushed down, 0.2 < 0.4 up
+
+
+def test_length_batches_trim_widths_and_match_one_pass() -> None:
+    # long-tailed lengths: each pass holds at most the token budget (a longer row goes alone),
+    # every row lands in one pass wide enough for it, and the log-probs equal one full pass
+    tok = CharTokenizer()
+    model = build_model(make_spec(model={"hf_config": dict(MICRO)}).model, tok, seed=0).eval()
+    gen = torch.Generator().manual_seed(0)
+    lengths = [1, 300, 2, 40, 513, 7, 3, 260]
+    responses = [torch.randint(3, 20, (n,), generator=gen).tolist() for n in lengths]
+    prompts = [tok.encode_prompt("1+2=") for _ in lengths]
+    r = pack(prompts, responses, [[0.0] * n for n in lengths], [[0] * n for n in lengths],
+             tok.pad_id)
+    passes = length_batches(r.response_mask, r.prompt_len, max_tokens=1200)
+    rows = torch.cat([i for i, _ in passes]).tolist()
+    assert sorted(rows) == list(range(len(lengths)))
+    for index, width in passes:
+        assert width % 256 == 0 or width == r.response_mask.shape[1]
+        assert all(lengths[i] <= width for i in index.tolist())
+        assert len(index) == 1 or len(index) * (r.prompt_len + width) <= 1200
+    with torch.no_grad():
+        whole = token_logp(model, r.sequences, r.attention_mask, r.prompt_len)
+        parts = token_logp_passes(model, r.sequences, r.attention_mask, r.prompt_len, 1.0,
+                                  passes)
+    mask = r.response_mask.bool()
+    assert torch.allclose(whole[mask], parts[mask], atol=1e-4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rl_support import make_spec
 
-from rlgraph.data import DataError, DataSource, task_example, write_task_file
+from rlgraph.data import DataError, DataSource, forced_length, task_example, write_task_file
 from rlgraph.errors import SpecError
 from rlgraph.rewards import (
     RewardFnError,
@@ -119,3 +119,14 @@ def test_failing_reward_fn_names_fn_and_sample(tmp_path: Path) -> None:
     assert "'boom'" in text and "KeyError" in text
     with pytest.raises(RewardFnError, match=r"returned 'yes', not a number"):
         score_samples(fn, "bad.py:compute_score", ["t"], ["maybe"], ["1"], [{}], ["p:0"])
+
+
+def test_forced_lengths_are_seeded_per_sample_and_clipped_at_max() -> None:
+    from rlgraph.spec import ResponseLength
+
+    lengths = ResponseLength(mean=512, max=8192, dist="lognormal", sigma=1.0)
+    draws = [forced_length(0, p, k, lengths) for p in range(400) for k in range(4)]
+    assert draws == [forced_length(0, p, k, lengths) for p in range(400) for k in range(4)]
+    assert draws != [forced_length(1, p, k, lengths) for p in range(400) for k in range(4)]
+    assert min(draws) >= 1 and max(draws) <= 8192 and max(draws) > 269  # not the task's cap
+    assert 400 < sum(draws) / len(draws) < 640  # mean 512 (clipping lowers it a little)

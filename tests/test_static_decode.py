@@ -142,3 +142,28 @@ def test_fused_projections_keep_parameters_and_tokens(model, references) -> None
         after = fused(seq).logits
         torch.testing.assert_close(after, plain(seq).logits)
     assert not torch.allclose(after, before)
+
+
+def test_ignore_eos_runs_to_the_forced_length(model) -> None:
+    # a benchmark's forced length: eos (every token here) does not stop the row, the budget does
+    dec = StaticDecoder(model, max_batch=2, max_len=32, eos_token_id=list(range(64)),
+                        sync_every=3)
+    out = dec.run([Request([1, 2, 3], 7, temperature=0.0, request_id="forced",
+                           ignore_eos=True),
+                   Request([4, 5], 7, temperature=0.0, request_id="eos")])
+    got = {c.request.request_id: c for c in out}
+    assert len(got["forced"].tokens) == 7 and got["forced"].finish_reason == "length"
+    assert len(got["eos"].tokens) == 1 and got["eos"].finish_reason == "eos"
+
+
+def test_prefill_in_token_chunks_matches_one_prefill(model, references, monkeypatch) -> None:
+    # resumed rows carry long prefixes: the prefill is cut into chunks of PREFILL_TOKENS
+    # padded tokens, and greedy decoding gives the same tokens as transformers' generate
+    from rlgraph.engines import static_decode
+
+    monkeypatch.setattr(static_decode, "PREFILL_TOKENS", 12)
+    dec = StaticDecoder(model, max_batch=6, max_len=32, sync_every=4, attn_block=8)
+    reqs = [Request(p, MAX_NEW, temperature=0.0, request_id=i) for i, p in enumerate(_prompts())]
+    out = {c.request.request_id: c for c in dec.run(reqs)}
+    assert [out[i].tokens for i in range(len(reqs))] == references
+    assert dec.stats["prefills"] >= 4  # 6 prompts of 2-9 tokens, at most 12 padded a chunk

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from rlgraph.models import with_cache
 
 ATTN_NAME = "rlgraph_static"
+PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Request:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     request_id: Any = None
+    ignore_eos: bool = False  # a benchmark's forced length: only max_new_tokens stops it
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -204,6 +206,7 @@ class StaticDecoder:
         self.cur_tok, self.pos, self.ngen = (torch.zeros(B, **z) for _ in range(3))
         self.max_new = torch.ones(B, **z)
         self.done = torch.ones(B, dtype=torch.bool, device=dev)
+        self.stop_on_eos = torch.ones(B, dtype=torch.bool, device=dev)
         self.temperature = torch.ones(B, device=dev)
         self.top_p = torch.ones(B, device=dev)
         self.version_t = torch.tensor(policy_version, **z)
@@ -364,7 +367,19 @@ class StaticDecoder:
         take = [(b, self.queue.popleft()) for b in free[:len(self.queue)]]
         for b, r in take:
             self.slots[b] = r
-        self._prefill([b for b, _ in take], [r for _, r in take])
+        # in chunks of at most PREFILL_TOKENS padded tokens (queue order): resumed rows carry
+        # prefixes of thousands of tokens, and one prefill of all of them runs out of memory
+        # (seen on an H200: 20 GiB asked for at 768 slots of up to 8200 positions)
+        chunk: list[tuple[int, Request]] = []
+        longest = 0
+        for b, r in take:
+            n = len(r.prompt) + len(r.tokens)
+            if chunk and (len(chunk) + 1) * max(longest, n) > PREFILL_TOKENS:
+                self._prefill([c for c, _ in chunk], [q for _, q in chunk])
+                chunk, longest = [], 0
+            chunk.append((b, r))
+            longest = max(longest, n)
+        self._prefill([c for c, _ in chunk], [q for _, q in chunk])
 
     def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
         """Encode prompt + earlier tokens of new slots from position 0; sample their next token."""
@@ -390,12 +405,14 @@ class StaticDecoder:
                            top_p if any(r.top_p < 1.0 for r in reqs) else None,
                            greedy_only=all(r.temperature <= 0 for r in reqs))
         max_new = torch.tensor([r.max_new_tokens - len(r.tokens) for r in reqs], device=dev)
+        stop_on_eos = torch.tensor([not r.ignore_eos for r in reqs], device=dev)
         self.temperature[rows], self.top_p[rows], self.max_new[rows] = temp, top_p, max_new
+        self.stop_on_eos[rows] = stop_on_eos
         self.out_tok[rows, 0], self.out_logp[rows, 0] = tok, logp
         self.out_ver[rows, 0] = self.version_t
         self.cur_tok[rows], self.pos[rows] = tok, lengths
         self.ngen[rows] = 1
-        self.done[rows] = self._is_eos(tok) | (max_new <= 1)
+        self.done[rows] = (self._is_eos(tok) & stop_on_eos) | (max_new <= 1)
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
 
@@ -419,7 +436,8 @@ class StaticDecoder:
         self.ngen.add_(step)
         self.pos.add_(step)
         self.cur_tok.copy_(torch.where(active, tok, self.cur_tok))
-        self.done.logical_or_(active & (self._is_eos(tok) | (self.ngen >= self.max_new)))
+        self.done.logical_or_(active & ((self._is_eos(tok) & self.stop_on_eos)
+                                        | (self.ngen >= self.max_new)))
 
     def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return (tok[:, None] == self.eos[None, :]).any(-1)
@@ -472,7 +490,7 @@ class StaticDecoder:
             if b in interrupted:
                 reason = "interrupted"
             else:
-                reason = "eos" if new and new[-1] in eos else "length"
+                reason = "eos" if new and new[-1] in eos and not r.ignore_eos else "length"
             out.append(Completion(r, r.tokens + new, r.logprobs + logp[i, :n[i]].tolist(),
                                   r.versions + ver[i, :n[i]].tolist(), reason))
             self.slots[b] = None

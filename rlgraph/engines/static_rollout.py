@@ -57,11 +57,13 @@ class StaticRollout:
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, pad_id: int,
                policy_version: int, temperature: float, top_p: float,
-               seed: int) -> tuple[Rollout, dict[str, float]]:
-        """Decode every prompt to eos or `max_new_tokens`; the rollout and the call's
-        `generate/*` metrics (decode steps, device ms per decode step, wall seconds)."""
-        requests = [Request(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
-                            request_id=i) for i, p in enumerate(prompts)]
+               seed: int, lengths: list[int] | None = None) -> tuple[Rollout, dict[str, float]]:
+        """Decode every prompt to eos or `max_new_tokens` (`lengths`: a benchmark's forced
+        length per prompt, eos ignored); the rollout and the call's `generate/*` metrics
+        (decode steps, device ms per decode step, wall seconds)."""
+        requests = [Request(list(p), max_new_tokens if lengths is None else lengths[i],
+                            temperature=temperature, top_p=top_p, request_id=i,
+                            ignore_eos=lengths is not None) for i, p in enumerate(prompts)]
         rows, metrics = self.resume(requests, policy_version=policy_version, seed=seed,
                                     switch=lambda: None, enough=lambda finished: False)
         rollout = pack(prompts, [c.tokens for c in rows], [c.logprobs for c in rows],

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import MAX_PARALLEL, NodeKind, NodeSpec, no_inputs
+from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
 from rlgraph.nodes.rollout_cost import generate_cost
 
 if TYPE_CHECKING:
@@ -26,9 +26,16 @@ class GenerateSpec(NodeSpec):
     oversample: float = Field(default=2.0, ge=1, le=64,
                               description="partial rollout: prompt groups "
                               "in flight per prompt of a batch (supplementation)")
-    stale: Literal["drop", "restart"] = Field(
+    stale: Literal["drop", "restart", "finish"] = Field(
         default="drop", description="partial rollout: a cached sample whose oldest token would "
-        "exceed max_lag is dropped with its group, or restarted from no tokens")
+        "exceed max_lag is dropped with its group, or restarted from no tokens; finish: a "
+        "round does not end while a group that would go stale is open (no length bias)")
+    forced_lengths: bool = Field(
+        default=False, description="benchmark mode: each sample's response length is drawn "
+        "from data.response_len (seeded by data position and sample) and eos is ignored "
+        "until it, as serving benchmarks do (a random-init model stops anywhere)")
+    sync_every: int = Field(default=8, ge=1, le=MAX_TOKENS, description="static engine: "
+                            "decode steps between the host's checks for finished rows")
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
@@ -90,7 +97,9 @@ class GenerateWorker:
                 max_lag=schedule.max_lag, stale=node.stale,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
-                    self._data_position(position))))
+                    self._data_position(position))),
+                length_of=(lambda position, k: self._forced(self._data_position(position), k))
+                if node.forced_lengths else None)
 
     def _data_position(self, own: int) -> int:
         """Data position of this replica's `own`-th prompt: its share of every step's
@@ -98,6 +107,13 @@ class GenerateWorker:
         lo, hi = self.share
         step, index = divmod(own, hi - lo)
         return step * self.ws.spec.data.prompts_per_step + lo + index
+
+    def _forced(self, position: int, sample: int) -> int:
+        """The forced length of sample `sample` of the prompt at data position `position`."""
+        from rlgraph.data import forced_length
+
+        data = self.ws.spec.data
+        return forced_length(data.seed, position, sample, data.response_len)
 
     def _encode(self, example: Any) -> list[int]:
         """The example's prompt token ids; a prompt longer than prompt_len is refused."""
@@ -132,7 +148,7 @@ class GenerateWorker:
                 self.ws.policy, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
-                top_p=self.node.top_p)
+                top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
 
     def _switch(self) -> int | None:
@@ -152,6 +168,10 @@ class GenerateWorker:
         examples, ids = self.prompts(step)
         n = data.samples_per_prompt
         prompts = [p for p in ids for _ in range(n)]
+        positions = [step * data.prompts_per_step + self.share[0] + i
+                     for i in range(len(examples))]
+        lengths = ([self._forced(p, k) for p in positions for k in range(n)]
+                   if self.node.forced_lengths else None)
         metrics = None
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
@@ -162,14 +182,13 @@ class GenerateWorker:
                 rollout, metrics = engine.sample(
                     prompts, max_new_tokens=data.response_len.max, pad_id=tok.pad_id,
                     policy_version=version, temperature=self.node.temperature,
-                    top_p=self.node.top_p, seed=generator.initial_seed())
-            else:
+                    top_p=self.node.top_p, seed=generator.initial_seed(), lengths=lengths)
+            else:  # forced lengths: an eos id no token has, and a budget per row
                 rollout = sample(self.ws.policy, prompts, max_new_tokens=data.response_len.max,
-                                 eos_id=tok.eos_id, pad_id=tok.pad_id, policy_version=version,
+                                 eos_id=tok.eos_id if lengths is None else -1,
+                                 pad_id=tok.pad_id, policy_version=version,
                                  temperature=self.node.temperature, top_p=self.node.top_p,
-                                 generator=generator)
-        positions = [step * data.prompts_per_step + self.share[0] + i
-                     for i in range(len(examples))]
+                                 generator=generator, budgets=lengths)
         batch = self._batch(step, version, examples, positions, rollout)
         if metrics is not None:
             batch["metrics"] = metrics

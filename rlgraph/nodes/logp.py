@@ -49,15 +49,20 @@ class LogpWorker:
         import torch
 
         from rlgraph.batch import check_step, merge
-        from rlgraph.sampling import token_logp
+        from rlgraph.sampling import length_batches, token_logp, token_logp_passes
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
         with self.ws.lock, torch.no_grad():
             model = getattr(self.ws, self.model_attr)
             device = next(model.parameters()).device
-            logp = token_logp(model, batch["sequences"].to(device),
-                              batch["attention_mask"].to(device), batch["prompt_len"],
-                              batch["temperature"])
+            seqs, mask = batch["sequences"].to(device), batch["attention_mask"].to(device)
+            budget = getattr(self.node, "micro_tokens", None)
+            if budget:
+                passes = length_batches(batch["response_mask"], batch["prompt_len"], budget)
+                logp = token_logp_passes(model, seqs, mask, batch["prompt_len"],
+                                         batch["temperature"], passes)
+            else:
+                logp = token_logp(model, seqs, mask, batch["prompt_len"], batch["temperature"])
         batch[self.key] = (logp.cpu() * batch["response_mask"]).float()
         return batch

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from rlgraph import lengths
-from rlgraph.nodes.base import MAX_PARALLEL, CostContext, NodeSpec
+from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
 from rlgraph.presets import COSTS
 
 
@@ -20,6 +20,11 @@ class ParallelNodeSpec(NodeSpec):
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
     ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
+    micro_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT * MAX_TOKENS,
+        description="tokens per forward (padding included): rows sorted "
+        "by response length, each pass trimmed to its longest response rounded up to 256 "
+        "(verl: use_dynamic_bsz); none: the whole batch (train: micro_batch rows) at once")
 
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""

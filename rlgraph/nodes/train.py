@@ -19,6 +19,8 @@ from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
+    import torch
+
     from rlgraph.batch import Batch
     from rlgraph.workspace import Workspace
 
@@ -90,7 +92,7 @@ class TrainWorker:
 
         from rlgraph.algorithms import batch_advantages, grpo_advantages
         from rlgraph.batch import check_step, merge
-        from rlgraph.sampling import token_logp
+        from rlgraph.sampling import token_logp_passes
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -119,9 +121,10 @@ class TrainWorker:
                           [self._own(lo, min(lo + size, rows)) for lo in range(0, rows, size)])
                 with torch.no_grad():
                     for own in shares:
-                        t["old_logp"][own] = token_logp(
+                        t["old_logp"][own] = token_logp_passes(
                             ws.policy, t["sequences"][own], t["attention_mask"][own],
-                            batch["prompt_len"], batch["temperature"])
+                            batch["prompt_len"], batch["temperature"],
+                            self._passes(t["mask"][own], batch["prompt_len"]))
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
@@ -149,6 +152,20 @@ class TrainWorker:
         return {"step": step, "policy_version": version, "metrics": metrics,
                 "trained_uids": uids}
 
+    def _passes(self, mask: torch.Tensor, prompt_len: int) -> list[tuple[torch.Tensor, int]]:
+        """The forward/backward passes over these rows (indices into them, response width):
+        `micro_tokens` per pass (length-sorted, trimmed widths), else `micro_batch` rows (or
+        all) at the full width."""
+        import torch
+
+        from rlgraph.sampling import length_batches
+
+        rows, width = mask.shape
+        if self.node.micro_tokens:
+            return length_batches(mask.cpu(), prompt_len, self.node.micro_tokens)
+        size = self.node.micro_batch or max(1, rows)
+        return [(torch.arange(lo, min(lo + size, rows)), width) for lo in range(0, rows, size)]
+
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
         from rlgraph.batch import shard_bounds
@@ -174,18 +191,21 @@ class TrainWorker:
         figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
         own = self._own(rows.start, min(rows.stop, len(t["mask"])))
-        start, stop = own.start, own.stop
-        size = self.node.micro_batch or max(1, stop - start)
-        for lo in range(start, stop, size):
-            sl = slice(lo, min(lo + size, stop))
-            logp = token_logp(policy, t["sequences"][sl], t["attention_mask"][sl],
-                              batch["prompt_len"], batch["temperature"])
-            terms = policy_loss(logp, t["old_logp"][sl], t["behavior_logp"][sl], t["adv"][sl],
-                                t["mask"][sl], algo.clip, algo.is_truncation,
-                                t["ref_logp"][sl] if "ref_logp" in t else None,
+        P = batch["prompt_len"]
+        for index, w in self._passes(t["mask"][own], P):
+            sl = (own.start + index).to(tokens.device)
+
+            def cut(key: str, cols: int, sl: torch.Tensor = sl) -> torch.Tensor:
+                return t[key][sl, :cols]
+
+            logp = token_logp(policy, cut("sequences", P + w), cut("attention_mask", P + w),
+                              P, batch["temperature"])
+            terms = policy_loss(logp, cut("old_logp", w), cut("behavior_logp", w), t["adv"][sl],
+                                cut("mask", w), algo.clip, algo.is_truncation,
+                                cut("ref_logp", w) if "ref_logp" in t else None,
                                 algo.kl_coef, algo.kl_type, normaliser=tokens)
             terms.loss.backward()
-            share = float(t["mask"][sl].sum() / tokens)
+            share = float(cut("mask", w).sum() / tokens)
             figures["loss/policy"] += share * terms.policy_loss
             figures["loss/kl"] += share * terms.kl
             figures["actor/clip_frac"] += share * terms.clip_frac

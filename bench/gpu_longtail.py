@@ -1,0 +1,359 @@
+"""Asynchrony where it pays, on one GPU: synchronous colocated vs partial rollout colocated on
+a long-tailed workload (issue 15), side by side in one process.
+
+  PYTHONUNBUFFERED=1 python bench/gpu_longtail.py [--parts throughput,decode,learning]
+      [--modes sync,partial-lag1,partial-lag2] [--steps 5] [--out DIR] [--name NAME]
+      [--cpu] [key=value ...]
+  python bench/gpu_longtail.py --plot bench/results/gpu-longtail-1gpu.json \\
+      --png docs/gpu-longtail-1gpu.png
+
+throughput: bench/graphs_gpu/longtail-1gpu.yaml (the qwen2.5-0.5b shape in bf16, 512 samples a
+step, every task on one GPU) in BENCHMARK MODE: generate.forced_lengths draws each sample's
+response length from data.response_len (lognormal, mean 512, sigma 1, clipped at 8192;
+`data.response_len.sigma=1.5` for the heavier tail) and ignores eos until it. Each mode runs
+`--steps` train steps (the first is warm-up: CUDA, graph capture); per mode: samples/s and
+step time (median after warm-up, spread), every step's node spans (the timeline), decode steps
+per call, device ms per decode step, tokens carried / dropped / restarted, version span, lag,
+the response lengths trained on against those started (mean, p90, p99: forced lengths are
+known per data position, the run's ledger says which positions were trained), and the
+compiler's uncalibrated prediction (`rlgraph compile`'s period_s) beside the measured period.
+decode: ms per decode step of the static engine at the widths the runs use against the HBM
+roofline (weights + live K/V over the copy bandwidth measured here), and the finished-row
+check interval (`sync_every` 1..64) on a forced-length synchronous batch: wall time per call.
+learning: the correctness check, bench/graphs_gpu/longtail-colocated.yaml (tiny preset after
+its warm start, the countdown task, lengths chosen by the model) on one GPU, synchronous vs
+partial rollout: reward, lag, lengths.
+
+Writes OUT/NAME.json after every mode (a call cut short keeps what finished). `--cpu`
+rehearses the same code on the CPU with a tiny model and tiny lengths. A multi-GPU run later
+takes `cluster.gpus_per_node=N` and its groups as overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import device_info, machine, run_figures  # noqa: E402
+
+GRAPHS = ROOT / "bench" / "graphs_gpu"
+MODES = {  # name -> overrides of the throughput graph
+    "sync": ["schedule.max_lag=0"],
+    "partial-lag1": ["schedule.partial_rollout=true", "schedule.max_lag=1"],
+    "partial-lag2": ["schedule.partial_rollout=true", "schedule.max_lag=2"],
+}
+CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
+       "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",
+       "nodes.train.micro_tokens=256", "nodes.logp.micro_tokens=256", "cluster.local=true"]
+
+
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    """Mean, p50, p90, p99, max and count of response lengths."""
+    if not lengths:
+        return {"n": 0}
+    xs = sorted(lengths)
+
+    def q(p: float) -> float:
+        return float(xs[min(len(xs) - 1, math.ceil(p * len(xs)) - 1)])
+
+    return {"n": len(xs), "mean": round(statistics.fmean(xs), 1), "p50": q(0.5),
+            "p90": q(0.9), "p99": q(0.99), "max": float(xs[-1])}
+
+
+def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
+    """Lengths of the samples trained on (the ledger's positions) against those started (every
+    admitted position; synchronous: the trained ones), with the forced length of each."""
+    from rlgraph.data import forced_length
+    from rlgraph.runtime.checkpoint import read_ledger
+
+    data = spec.data
+    n = data.samples_per_prompt
+
+    def lengths(positions: list[int]) -> list[int]:
+        return [forced_length(data.seed, p, k, data.response_len) for p in positions
+                for k in range(n)]
+
+    trained = [int(uid.rsplit(":", 1)[1]) for r in read_ledger(run_dir / "ledger.jsonl")
+               for uid in r["prompt_uids"]]
+    last = rows[-1] if rows else {}
+    admitted = int(last.get("rollout/admitted_total", len(trained) * n)) // n
+    started = list(range(admitted)) if "rollout/admitted_total" in last else trained
+    dropped = last.get("rollout/dropped_total", 0.0)
+    restarted = last.get("rollout/restarted_total", 0.0)
+    return {"trained": length_stats(lengths(trained)), "started": length_stats(lengths(started)),
+            "started_not_trained_in_flight_at_end": len(set(started) - set(trained)) * n,
+            "share_dropped": round(dropped / max(1, admitted * n), 4),
+            "share_restarted": round(restarted / max(1, admitted * n), 4)}
+
+
+def per_step(rows: list[dict], key: str) -> list[float]:
+    """One metric of every step (None where a row lacks it)."""
+    return [round(r[key], 4) if key in r else None for r in rows]
+
+
+def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Path,
+             forced: bool) -> dict[str, Any]:
+    """One schedule of `graph` for `steps` train steps (see the module docstring)."""
+    from rlgraph.compiler import compile_plan
+    from rlgraph.runtime.runner import Runner, RunOptions
+    from rlgraph.spec import load_spec
+
+    spec = load_spec(graph, overrides)
+    plan = compile_plan(spec)
+    run_dir = runs / name
+    began = time.time()
+    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=steps,
+                                           tensorboard=False)).run()
+    rows = result.rows
+    steady = [r["time/step_s"] for r in rows[1:]] or [r["time/step_s"] for r in rows]
+    step_s = statistics.median(steady)
+    calibrated = compile_plan(spec, calibration=run_dir)
+    t0 = min((e["start"] for e in result.events), default=0.0)
+    node_steps: dict[str, list[float]] = {}
+    for e in sorted(result.events, key=lambda e: e["step"]):
+        node_steps.setdefault(e["node"], []).append(round(e["end"] - e["start"], 4))
+    res = {
+        "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
+        "partial_rollout": spec.schedule.partial_rollout,
+        "forced_lengths": forced, "response_len": spec.data.response_len.model_dump(),
+        "oversample": spec.nodes["generate"].oversample, "stale": spec.nodes["generate"].stale,
+        "sync_every": spec.nodes["generate"].sync_every,
+        **run_figures(spec, plan, result, step_s, calibrated),
+        "step_s_spread": [round(min(steady), 4), round(max(steady), 4)],
+        "predicted_over_measured": round(plan["schedule"]["period_s"] / step_s, 3),
+        "node_s_per_step": node_steps,
+        "per_step": {k: per_step(rows, k) for k in (
+            "generate/decode_steps", "rollout/decode_steps", "generate/decode_ms_per_step",
+            "generate/engine_s", "rollout/carried", "rollout/dropped", "rollout/restarted",
+            "rollout/version_span", "rollout/cached", "lag/max", "lag/mean", "reward/mean",
+            "response/length_mean")},
+        "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
+                    "end": round(e["end"] - t0, 4)} for e in result.events],
+        "wall_s": round(time.time() - began, 2),
+    }
+    if forced:
+        res["lengths"] = forced_lengths(spec, run_dir, rows)
+    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of GB size
+    return res
+
+
+def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
+    """Static engine: ms per decode step against the HBM roofline at the runs' widths, and the
+    wall time of a forced-length synchronous batch per finished-row check interval."""
+    import random
+
+    import torch
+
+    from bench.gpu_bench import copy_bandwidth
+    from rlgraph.data import draw_length
+    from rlgraph.engines.static_decode import Request, StaticDecoder
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
+    device = "cpu" if cpu else "cuda"
+    ws = Workspace(spec, ["generate"], seed=0, device=device)
+    model = ws.policy
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
+    rng = random.Random(0)
+    out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "weights_bytes": weights,
+                           "kv_bytes_per_token": kv, "roofline": [], "sync_every": []}
+    widths = [8, 16] if cpu else [512, 768]
+    contexts = [16, 48] if cpu else [512, 2048]
+    new = 8 if cpu else 64
+    for width in widths:
+        for ctx in contexts:
+            dec = StaticDecoder(model, max_batch=width, max_len=ctx + new + 8, timing=True,
+                                attn_block=128, sync_every=16)
+            reqs = [Request([rng.randrange(3, cfg.vocab_size) for _ in range(ctx)], new,
+                            ignore_eos=True) for _ in range(width)]
+            dec.run(reqs)  # capture
+            for k in dec.stats:
+                dec.stats[k] = 0
+            t = time.perf_counter()
+            dec.run(reqs)
+            wall = time.perf_counter() - t
+            ms = dec.stats["decode_ms"] / max(1, dec.stats["decode_steps"]) or wall * 1e3 / new
+            live = weights + width * (ctx + new / 2) * kv
+            out["roofline"].append({
+                "width": width, "context": ctx, "ms_per_step": round(ms, 3),
+                "roofline_ms": round(live / bw * 1e3, 3),
+                "over_roofline": round(ms / (live / bw * 1e3), 2)})
+            del dec
+            if not cpu:
+                torch.cuda.empty_cache()
+    rows = 16 if cpu else 256
+    lengths = [draw_length(rng, spec.data.response_len.model_copy(
+        update={"max": 64 if cpu else 2048}), limit=10**9) for _ in range(rows)]
+    for every in (1, 4, 8, 16, 32, 64):
+        dec = StaticDecoder(model, max_batch=rows, max_len=8 + max(lengths) + 1, timing=True,
+                            attn_block=128, sync_every=every)
+        reqs = [Request([5, 6, 7, 8], n, ignore_eos=True) for n in lengths]
+        dec.run(reqs)
+        if not cpu:
+            torch.cuda.synchronize()
+        for k in dec.stats:
+            dec.stats[k] = 0
+        t = time.perf_counter()
+        dec.run(reqs)
+        if not cpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        out["sync_every"].append({
+            "sync_every": every, "wall_s": round(wall, 4),
+            "decode_steps": int(dec.stats["decode_steps"]), "longest": max(lengths),
+            "device_ms_per_step": round(dec.stats["decode_ms"] / dec.stats["decode_steps"], 4)
+            if dec.stats["decode_ms"] else None,
+            "wall_ms_per_needed_step": round(wall * 1e3 / max(lengths), 4)})
+        del dec
+    best = min(out["sync_every"], key=lambda r: r["wall_s"])
+    out["sync_every_fastest"] = best["sync_every"]
+    return out
+
+
+def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
+    """The correctness check: the countdown task (tiny preset after its warm start) on one
+    GPU, synchronous vs partial rollout."""
+    graph = GRAPHS / "longtail-colocated.yaml"
+    base = ["cluster={nodes: 1, gpus_per_node: 1, gpu: H200}"]
+    if cpu:
+        base += ["model.warm_start.steps=20", "data.prompts_per_step=8", "cluster.local=true"]
+    modes = {"sync": base,
+             "partial-lag2": [*base, "schedule.partial_rollout=true", "schedule.max_lag=2",
+                              "nodes.generate.stale=finish"]}
+    out = {}
+    for name, ov in modes.items():
+        r = run_mode(f"learning-{name}", graph, ov, steps, runs, forced=False)
+        tail = r["per_step"]["reward/mean"][-5:]
+        out[name] = {k: r[k] for k in ("samples_per_s", "step_s_median", "lag_max",
+                                        "lag_violations", "max_lag", "predicted_period_s")}
+        out[name].update(reward_last5_mean=round(statistics.fmean(tail), 4),
+                         reward_last5=tail, reward=r["per_step"]["reward/mean"],
+                         length_mean=r["per_step"]["response/length_mean"],
+                         lag_max_per_step=r["per_step"]["lag/max"])
+    return out
+
+
+def plot(path: Path, png: Path) -> None:
+    """Both timelines (node spans per step) one above the other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.loads(path.read_text())
+    modes = {k: v for k, v in res["throughput"].items() if "events" in v}
+    fig, axes = plt.subplots(len(modes), 1, figsize=(12, 1.9 * len(modes) + 0.6), sharex=True)
+    axes = [axes] if len(modes) == 1 else axes
+    colors = {"generate": "tab:blue", "logp": "tab:orange", "train": "tab:green",
+              "reward": "tab:red", "ref_logp": "tab:purple", "param_update": "tab:gray"}
+    for ax, (name, r) in zip(axes, modes.items()):
+        nodes = [n for n in colors if any(e["node"] == n for e in r["events"])]
+        for e in r["events"]:
+            y = nodes.index(e["node"])
+            ax.barh(y, e["end"] - e["start"], left=e["start"], color=colors[e["node"]],
+                    edgecolor="black", linewidth=0.3)
+            if e["node"] == "generate":
+                ax.text(e["start"], y, str(e["step"]), va="center", fontsize=6)
+        ax.set_yticks(range(len(nodes)), nodes)
+        ax.set_title(f"{name}: {r['samples_per_s']} samples/s, step {r['step_s_median']} s "
+                     f"(predicted {r['predicted_period_s']} s), lag max {r['lag_max']:g}",
+                     fontsize=9)
+    axes[-1].set_xlabel("seconds since the first task")
+    fig.suptitle(f"{res['device']['name']}: {res['workload']}", fontsize=9)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def main() -> int:
+    """Run the parts, print a table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="throughput,decode,learning")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--learning-steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--name", default="gpu-longtail-1gpu")
+    parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
+    parser.add_argument("--plot", type=Path, help="draw the timelines of this result file")
+    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "gpu-longtail-1gpu.png")
+    parser.add_argument("overrides", nargs="*", help="key=value for the throughput graph")
+    args = parser.parse_args()
+    if args.plot:
+        plot(args.plot, args.png)
+        return 0
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_longtail: no CUDA device here; rehearse with --cpu")
+        return 0
+    overrides = [*(CPU if args.cpu else []), *args.overrides]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.name}.json"
+    res: dict[str, Any] = {
+        "machine": machine(), "device": device_info(dry=args.cpu),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv), "overrides": overrides,
+        "workload": "BENCHMARK MODE (generate.forced_lengths): response lengths forced per "
+                    "sample, eos ignored; " + " ".join(overrides or ["longtail-1gpu.yaml"]),
+        "throughput": {}}
+    runs = Path(tempfile.mkdtemp(prefix="rlgraph-longtail-"))
+    parts = args.parts.split(",")
+
+    def save() -> None:
+        path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+    if "decode" in parts:
+        res["decode"] = decode_part(args.cpu, overrides)
+        print("decode", json.dumps(res["decode"]), flush=True)
+        save()
+    if "throughput" in parts:
+        for mode in args.modes.split(","):
+            try:
+                res["throughput"][mode] = run_mode(
+                    mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
+                    args.steps, runs, forced=True)
+            except Exception as exc:  # record it and go on to the next mode
+                res["throughput"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+            r = res["throughput"][mode]
+            print(mode, json.dumps({k: v for k, v in r.items() if k != "events"}), flush=True)
+            sync = res["throughput"].get("sync", {})
+            if mode != "sync" and "samples_per_s" in r and "samples_per_s" in sync:
+                res[f"{mode}_over_sync_samples_per_s"] = round(
+                    r["samples_per_s"] / sync["samples_per_s"], 3)
+            save()
+    if "learning" in parts:
+        res["learning"] = learning_part(args.learning_steps, args.cpu, runs)
+        print("learning", json.dumps(res["learning"]), flush=True)
+        save()
+    print(f"\n{'mode':<16}{'step s':>9}{'samples/s':>11}{'predicted':>11}{'trained mean':>14}"
+          f"{'p99':>8}{'lag max':>9}")
+    for mode, r in res["throughput"].items():
+        if "error" in r:
+            print(f"{mode:<16} failed: {r['error'][:90]}")
+            continue
+        tr = r.get("lengths", {}).get("trained", {})
+        print(f"{mode:<16}{r['step_s_median']:>9.3f}{r['samples_per_s']:>11.1f}"
+              f"{r['predicted_period_s']:>11.3f}{tr.get('mean', 0):>14.1f}"
+              f"{tr.get('p99', 0):>8.0f}{r['lag_max']:>9.0f}")
+    return 0 if all("error" not in r for r in res["throughput"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
