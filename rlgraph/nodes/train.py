@@ -62,6 +62,7 @@ class TrainWorker:
 
     def __init__(self, name: str, node: TrainSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
+        self.trained_once = node.mini_batches == 1 and node.epochs == 1
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Train on the batch of `step`; policy_version becomes step's version + 1."""
@@ -69,6 +70,7 @@ class TrainWorker:
 
         from rlgraph.algorithms import batch_advantages, grpo_advantages
         from rlgraph.batch import check_step, merge
+        from rlgraph.nodes.logp import on_policy
         from rlgraph.sampling import token_logp
 
         batch = merge(inputs)
@@ -90,9 +92,14 @@ class TrainWorker:
         with ws.lock:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
+            own_forward = False
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
-            else:  # no logp node: the proximal policy is the one this step starts from
+            elif self.trained_once and on_policy(batch, ws.policy_version):
+                # the proximal policy is the trained one: its log-probs are the first (and
+                # only) forward of `_update`, detached; the ratio is 1 (logp.py's docstring)
+                own_forward = True
+            else:  # the proximal policy is the one this step starts from
                 t["old_logp"] = torch.zeros_like(t["behavior_logp"])
                 shares = ([slice(0, rows)] if ws.replicas.dp_world == 1 else
                           [self._own(lo, min(lo + size, rows)) for lo in range(0, rows, size)])
@@ -104,7 +111,7 @@ class TrainWorker:
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
-            updates = [self._update(t, slice(lo, lo + size), batch)
+            updates = [self._update(t, slice(lo, lo + size), batch, own_forward)
                        for _ in range(self.node.epochs) for lo in range(0, rows, size)]
             ws.policy_version += 1
             version = ws.policy_version
@@ -123,6 +130,7 @@ class TrainWorker:
             "tokens": float(batch["attention_mask"].sum()),
             "policy/version": float(version),
             "actor/lr": lr,
+            "logp/skipped": float(own_forward),
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         return {"step": step, "policy_version": version, "metrics": metrics,
@@ -140,8 +148,10 @@ class TrainWorker:
         """Every replica returns the same step (summed figures, same batch): the leader's."""
         return outs[0]
 
-    def _update(self, t: dict, rows: slice, batch: Batch) -> dict[str, float]:
-        """One optimizer update on `rows`, accumulated over micro-batches; its figures."""
+    def _update(self, t: dict, rows: slice, batch: Batch, own_forward: bool = False
+                ) -> dict[str, float]:
+        """One optimizer update on `rows`, accumulated over micro-batches; its figures.
+        `own_forward`: the old log-probs are this forward's, detached (on-policy, one update)."""
         import torch
 
         from rlgraph.algorithms import policy_loss
@@ -159,7 +169,8 @@ class TrainWorker:
             sl = slice(lo, min(lo + size, stop))
             logp = token_logp(policy, t["sequences"][sl], t["attention_mask"][sl],
                               batch["prompt_len"], batch["temperature"])
-            terms = policy_loss(logp, t["old_logp"][sl], t["behavior_logp"][sl], t["adv"][sl],
+            old = logp.detach() * t["mask"][sl] if own_forward else t["old_logp"][sl]
+            terms = policy_loss(logp, old, t["behavior_logp"][sl], t["adv"][sl],
                                 t["mask"][sl], algo.clip, algo.is_truncation,
                                 t["ref_logp"][sl] if "ref_logp" in t else None,
                                 algo.kl_coef, algo.kl_type, normaliser=tokens)
