@@ -120,6 +120,7 @@ class TrainWorker:
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
+            "reward/accuracy": float((rewards == 1.0).float().mean()),
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "lag/max": float(lag.max()) if lag.numel() else 0.0,
             "lag/mean": float(lag.mean()) if lag.numel() else 0.0,

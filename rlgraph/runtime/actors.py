@@ -146,6 +146,11 @@ class GroupActor:
             return {KEPT: (node, step)}, info
         return out, info
 
+    def validate_final(self, node: str, step: int) -> dict[str, float]:
+        """Validate node `node`'s figures for the policy this workspace holds now: the run's
+        last validation, on the trainer after its final step."""
+        return self.workspace.worker(node).validate(step)["metrics"]
+
     def run_replica(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
         """This replica's share of `node` at `step` (all of it when the group has one)."""
         import torch

@@ -307,6 +307,8 @@ class Runner:
                     executor.submit(task)
                 for done, event in trained:
                     report.train_step(done, event)
+            if pipeline.finished and not result.stopped:
+                self._validate_final(result)
         except WorkerError as err:
             (out / "error.log").write_text("".join(traceback.format_exception(err.__cause__))
                                            if err.__cause__ else str(err))
@@ -322,6 +324,17 @@ class Runner:
         result.next_step = pipeline.trained_steps()
         self._checkpoint(pipeline, tracer)
         return result
+
+    def _validate_final(self, result: RunResult) -> None:
+        """The last validation, on the trainer (the final weights), after the last step: its
+        `val/*` figures go into the last row (`val/policy_version` says which version)."""
+        import ray
+
+        nodes = [n for n, k in self.kinds.items() if k == "validate"]
+        if not nodes or not result.rows:
+            return
+        figures = ray.get(self._train_actor().validate_final.remote(nodes[0], self.options.steps))
+        result.rows[-1].update(figures)
 
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info
