@@ -23,7 +23,7 @@ from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster
-from rlgraph.runtime.executor import Completion, RayExecutor, WorkerError
+from rlgraph.runtime.executor import Completion, DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.tracing import Tracer, load_events
@@ -269,7 +269,9 @@ class Runner:
         pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,
                             capacities=self.plan.get("channels"), start_step=first,
                             preloaded=preloaded)
-        executor = RayExecutor(self.actors, self._routes(), self._kept_outputs())
+        routes = self._routes()
+        executor = RayExecutor(self.actors, routes, self._kept_outputs(),
+                               DriverKnown(self.spec, routes))
         report = _Report(self, result, MetricsWriter(out, first, opts.tensorboard),
                          ckpt.Ledger(out, first_step=first))
         t0 = time.time()
