@@ -8,8 +8,12 @@ GRPO with 16 prompts x 8 samples a step, 8 new tokens at most, temperature 1, lr
 
 Modes, each a fresh process as a user would start it:
 
-- trl: `GRPOTrainer` (`use_cpu`, loss_type dapo = token-mean, scale_rewards group), then
-  greedy exact-match accuracy on the held-out prompts (transformers `generate`);
+- trl: `GRPOTrainer` (`use_cpu`, loss_type dapo = token-mean, scale_rewards group,
+  gradient checkpointing off: TRL turns it on by default, off is faster here), torch's
+  default threads (one per core), then greedy exact-match accuracy on the held-out prompts
+  (transformers `generate`);
+- trl_1thread (a control): the same with `torch.set_num_threads(1)`, the thread count
+  rlgraph's start-up measurement picks for this model: how much of a difference is threads;
 - sync: `rlgraph run` of one colocated group on both cores, max_lag 0 (verl's hybrid
   engine); the old-log-prob forward is skipped (on-policy, trained once);
 - sync_replicas: the same colocated plan as two data-parallel replicas of one core each;
@@ -52,6 +56,9 @@ from common import RESULTS, ROOT, machine
 from trl_workload import build, greedy_accuracy
 
 SAMPLES_PER_STEP = 16 * 8
+TRL_THREADS = {"trl": 0, "trl_1thread": 1}
+TRL_MODES = {"trl": "TRL GRPOTrainer, torch's default threads",
+             "trl_1thread": "control: TRL GRPOTrainer on one torch thread"}
 SAMPLE_S = 1.0
 TARGETS = {"best_vs_trl": 1.2, "sync_vs_trl": 1.0, "accuracy_gap": 0.02}
 COMMON = """cluster: {{local: true, cpus: 2}}
@@ -76,11 +83,12 @@ NODES = """nodes:
   param_update: {kind: param_update, src: train, dst: generate}
 """
 GRAPHS = {
-    "sync": ("colocated sync, max_lag 0, both cores in one process (verl hybrid engine)",
-             0, "groups:\n  colocated: {share: 1.0, tasks: [generate, validate, logp, train]}\n"),
+    "sync": ("colocated sync, max_lag 0, every task (reward too) in one process of both "
+             "cores (verl hybrid engine)", 0, "groups:\n  colocated: {share: 1.0, tasks: "
+             "[generate, reward, validate, logp, train]}\n"),
     "sync_replicas": ("colocated sync, max_lag 0, two replicas of one core each", 0,
-                      "groups:\n  colocated: {share: 1.0, tasks: [generate, validate, logp, "
-                      "train], replicas: 2}\n"),
+                      "groups:\n  colocated: {share: 1.0, tasks: [generate, reward, validate, "
+                      "logp, train], replicas: 2}\n"),
     "one_step_off": ("trainer | rollout, one core each, max_lag 1 (one-step-off)", 1,
                      "groups:\n  trainer: {share: 0.5, tasks: [logp, train]}\n"
                      "  rollout: {share: 0.5, tasks: [generate, validate]}\n"),
@@ -186,8 +194,9 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, dict[str, Any], subprocess.
 
 # ------------------------------------------------------------------ the two contenders
 
-def trl_child(work: Path, steps: int, out: Path) -> None:
-    """Runs inside a fresh process: GRPOTrainer on the workload, then held-out accuracy."""
+def trl_child(work: Path, steps: int, out: Path, threads: int) -> None:
+    """Runs inside a fresh process: GRPOTrainer on the workload, then held-out accuracy
+    (`threads` 0: torch's default)."""
     import importlib.util
 
     import torch
@@ -196,6 +205,8 @@ def trl_child(work: Path, steps: int, out: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(0)
+    if threads:
+        torch.set_num_threads(threads)
     spec = importlib.util.spec_from_file_location("reward", work / "reward.py")
     reward = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reward)
@@ -238,11 +249,11 @@ def trl_child(work: Path, steps: int, out: Path) -> None:
         "torch_threads": torch.get_num_threads()}))
 
 
-def run_trl(work: Path, steps: int, scratch: Path) -> dict[str, Any]:
-    """One TRL run in a fresh process."""
+def run_trl(work: Path, steps: int, scratch: Path, threads: int = 0) -> dict[str, Any]:
+    """One TRL run in a fresh process (`threads` 0: torch's default)."""
     out = scratch / "trl.json"
     wall, memory, proc = timed([sys.executable, str(Path(__file__).resolve()), "--trl-child",
-                                str(work), str(steps), str(out)], ROOT / "bench")
+                                str(work), str(steps), str(out), str(threads)], ROOT / "bench")
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"the TRL run failed with status {proc.returncode}")
@@ -305,7 +316,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      ("samples_per_s", "wall_s", "train_s", "accuracy")
                      if all(r.get(key) is not None for r in rs)}
         out[mode]["memory_total_mib"] = spread([r["memory"]["total_mib"] for r in rs])
-        if mode != "trl" and "trl" in runs:
+        if mode != "trl" and "trl" in runs:  # the same round's TRL run
             ratios = [r["samples_per_s"] / t["samples_per_s"] for r, t in zip(rs, runs["trl"])]
             out[mode]["vs_trl_same_round"] = spread(ratios)
     return out
@@ -315,14 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--modes", default="trl,sync,sync_replicas,one_step_off,tuned")
+    parser.add_argument("--modes",
+                        default="trl,trl_1thread,sync,sync_replicas,one_step_off,tuned")
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "rlgraph-vs-trl"))
     parser.add_argument("--out", default=str(RESULTS / "vs_trl.json"))
-    parser.add_argument("--trl-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--trl-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.trl_child:
-        work, steps, out = args.trl_child
-        trl_child(Path(work), int(steps), Path(out))
+        work, steps, out, threads = args.trl_child
+        trl_child(Path(work), int(steps), Path(out), int(threads))
         return 0
     import trl
 
@@ -330,14 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     workload = build(work)
     graphs = write_graphs(work, args.steps)
     modes = args.modes.split(",")
-    plans = {m: predicted(graphs[m]) for m in modes if m != "trl"}
+    plans = {m: predicted(graphs[m]) for m in modes if not m.startswith("trl")}
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     began = time.time()
     for rnd in range(args.rounds):
         order = modes if rnd % 2 == 0 else modes[::-1]
         for mode in order:
             with tempfile.TemporaryDirectory() as scratch:
-                result = (run_trl(work, args.steps, Path(scratch)) if mode == "trl" else
+                result = (run_trl(work, args.steps, Path(scratch), TRL_THREADS[mode])
+                          if mode in TRL_THREADS else
                           run_rlgraph(graphs[mode], args.steps, Path(scratch)))
             result["round"] = rnd
             runs[mode].append(result)
@@ -345,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['wall_s']:6.1f} s  accuracy {result['accuracy']}  memory "
                   f"{result['memory']['total_mib']:.0f} MiB", flush=True)
     summary = summarize(runs)
-    best = max((m for m in modes if m != "trl"), key=lambda m:
+    best = max((m for m in modes if m not in TRL_THREADS), key=lambda m:
                summary[m]["samples_per_s"]["median"], default=None)
     verdict = {}
     if "trl" in summary and best:
@@ -357,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
             "accuracy_gap": {m: round(summary[m]["accuracy"]["median"] - trl_acc, 4)
                              for m in modes if m != "trl" and "accuracy" in summary[m]},
         }
+        gaps = verdict["accuracy_gap"].values()
+        verdict["met"] = {
+            "best_vs_trl": verdict["best_vs_trl"] >= TARGETS["best_vs_trl"],
+            "sync_vs_trl": (verdict["sync_vs_trl"] or 0) >= TARGETS["sync_vs_trl"],
+            "accuracy_gap": all(abs(g) <= TARGETS["accuracy_gap"] for g in gaps)}
     import torch
     import transformers
 
@@ -365,9 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(), "trl": trl.__version__, "transformers": transformers.__version__,
         "torch": torch.__version__, "rounds": args.rounds, "steps": args.steps,
         "samples_per_step": SAMPLES_PER_STEP, "workload": workload,
-        "modes": {m: GRAPHS[m][0] if m in GRAPHS else ("GRPOTrainer" if m == "trl" else
-                                                       "the plan rlgraph tune proposes")
-                  for m in modes},
+        "modes": {m: GRAPHS[m][0] if m in GRAPHS else TRL_MODES.get(
+            m, "the plan rlgraph tune proposes from the one-step-off graph") for m in modes},
         "predicted": plans, "summary": summary, "verdict": verdict, "targets": TARGETS,
         "bench_wall_s": round(time.time() - began, 1), "runs": runs,
     }
