@@ -4,9 +4,10 @@ A local group of several CPU slots can run its model with one intra-op thread pe
 with one thread. For a small model each op is too short for threads to pay (the hand-off
 costs more than the split saves), and on a machine shared with other work a thread waiting
 for a descheduled partner stalls every op: on 2 cores the tiny preset trained 1.38x faster
-on one thread than on two (bench/results/async_vs_sync.json, sync_1core vs sync), and a
-330K-parameter Llama step was 5x faster on one thread under load (bench/vs_trl.py). A larger
-model gains from the second thread. So an actor holding more than one slot times a forward
+on one thread than on two (bench/results/async_vs_sync.json, sync_1core vs sync), and the
+329K-parameter Llama of bench/trl_workload.py, on a 2-core machine shared with other jobs
+(2026-11-24), generated a step in 77 vs 417 ms and trained it in 146 vs 625 ms on one vs two
+threads. A larger model gains from the second thread. So an actor holding more than one slot times a forward
 and backward of a step-sized batch on one thread and on all its slots, and keeps the faster
 (the least of `REPEATS` timings each, after a warm-up pass).
 """
