@@ -7,9 +7,9 @@ for a descheduled partner stalls every op: on 2 cores the tiny preset trained 1.
 on one thread than on two (bench/results/async_vs_sync.json, sync_1core vs sync), and the
 329K-parameter Llama of bench/trl_workload.py, on a 2-core machine shared with other jobs
 (2026-11-24), generated a step in 77 vs 417 ms and trained it in 146 vs 625 ms on one vs two
-threads. A larger model gains from the second thread. So an actor holding more than one slot times a forward
-and backward of a step-sized batch on one thread and on all its slots, and keeps the faster
-(the least of `REPEATS` timings each, after a warm-up pass).
+threads. A larger model gains from the second thread. So an actor holding more than one
+slot times a forward and backward of a step-sized batch on one thread and on all its slots,
+and keeps the faster (the least of `REPEATS` timings each, after a warm-up pass).
 """
 
 from __future__ import annotations
