@@ -27,7 +27,8 @@ LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=5, num_attent
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 CHARS = list("0123456789+=")
 OPERAND_MAX = 49  # a + b with a, b in 0..49
-TRAIN_PROMPTS, VAL_PROMPTS = 5000, 200
+TRAIN_PROMPTS, VAL_PROMPTS = 5000, 1000
+VERSION = 2  # bump when what `build` writes changes: a folder of another version is rebuilt
 WARM_STEPS, WARM_LR, WARM_BATCH = 320, 3e-3, 64
 REWARD = '''"""verl-style reward: 1.0 when the response is exactly the sum, else 0.0."""
 
@@ -132,7 +133,7 @@ def build(folder: Path) -> dict:
 
     folder = Path(folder)
     done = folder / "workload.json"
-    if done.exists():
+    if done.exists() and json.loads(done.read_text()).get("version") == VERSION:
         return json.loads(done.read_text())
     tokenizer = char_tokenizer()
     config = AutoConfig.for_model(**LLAMA, vocab_size=len(tokenizer),
@@ -151,7 +152,8 @@ def build(folder: Path) -> dict:
     write_parquet(folder / "data" / "train.parquet", "train", TRAIN_PROMPTS)
     write_parquet(folder / "data" / "val.parquet", "val", VAL_PROMPTS)
     (folder / "reward.py").write_text(REWARD)
-    info = {"params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+    params = {id(p): p for p in model.parameters()}.values()  # tied embeddings once
+    info = {"version": VERSION, "params": sum(p.numel() for p in params),
             "llama": LLAMA, "vocab": len(tokenizer),
             "warm_start": {"steps": WARM_STEPS, "lr": WARM_LR, "batch": WARM_BATCH,
                            "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),

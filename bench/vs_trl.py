@@ -21,7 +21,9 @@ Modes, each a fresh process as a user would start it:
 - tuned: the plan `rlgraph tune` proposes for the sync graph (written to `--work`).
 
 rlgraph's held-out accuracy is the run's final validation (`val/accuracy`: greedy, the
-same 200 prompts, the same `compute_score`, after the last step).
+same 1000 prompts, the same `compute_score`, after the last step). Round r seeds both
+contenders with r (TRL's `seed`, rlgraph's `data.seed`: data order and sampling), so the
+medians and ranges of accuracy cover training noise as well as the evaluation's.
 
 Per run: samples/s = steps x 128 / train seconds (TRL: first step begin to last step end;
 rlgraph: the sum of `time/step_s`, the first step's start to the last train's end; start-up
@@ -79,7 +81,7 @@ NODES = """nodes:
   reward: {kind: reward, fn: reward.py:compute_score}
   logp: {kind: logp}
   train: {kind: train, lr: 1.0e-4}
-  validate: {kind: validate, every: 100000, prompts: 200}
+  validate: {kind: validate, every: 100000, prompts: 1000}
   param_update: {kind: param_update, src: train, dst: generate}
 """
 GRAPHS = {
@@ -194,7 +196,7 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, dict[str, Any], subprocess.
 
 # ------------------------------------------------------------------ the two contenders
 
-def trl_child(work: Path, steps: int, out: Path, threads: int) -> None:
+def trl_child(work: Path, steps: int, out: Path, threads: int, seed: int) -> None:
     """Runs inside a fresh process: GRPOTrainer on the workload, then held-out accuracy
     (`threads` 0: torch's default)."""
     import importlib.util
@@ -204,7 +206,7 @@ def trl_child(work: Path, steps: int, out: Path, threads: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     if threads:
         torch.set_num_threads(threads)
     spec = importlib.util.spec_from_file_location("reward", work / "reward.py")
@@ -233,7 +235,7 @@ def trl_child(work: Path, steps: int, out: Path, threads: int) -> None:
         num_generations=8, max_completion_length=8, temperature=1.0, learning_rate=1e-4,
         lr_scheduler_type="constant", beta=0.0, epsilon=0.2, num_iterations=1,
         max_steps=steps, logging_steps=max(1, steps // 10), save_strategy="no", report_to=[],
-        use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0, bf16=False,
+        use_cpu=True, seed=seed, disable_tqdm=True, dataloader_num_workers=0, bf16=False,
         gradient_checkpointing=False)  # TRL turns it on by default; off is faster here
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=compute_score, args=config,
@@ -249,11 +251,13 @@ def trl_child(work: Path, steps: int, out: Path, threads: int) -> None:
         "torch_threads": torch.get_num_threads()}))
 
 
-def run_trl(work: Path, steps: int, scratch: Path, threads: int = 0) -> dict[str, Any]:
+def run_trl(work: Path, steps: int, scratch: Path, threads: int = 0, seed: int = 0
+            ) -> dict[str, Any]:
     """One TRL run in a fresh process (`threads` 0: torch's default)."""
     out = scratch / "trl.json"
     wall, memory, proc = timed([sys.executable, str(Path(__file__).resolve()), "--trl-child",
-                                str(work), str(steps), str(out), str(threads)], ROOT / "bench")
+                                str(work), str(steps), str(out), str(threads), str(seed)],
+                               ROOT / "bench")
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"the TRL run failed with status {proc.returncode}")
@@ -264,11 +268,12 @@ def run_trl(work: Path, steps: int, scratch: Path, threads: int = 0) -> dict[str
             "memory": memory, "torch_threads": got["torch_threads"]}
 
 
-def run_rlgraph(graph: Path, steps: int, scratch: Path) -> dict[str, Any]:
+def run_rlgraph(graph: Path, steps: int, scratch: Path, seed: int = 0) -> dict[str, Any]:
     """`rlgraph run` as a user would, in a fresh process."""
     out = scratch / graph.stem
-    wall, memory, proc = timed([sys.executable, "-m", "rlgraph", "run", str(graph), "--steps",
-                                str(steps), "--out", str(out), "--no-progress"], ROOT)
+    wall, memory, proc = timed([sys.executable, "-m", "rlgraph", "run", str(graph),
+                                f"data.seed={seed}", "--steps", str(steps), "--out", str(out),
+                                "--no-progress"], ROOT)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
         raise SystemExit(f"rlgraph run {graph.name} failed with status {proc.returncode}")
@@ -316,9 +321,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      ("samples_per_s", "wall_s", "train_s", "accuracy")
                      if all(r.get(key) is not None for r in rs)}
         out[mode]["memory_total_mib"] = spread([r["memory"]["total_mib"] for r in rs])
-        if mode != "trl" and "trl" in runs:  # the same round's TRL run
-            ratios = [r["samples_per_s"] / t["samples_per_s"] for r, t in zip(rs, runs["trl"])]
-            out[mode]["vs_trl_same_round"] = spread(ratios)
+        for trl_mode in TRL_THREADS:  # the same round's TRL runs
+            if mode != trl_mode and trl_mode in runs:
+                ratios = [r["samples_per_s"] / t["samples_per_s"]
+                          for r, t in zip(rs, runs[trl_mode])]
+                out[mode][f"vs_{trl_mode}_same_round"] = spread(ratios)
     return out
 
 
@@ -330,11 +337,11 @@ def main(argv: list[str] | None = None) -> int:
                         default="trl,trl_1thread,sync,sync_replicas,one_step_off,tuned")
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "rlgraph-vs-trl"))
     parser.add_argument("--out", default=str(RESULTS / "vs_trl.json"))
-    parser.add_argument("--trl-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--trl-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.trl_child:
-        work, steps, out, threads = args.trl_child
-        trl_child(Path(work), int(steps), Path(out), int(threads))
+        work, steps, out, threads, seed = args.trl_child
+        trl_child(Path(work), int(steps), Path(out), int(threads), int(seed))
         return 0
     import trl
 
@@ -349,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         order = modes if rnd % 2 == 0 else modes[::-1]
         for mode in order:
             with tempfile.TemporaryDirectory() as scratch:
-                result = (run_trl(work, args.steps, Path(scratch), TRL_THREADS[mode])
+                result = (run_trl(work, args.steps, Path(scratch), TRL_THREADS[mode], rnd)
                           if mode in TRL_THREADS else
-                          run_rlgraph(graphs[mode], args.steps, Path(scratch)))
+                          run_rlgraph(graphs[mode], args.steps, Path(scratch), rnd))
             result["round"] = rnd
             runs[mode].append(result)
             print(f"round {rnd} {mode:14s} {result['samples_per_s']:8.1f} samples/s  wall "
@@ -367,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             "best_mode": best,
             "best_vs_trl": summary[best]["vs_trl_same_round"]["median"],
             "sync_vs_trl": summary.get("sync", {}).get("vs_trl_same_round", {}).get("median"),
+            "best_vs_trl_1thread": summary[best].get("vs_trl_1thread_same_round", {}).get(
+                "median"),
+            "sync_vs_trl_1thread": summary.get("sync", {}).get(
+                "vs_trl_1thread_same_round", {}).get("median"),
             "accuracy_gap": {m: round(summary[m]["accuracy"]["median"] - trl_acc, 4)
                              for m in modes if m != "trl" and "accuracy" in summary[m]},
         }
