@@ -132,9 +132,6 @@ class GroupActor:
                 data.prompt_len + data.response_len.max, self.seed)
         except Exception:  # a backend whose forward takes other arguments: keep every slot
             return
-        timing = ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in self.thread_seconds.items())
-        print(f"rlgraph: {'/'.join(self.tasks)} runs on {self.threads} torch thread(s) "
-              f"(forward + backward of a step: {timing})", flush=True)
 
     def ready(self) -> dict[str, Any]:
         """Returns once the workspace is built: the version it holds and the process id (or

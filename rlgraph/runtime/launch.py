@@ -142,6 +142,8 @@ def run_main(args: argparse.Namespace) -> int:
 
     def on_ready(runner: Runner) -> None:
         nonlocal progress
+        for note in runner.notes[printed:]:  # what the actors measured at start-up
+            print(f"note: {note}", file=sys.stderr, flush=True)
         progress = RunProgress(steps, runner.first_step, enabled=getattr(args, "progress", True))
 
     def on_step(row: dict[str, Any]) -> None:
@@ -154,6 +156,7 @@ def run_main(args: argparse.Namespace) -> int:
     runner = Runner(spec, plan, options)
     for note in runner.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
+    printed = len(runner.notes)
     previous = _install_sigint(runner)
     try:
         result = runner.run()

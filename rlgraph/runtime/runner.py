@@ -207,14 +207,21 @@ class Runner:
     def _wait_ready(self) -> None:
         import ray
 
-        refs = [actor.ready.remote() for group in self.replicas.values() for actor in group]
+        refs = {name: group[0].ready.remote() for name, group in self.replicas.items()}
+        rest = [actor.ready.remote() for group in self.replicas.values() for actor in group[1:]]
         try:
-            ray.get(self._builds + refs)
+            infos = ray.get(self._builds + list(refs.values()) + rest)[len(self._builds):]
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
                 raise cause from None
             raise WorkerError(f"an actor failed to build its workspace: {cause or exc}") from exc
+        for name, info in zip(refs, infos):  # rlgraph.runtime.threads: measured at start-up
+            if info.get("thread_seconds"):
+                timing = ", ".join(f"{n} thread(s) {s * 1e3:.1f} ms" for n, s in
+                                   info["thread_seconds"].items())
+                self.notes.append(f"groups.{name}: runs on {info['threads']} torch thread(s) "
+                                  f"per process (a step's forward + backward took {timing})")
 
     # ------------------------------------------------------------ the run
 
