@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     plans = {m: predicted(graphs[m]) for m in modes if not m.startswith("trl")}
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    began = time.time()
+    began, load_before = time.time(), os.getloadavg()  # other load skews every timing
     for rnd in range(args.rounds):
         order = modes if rnd % 2 == 0 else modes[::-1]
         for mode in order:
@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         "modes": {m: GRAPHS[m][0] if m in GRAPHS else TRL_MODES.get(
             m, "the plan rlgraph tune proposes from the one-step-off graph") for m in modes},
         "predicted": plans, "summary": summary, "verdict": verdict, "targets": TARGETS,
-        "bench_wall_s": round(time.time() - began, 1), "runs": runs,
+        "bench_wall_s": round(time.time() - began, 1),
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "verdict": verdict}, indent=2))
