@@ -39,18 +39,29 @@ def test_the_driver_knows_only_what_is_proven() -> None:
     assert split.output(_task("param_update", "param_update", 4), []) is None
 
 
-def test_a_known_task_completes_after_the_task_it_was_chained_behind() -> None:
+def test_a_known_task_completes_at_once_with_the_running_tasks_output() -> None:
     executor = RayExecutor({}, {}, known=_known(max_lag=0))
     running = object()
-    executor.refs[("generate", 2)] = (running, "info-ref", "generate")
+    executor.refs[("generate", 2)] = (running, "info-ref", "generate")  # still running
     logp = Task("logp", "logp", 2, ("g",), {"generate": Pending("generate", 2)},
                 ("generate", 2))
+    validate = Task("validate", "validate", 2, ("g",), {"generate": Pending("generate", 2)},
+                    ("generate", 2))
     executor.submit(logp)
-    assert len(executor) == 1 and executor.wait(timeout=0) == []  # generate still runs
-    del executor.refs[("generate", 2)]  # generate finished
-    (done,) = executor.wait(timeout=0)
-    assert done.task is logp and done.output is running  # its output is generate's batch
-    assert done.info["start"] == done.info["end"] and len(executor) == 0
+    executor.submit(validate)
+    assert len(executor) == 2
+    first, second = executor.wait(timeout=0)  # no actor call, in submission order
+    assert first.task is logp and first.output is running  # its output is generate's batch
+    assert second.task is validate and second.output == {"step": 2}
+    assert first.info["start"] == first.info["end"] and len(executor) == 0
+    # a weight update waits for the train step it follows
+    executor.refs[("train", 2)] = (object(), "info-ref", "train")
+    executor.submit(Task("param_update", "param_update", 2, ("g",),
+                         {"train": Pending("train", 2)}, ("train", 2)))
+    assert executor.local and all(not executor._may_complete(t) for t, *_ in executor.local)
+    del executor.refs[("train", 2)]  # train finished
+    (update,) = executor.wait(timeout=0)
+    assert update.info["version"] == 3 and len(executor) == 0
 
 
 def test_the_thread_choice_is_measured_and_applied() -> None:

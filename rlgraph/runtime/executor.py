@@ -17,8 +17,11 @@ Tasks whose result the driver knows (`DriverKnown`) are not sent at all: a valid
 its `every` steps, a logp node whose forward the compiler proved redundant (its output is
 its input batch; train checks the versions of each batch again and runs the forward itself
 for one that is off-policy) and a param_update inside one actor (the policy is already the
-trained one). Each completes, as a span of no length, once the task it was chained behind
-has finished: a step then costs no actor call for them.
+trained one). Each completes as a span of no length and costs no actor call; validate and
+logp complete at once even when chained behind a running task (logp's output is then that
+task's pending reference), which frees the group's chain slot for the next real task: it
+queues behind the running one instead of waiting for the driver. A param_update completes
+once the train step it follows has (the version it delivers exists only then).
 """
 
 from __future__ import annotations
@@ -122,22 +125,21 @@ class RayExecutor:
 
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Every task finished by now (at least one unless `timeout` passes first)."""
-        done = self._wait_actors(0 if self._local_ready() else timeout)
-        ready = [item for item in self.local if self._after_done(item[0])]
-        now = time.time()
-        for item in ready:
-            self.local.remove(item)
-            task, output, info, sent = item
-            self.known_outputs.pop((task.node, task.step), None)
-            done.append(Completion(task, output, {**info, "start": now, "end": now}, sent))
-        return done
+        ready = [item for item in self.local if self._may_complete(item[0])]
+        if ready:  # driver-known tasks: done now, in the order they were submitted
+            now = time.time()
+            for item in ready:
+                self.local.remove(item)
+                self.known_outputs.pop((item[0].node, item[0].step), None)
+            return [Completion(task, output, {**info, "start": now, "end": now}, sent)
+                    for task, output, info, sent in ready]
+        return self._wait_actors(timeout)
 
-    def _after_done(self, task: Task) -> bool:
-        """The task a driver-known task was chained behind (if any) has finished."""
-        return task.behind is None or tuple(task.behind) not in self.refs
-
-    def _local_ready(self) -> bool:
-        return any(self._after_done(item[0]) for item in self.local)
+    def _may_complete(self, task: Task) -> bool:
+        """A driver-known task completes at once, except a weight update: it delivers the
+        version of the train step it follows, so not before that step has finished."""
+        return (task.kind != "param_update" or task.behind is None
+                or tuple(task.behind) not in self.refs)
 
     def _wait_actors(self, timeout: float | None) -> list[Completion]:
         import ray
