@@ -12,6 +12,7 @@ import os
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -413,7 +414,30 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
     except SpecError as err:
         err.source = source
         raise
-    return validate_spec(data, source)
+    spec = validate_spec(data, source)
+    if spec.model.path is not None:
+        try:
+            spec.model.path = resolve_model_path(spec.model.path, Path(path).parent)
+        except SpecError as err:
+            err.source = source
+            raise
+    return spec
+
+
+def resolve_model_path(path: str, graph_dir: Path) -> str:
+    """`model.path` as an absolute folder: a relative one resolves against the graph's folder
+    (like data and reward files), else the working directory; a folder without config.json
+    is the user's error."""
+    given = Path(path).expanduser()
+    tries = [given] if given.is_absolute() else [graph_dir / given, given]
+    for folder in tries:
+        if (folder / "config.json").is_file():
+            return str(folder.resolve())
+    where = "" if given.is_absolute() else \
+        f"; a relative path resolves against the graph's folder {graph_dir.resolve()}"
+    raise SpecError(f"no Hugging Face model folder at '{path}' (no config.json there{where})",
+                    ("model", "path"), hint="point model.path at a Hugging Face model folder "
+                    "with config.json, weights and tokenizer files")
 
 
 def json_schema() -> dict[str, Any]:

@@ -289,9 +289,11 @@ def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> Non
     outs = []
     for spec in (torch_spec, mg_spec):
         ws = Workspace(spec, ["logp", "train"], seed=0)  # builds the backend it names
-        logp = ws.worker("logp").run(0, {"generate": copy.deepcopy(gen)})
+        old_logp = ws.worker("logp").forward(copy.deepcopy(gen))
+        logp = ws.worker("logp").run(0, {"generate": copy.deepcopy(gen)})  # skipped: on-policy
         out = ws.worker("train").run(0, {"reward": copy.deepcopy(scored), "logp": logp})
-        outs.append((logp["old_logp"], out["metrics"], ws))
+        assert out["metrics"]["logp/skipped"] == 1.0
+        outs.append((old_logp, out["metrics"], ws))
     (lp_t, m_t, ws_t), (lp_m, m_m, ws_m) = outs
     assert isinstance(ws_m.policy, MegatronPolicy)
     assert (lp_t - lp_m).abs().max() < 2e-5

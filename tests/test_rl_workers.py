@@ -54,10 +54,12 @@ def test_one_step_through_every_worker(ws: Workspace) -> None:
 
     scored = ws.worker("reward").run(0, {"generate": gen})
     logp = ws.worker("logp").run(0, {"generate": gen})
+    assert "old_logp" not in logp  # on-policy, one update: train's own forward serves
+    old_logp = ws.worker("logp").forward(gen)
     ref = ws.worker("ref_logp").run(0, {"generate": gen})
-    torch.testing.assert_close(logp["old_logp"][mask], gen["behavior_logp"][mask],
+    torch.testing.assert_close(old_logp[mask], gen["behavior_logp"][mask],
                                atol=1e-4, rtol=1e-4)  # same weights: proximal == behaviour
-    torch.testing.assert_close(ref["ref_logp"], logp["old_logp"])  # version 0 == reference
+    torch.testing.assert_close(ref["ref_logp"], old_logp)  # version 0 == reference
     assert scored["rewards"].shape == (rows,)
     # a random model rarely scores; give every group a spread so the step must move the policy
     scored["rewards"] = (torch.arange(rows) % 2).to(scored["rewards"].dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,12 @@ def test_worker_scores_held_out_prompts_every_few_steps() -> None:
     metrics = out["metrics"]
     assert out["step"] == 0 and metrics["val/policy_version"] == 0
     assert 0.0 <= metrics["val/reward/mean"] <= 1.0 and metrics["val/samples"] == 6
+    assert 0.0 <= metrics["val/accuracy"] <= 1.0
+    ws.policy_version = 2
+    final = worker.validate(2)["metrics"]  # the run's last validation: any step
+    assert final["val/accuracy"] == metrics["val/accuracy"]
+    assert final["val/policy_version"] == 2
+    ws.policy_version = 0
     assert worker.run(1, {}) == {"step": 1}  # not a validation step: no metrics
     ws.policy_version = 5
     again = worker.run(3, {})["metrics"]  # greedy: same weights, same score
@@ -90,9 +97,14 @@ def test_a_run_writes_val_metrics_on_validation_steps(cluster, tmp_path: Path) -
     rows = result.rows
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [("val/reward/mean" in r) for r in rows] == [True, False, True]
-    # validate(t) runs on a version >= t - max_lag, before train(t)
-    assert rows[2]["val/policy_version"] >= 2 - spec.schedule.max_lag
+    # after the last step the final weights are validated on the trainer
+    assert rows[2]["val/policy_version"] == 3 and 0.0 <= rows[2]["val/accuracy"] <= 1.0
+    assert rows[0]["val/policy_version"] == 0 and "val/accuracy" in rows[0]
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert written[-1]["val/policy_version"] == 3
+    assert 0.0 <= rows[2]["reward/accuracy"] <= rows[2]["reward/mean"] + 1e-9
     spans = {(e["node"], e["step"]): e for e in result.events}
-    for t in range(3):
+    for t in (0, 2):  # validation steps (step 1's is completed by the driver, no decode)
         assert spans["generate", t]["end"] <= spans["validate", t]["start"]
         assert spans["validate", t]["end"] <= spans["train", t]["start"]
+    assert spans["validate", 1]["end"] == spans["validate", 1]["start"]

@@ -42,7 +42,7 @@ MEANINGS: dict[str, str] = {
     "cluster.gpu": "GPU preset: " + ", ".join(k for k in GPU_PRESETS if k != "cpu"),
     "model.preset": "model preset: " + ", ".join(MODEL_PRESETS),
     "model.hf_config": "an inline Hugging Face config dict",
-    "model.path": "a local Hugging Face model folder",
+    "model.path": "a local Hugging Face model folder (relative: to the graph's folder)",
     "warm_start.lr": "learning rate of the supervised warm start",
     "warm_start.batch_size": "batch of the supervised warm start",
     "data.prompts_per_step": "prompts per train step (verl: data.train_batch_size)",

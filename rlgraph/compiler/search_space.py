@@ -375,11 +375,13 @@ class Evaluator:
     # ------------------------------------------------------------ exact evaluation
 
     def _layout(self, cand: Candidate) -> Any:
-        """(spec, placement, TimedGraph at lag 0) of the candidate's layout, or an error."""
-        key = cand.layout
+        """(spec, placement, TimedGraph) of the candidate's layout, or an error. Costs do
+        not depend on the lag except that max_lag 0 may prove the logp forward redundant
+        (rlgraph.nodes.logp), so a layout is priced once at lag 0 and once at lag 1."""
+        key = (cand.layout, min(cand.max_lag, 1))
         if key not in self._layouts:
             self.stats["placed"] += 1
-            spec = self.space.spec_for(replace(cand, max_lag=0))
+            spec = self.space.spec_for(replace(cand, max_lag=min(cand.max_lag, 1)))
             try:
                 placement = place(spec)
             except SpecError as err:

@@ -1,4 +1,12 @@
-"""`logp`: recompute the proximal policy's log-probs of the sampled tokens."""
+"""`logp`: recompute the proximal policy's log-probs of the sampled tokens.
+
+The forward is redundant when the batch was sampled by the weights train starts from and
+train updates once on it (one mini-batch, one epoch): the proximal policy is then the policy
+being trained, so the PPO ratio is identically 1 and train's own forward, detached, gives the
+old log-probs. The compiler proves that from the graph (`skip_reason`: max_lag 0, no partial
+rollout, one update) and prices logp at 0; the worker checks it again on every batch (each
+token's version is the step's) and runs the forward whenever a batch is off-policy.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,10 @@ from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
+    import torch
+
     from rlgraph.batch import Batch
+    from rlgraph.spec import Spec
     from rlgraph.workspace import Workspace
 
 
@@ -19,9 +30,38 @@ class LogpSpec(ParallelNodeSpec):
     kind: Literal["logp"] = "logp"
 
 
+def trained_once(spec: Spec) -> bool:
+    """Every train node makes one optimizer update per batch (one mini-batch, one epoch)."""
+    trains = [n for n in spec.nodes.values() if n.kind == "train"]
+    return bool(trains) and all(getattr(n, "mini_batches", 1) == 1 and getattr(n, "epochs", 1)
+                                == 1 for n in trains)
+
+
+def skip_reason(spec: Spec) -> str | None:
+    """Why the old-log-prob forward is provably redundant for every batch of this graph, or
+    None: max_lag 0 without partial rollout (every token is sampled by the version train
+    starts from) and one update per batch (the proximal policy is the trained one)."""
+    if spec.schedule.max_lag != 0 or spec.schedule.partial_rollout or not trained_once(spec):
+        return None
+    return ("skipped: max_lag 0 and one update per batch (mini_batches 1, epochs 1), so the "
+            "PPO ratio is 1 and train's own forward, detached, gives the old log-probs")
+
+
 def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound."""
+    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound;
+    0 where the compiler proves the forward redundant (`skip_reason`)."""
+    reason = skip_reason(ctx.spec)
+    if reason is not None and node.kind == "logp":
+        ctx.extra["detail"] = reason
+        ctx.extra["note"] = f"{ctx.name}: {reason}"
+        return 0.0
     return token_pass_cost(node, ctx, 2, COSTS.forward_mfu)
+
+
+def on_policy(batch: Batch, version: int) -> bool:
+    """Every sampled token of the batch was sampled by policy version `version`."""
+    valid = batch["response_mask"].bool()
+    return bool((batch["token_version"][valid] == version).all())
 
 
 KIND = NodeKind(
@@ -43,16 +83,27 @@ class LogpWorker:
 
     def __init__(self, name: str, node: NodeSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
+        self.may_skip = self.key == "old_logp" and trained_once(workspace.spec)
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Forward the batch of `step` (no gradient) and add this node's log-probs."""
-        import torch
-
+        """Forward the batch of `step` (no gradient) and add this node's log-probs; an
+        on-policy batch trained once gets none (train uses its own forward, detached)."""
         from rlgraph.batch import check_step, merge
-        from rlgraph.sampling import length_batches, token_logp, token_logp_passes
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
+        if self.may_skip and on_policy(batch, step):
+            return batch  # train checks the versions again against the weights it holds
+        batch[self.key] = self.forward(batch)
+        return batch
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the batch's response tokens under this node's model (0 on
+        padding), at the generate temperature."""
+        import torch
+
+        from rlgraph.sampling import length_batches, token_logp, token_logp_passes
+
         with self.ws.lock, torch.no_grad():
             model = getattr(self.ws, self.model_attr)
             device = next(model.parameters()).device
@@ -64,5 +115,4 @@ class LogpWorker:
                                          batch["temperature"], passes)
             else:
                 logp = token_logp(model, seqs, mask, batch["prompt_len"], batch["temperature"])
-        batch[self.key] = (logp.cpu() * batch["response_mask"]).float()
-        return batch
+        return (logp.cpu() * batch["response_mask"]).float()

@@ -85,6 +85,7 @@ class TrainWorker:
 
     def __init__(self, name: str, node: TrainSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
+        self.trained_once = node.mini_batches == 1 and node.epochs == 1
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Train on the batch of `step`; policy_version becomes step's version + 1."""
@@ -92,6 +93,7 @@ class TrainWorker:
 
         from rlgraph.algorithms import batch_advantages, grpo_advantages
         from rlgraph.batch import check_step, merge
+        from rlgraph.nodes.logp import on_policy
         from rlgraph.sampling import token_logp_passes
 
         batch = merge(inputs)
@@ -113,9 +115,14 @@ class TrainWorker:
         with ws.lock:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
+            own_forward = False
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
-            else:  # no logp node: the proximal policy is the one this step starts from
+            elif self.trained_once and on_policy(batch, ws.policy_version):
+                # the proximal policy is the trained one: its log-probs are the first (and
+                # only) forward of `_update`, detached; the ratio is 1 (logp.py's docstring)
+                own_forward = True
+            else:  # the proximal policy is the one this step starts from
                 t["old_logp"] = torch.zeros_like(t["behavior_logp"])
                 shares = ([slice(0, rows)] if ws.replicas.dp_world == 1 else
                           [self._own(lo, min(lo + size, rows)) for lo in range(0, rows, size)])
@@ -128,7 +135,7 @@ class TrainWorker:
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
-            updates = [self._update(t, slice(lo, lo + size), batch)
+            updates = [self._update(t, slice(lo, lo + size), batch, own_forward)
                        for _ in range(self.node.epochs) for lo in range(0, rows, size)]
             ws.policy_version += 1
             version = ws.policy_version
@@ -137,6 +144,7 @@ class TrainWorker:
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
+            "reward/accuracy": float((rewards == 1.0).float().mean()),
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "lag/max": float(lag.max()) if lag.numel() else 0.0,
             "lag/mean": float(lag.mean()) if lag.numel() else 0.0,
@@ -147,6 +155,7 @@ class TrainWorker:
             "tokens": float(batch["attention_mask"].sum()),
             "policy/version": float(version),
             "actor/lr": lr,
+            "logp/skipped": float(own_forward),
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         return {"step": step, "policy_version": version, "metrics": metrics,
@@ -178,8 +187,10 @@ class TrainWorker:
         """Every replica returns the same step (summed figures, same batch): the leader's."""
         return outs[0]
 
-    def _update(self, t: dict, rows: slice, batch: Batch) -> dict[str, float]:
-        """One optimizer update on `rows`, accumulated over micro-batches; its figures."""
+    def _update(self, t: dict, rows: slice, batch: Batch, own_forward: bool = False
+                ) -> dict[str, float]:
+        """One optimizer update on `rows`, accumulated over micro-batches; its figures.
+        `own_forward`: the old log-probs are this forward's, detached (on-policy, one update)."""
         import torch
 
         from rlgraph.algorithms import policy_loss
@@ -200,7 +211,8 @@ class TrainWorker:
 
             logp = token_logp(policy, cut("sequences", P + w), cut("attention_mask", P + w),
                               P, batch["temperature"])
-            terms = policy_loss(logp, cut("old_logp", w), cut("behavior_logp", w), t["adv"][sl],
+            old = logp.detach() * cut("mask", w) if own_forward else cut("old_logp", w)
+            terms = policy_loss(logp, old, cut("behavior_logp", w), t["adv"][sl],
                                 cut("mask", w), algo.clip, algo.is_truncation,
                                 cut("ref_logp", w) if "ref_logp" in t else None,
                                 algo.kl_coef, algo.kl_type, normaliser=tokens)

@@ -5,7 +5,9 @@ group that holds a generate node: the group is the engine lock (its tasks never 
 and the workspace lock guards the weights. Its default edges are generate -> validate ->
 train: validate(t) runs after generate(t), on a policy version >= t - max_lag, and before
 train(t), so its `val/*` metrics land in the metrics row of step t. On the other steps it
-returns at once.
+returns at once. After the last step the runtime validates once more, on the trainer's
+workspace (the final weights: param_update skips versions no generate would use), so every
+run ends with the final policy's `val/accuracy` and `val/reward/mean`.
 
 Cost model: one synchronous greedy batch of `prompts` validation prompts decoded to
 `data.response_len.max` by generate's cost model, amortized over `every` steps (the
@@ -151,6 +153,11 @@ class ValidateWorker:
         """Validate on steps 0, every, 2 * every, ...; otherwise nothing."""
         if step % self.node.every:
             return {"step": step}
+        return self.validate(step)
+
+    def validate(self, step: int) -> Batch:
+        """Decode and score the validation prompts with the policy held now: `val/accuracy`
+        (the fraction scoring 1.0, exact match) beside `val/reward/mean`."""
         import torch
 
         from rlgraph.rewards import score_samples
@@ -170,6 +177,7 @@ class ValidateWorker:
         lengths = rollout.response_mask.sum(1).float()
         return {"step": step, "metrics": {
             "val/reward/mean": sum(scores) / len(scores),
+            "val/accuracy": sum(score == 1.0 for score in scores) / len(scores),
             "val/policy_version": float(version),
             "val/length/mean": float(lengths.mean()),
             "val/length/max": float(lengths.max()),

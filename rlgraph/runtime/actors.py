@@ -78,6 +78,7 @@ class GroupActor:
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
         torch.set_num_threads(max(1, threads))
+        self.threads, self.thread_seconds = max(1, threads), {}
         from rlgraph.replicas import Replicas, model_parallel_of
 
         self.spec, self.device, self.tasks, self.seed = spec, device, list(tasks), seed
@@ -116,13 +117,31 @@ class GroupActor:
             if isinstance(err, SpecError):
                 err.source = err.source or self.spec.source  # the user's file, not graph.yaml
             self.build_error = err
+            return
+        if self.device == "cpu" and self.threads > 1 and self.workspace.policy is not None:
+            self._choose_threads()
+
+    def _choose_threads(self) -> None:
+        """One torch thread or one per slot, whichever runs this model's step faster
+        (rlgraph.runtime.threads)."""
+        from rlgraph.runtime.threads import choose_threads
+
+        data = self.spec.data
+        rows = data.prompts_per_step * data.samples_per_prompt // self.replicas.world
+        try:
+            self.threads, self.thread_seconds = choose_threads(
+                self.workspace.policy, self.threads, rows,
+                data.prompt_len + data.response_len.max, self.seed)
+        except Exception:  # a backend whose forward takes other arguments: keep every slot
+            return
 
     def ready(self) -> dict[str, Any]:
         """Returns once the workspace is built: the version it holds and the process id (or
         raises the user-facing error that stopped the build, e.g. a missing package)."""
         if self.build_error is not None:
             raise self.build_error
-        return {"policy_version": self.workspace.policy_version, "pid": os.getpid()}
+        return {"policy_version": self.workspace.policy_version, "pid": os.getpid(),
+                "threads": self.threads, "thread_seconds": self.thread_seconds}
 
     def run(self, node: str, step: int, names: list[str], *batches: Batch,
             after: Any = None, keep: int = 0) -> tuple[Batch, dict]:
@@ -147,6 +166,11 @@ class GroupActor:
             self.kept[(node, step)] = [out, keep]
             return {KEPT: (node, step)}, info
         return out, info
+
+    def validate_final(self, node: str, step: int) -> dict[str, float]:
+        """Validate node `node`'s figures for the policy this workspace holds now: the run's
+        last validation, on the trainer after its final step."""
+        return self.workspace.worker(node).validate(step)["metrics"]
 
     def run_replica(self, node: str, step: int, inputs: dict[str, Batch]) -> Batch:
         """This replica's share of `node` at `step` (all of it when the group has one)."""

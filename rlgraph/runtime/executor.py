@@ -12,6 +12,16 @@ param_update completes when the receiver has the version staged whole; the sende
 reference is watched only so that its failure is reported, not waited on. A node whose
 consumers all run on its own actor (logp and ref_logp feeding train in the trainer group)
 keeps its output there (`keep`): only a stub moves.
+
+Tasks whose result the driver knows (`DriverKnown`) are not sent at all: a validate node off
+its `every` steps, a logp node whose forward the compiler proved redundant (its output is
+its input batch; train checks the versions of each batch again and runs the forward itself
+for one that is off-policy) and a param_update inside one actor (the policy is already the
+trained one). Each completes as a span of no length and costs no actor call; validate and
+logp complete at once even when chained behind a running task (logp's output is then that
+task's pending reference), which frees the group's chain slot for the next real task: it
+queues behind the running one instead of waiting for the driver. A param_update completes
+once the train step it follows has (the version it delivers exists only then).
 """
 
 from __future__ import annotations
@@ -22,7 +32,8 @@ from typing import Any
 
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime.pipeline import Pending, Task
-from rlgraph.runtime.weight_sync import Route, start_param_update
+from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
+from rlgraph.spec import Spec
 
 
 class WorkerError(RLGraphError):
@@ -41,11 +52,36 @@ class Completion:
 
 
 
+class DriverKnown:
+    """Which tasks the driver completes without an actor call, and with what (see above)."""
+
+    def __init__(self, spec: Spec, routes: dict[str, Route]) -> None:
+        from rlgraph.nodes.logp import skip_reason
+
+        self.every = {n: s.every for n, s in spec.nodes.items() if s.kind == "validate"}
+        self.skipped_logp = ({n for n, s in spec.nodes.items() if s.kind == "logp"}
+                             if skip_reason(spec) is not None else set())
+        self.local_updates = {n for n, r in routes.items() if r.src_actor is r.dst_actor}
+
+    def output(self, task: Task, inputs: list[Any]) -> tuple[Any, dict[str, Any]] | None:
+        """(output, info) of `task` if the driver knows them (times filled in later)."""
+        if task.node in self.every and task.step % self.every[task.node]:
+            return {"step": task.step}, {"summary": {}}
+        if task.node in self.skipped_logp and len(inputs) == 1:
+            return inputs[0], {"summary": {}}
+        if task.node in self.local_updates:
+            return None, local_update_info(task.step + 1)
+        return None
+
+
 class RayExecutor:
     """Submits tasks to the node's actor and collects completions with `ray.wait`."""
 
     def __init__(self, actors: dict[str, Any], routes: dict[str, Route],
-                 keep: dict[str, int] | None = None) -> None:
+                 keep: dict[str, int] | None = None, known: DriverKnown | None = None) -> None:
+        self.known = known
+        self.local: list[tuple[Task, Any, dict[str, Any], float]] = []  # driver-known tasks
+        self.known_outputs: dict[tuple[str, int], Any] = {}  # their outputs, until completed
         self.actors = actors  # node -> actor (colocated nodes share one)
         self.routes = routes  # param_update node -> route
         self.keep = keep or {}  # node -> consumers on its own actor (its output stays there)
@@ -56,6 +92,13 @@ class RayExecutor:
     def submit(self, task: Task) -> None:
         """Start `task` on its actor (queued behind `task.behind` when chained)."""
         sent = time.time()
+        values = [self._pending_output(v) if isinstance(v, Pending) else v
+                  for v in task.inputs.values()]
+        known = self.known.output(task, values) if self.known is not None else None
+        if known is not None:
+            self.local.append((task, *known, sent))
+            self.known_outputs[(task.node, task.step)] = known[0]
+            return
         if task.kind == "param_update":
             info, sender = start_param_update(self.routes[task.node], task.step)
             if sender is not None:
@@ -63,22 +106,42 @@ class RayExecutor:
             self._track(task, None, info, sent)
             return
         names = list(task.inputs)
-        values = [self.refs[(v.node, v.step)][0] if isinstance(v, Pending) else v
-                  for v in task.inputs.values()]
         keep = self.keep.get(task.node, 0)
         output, info = self.actors[task.node].run.options(num_returns=2).remote(
             task.node, task.step, names, *values, keep=keep)
         self._track(task, output, info, sent)
+
+    def _pending_output(self, pending: Pending) -> Any:
+        """The output (reference) of a task still running, or still to be completed here."""
+        key = (pending.node, pending.step)
+        return self.refs[key][0] if key in self.refs else self.known_outputs[key]
 
     def _track(self, task: Task, output: Any, info: Any, sent: float) -> None:
         self.pending[info] = (task, output, sent)
         self.refs[(task.node, task.step)] = (output, info, task.kind)
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self.pending) + len(self.local)
 
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Every task finished by now (at least one unless `timeout` passes first)."""
+        ready = [item for item in self.local if self._may_complete(item[0])]
+        if ready:  # driver-known tasks: done now, in the order they were submitted
+            now = time.time()
+            for item in ready:
+                self.local.remove(item)
+                self.known_outputs.pop((item[0].node, item[0].step), None)
+            return [Completion(task, output, {**info, "start": now, "end": now}, sent)
+                    for task, output, info, sent in ready]
+        return self._wait_actors(timeout)
+
+    def _may_complete(self, task: Task) -> bool:
+        """A driver-known task completes at once, except a weight update: it delivers the
+        version of the train step it follows, so not before that step has finished."""
+        return (task.kind != "param_update" or task.behind is None
+                or tuple(task.behind) not in self.refs)
+
+    def _wait_actors(self, timeout: float | None) -> list[Completion]:
         import ray
 
         if not self.pending:
@@ -122,5 +185,7 @@ class RayExecutor:
     def cancel_all(self) -> None:
         """Forget pending tasks (their actors are killed by the caller)."""
         self.pending.clear()
+        self.local.clear()
+        self.known_outputs.clear()
         self.refs.clear()
         self.senders.clear()

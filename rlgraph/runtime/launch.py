@@ -130,6 +130,8 @@ def run_main(args: argparse.Namespace) -> int:
 
     def on_ready(runner: Runner) -> None:
         nonlocal progress
+        for note in runner.notes[printed:]:  # what the actors measured at start-up
+            print(f"note: {note}", file=sys.stderr, flush=True)
         progress = RunProgress(steps, runner.first_step, enabled=getattr(args, "progress", True))
 
     def on_step(row: dict[str, Any]) -> None:
@@ -146,6 +148,7 @@ def run_main(args: argparse.Namespace) -> int:
     runner = Runner(spec, plan, options)
     for note in runner.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
+    printed = len(runner.notes)
     previous = _install_sigint(runner)
     terminated = _install_sigterm(runner)
     try:
@@ -213,6 +216,11 @@ def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Na
               f"(last {len(tail)}); lag/max {lag_max:g} <= bound "
               f"{plan['lag']['max_policy_lag']}; {result.wall_s:.1f}s running + "
               f"{result.startup_s:.1f}s start-up")
+    if rows and "val/accuracy" in rows[-1]:
+        last = rows[-1]
+        print(f"final validation (policy version {last['val/policy_version']:g}): accuracy "
+              f"{last['val/accuracy']:.3f} (exact match), reward/mean "
+              f"{last['val/reward/mean']:.3f} on {last['val/samples']:g} held-out prompts")
     if result.lag_violations:
         print(f"WARNING: {result.lag_violations} steps trained on tokens older than the proven "
               f"bound {plan['lag']['max_policy_lag']} (a runtime bug; see metrics.jsonl)",

@@ -25,7 +25,7 @@ from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
-from rlgraph.runtime.executor import Completion, RayExecutor, WorkerError
+from rlgraph.runtime.executor import Completion, DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
@@ -220,14 +220,21 @@ class Runner:
     def _wait_ready(self) -> None:
         import ray
 
-        refs = [actor.ready.remote() for group in self.replicas.values() for actor in group]
+        refs = {name: group[0].ready.remote() for name, group in self.replicas.items()}
+        rest = [actor.ready.remote() for group in self.replicas.values() for actor in group[1:]]
         try:
-            ray.get(self._builds + refs)
+            infos = ray.get(self._builds + list(refs.values()) + rest)[len(self._builds):]
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
                 raise cause from None
             raise WorkerError(f"an actor failed to build its workspace: {cause or exc}") from exc
+        for name, info in zip(refs, infos):  # rlgraph.runtime.threads: measured at start-up
+            if info.get("thread_seconds"):
+                timing = ", ".join(f"{n} thread(s) {s * 1e3:.1f} ms" for n, s in
+                                   info["thread_seconds"].items())
+                self.notes.append(f"groups.{name}: runs on {info['threads']} torch thread(s) "
+                                  f"per process (a step's forward + backward took {timing})")
 
     # ------------------------------------------------------------ the run
 
@@ -282,7 +289,9 @@ class Runner:
         pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,
                             capacities=self.plan.get("channels"), start_step=first,
                             preloaded=preloaded)
-        executor = RayExecutor(self.actors, self._routes(), self._kept_outputs())
+        routes = self._routes()
+        executor = RayExecutor(self.actors, routes, self._kept_outputs(),
+                               DriverKnown(self.spec, routes))
         report = _Report(self, result, MetricsWriter(out, first, opts.tensorboard),
                          ckpt.Ledger(out, first_step=first))
         t0 = time.time()
@@ -320,6 +329,8 @@ class Runner:
                 for task in pipeline.startable():  # react first, write metrics after
                     executor.submit(task)
                 report.flush()
+            if pipeline.finished and not result.stopped:
+                self._validate_final(result)
         except Exception as err:
             if isinstance(err, WorkerError):
                 (out / "error.log").write_text(
@@ -351,6 +362,17 @@ class Runner:
         if opts.checkpoint_every:
             return (step + 1) % opts.checkpoint_every == 0
         return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
+
+    def _validate_final(self, result: RunResult) -> None:
+        """The last validation, on the trainer (the final weights), after the last step: its
+        `val/*` figures go into the last row (`val/policy_version` says which version)."""
+        import ray
+
+        nodes = [n for n, k in self.kinds.items() if k == "validate"]
+        if not nodes or not result.rows:
+            return
+        figures = ray.get(self._train_actor().validate_final.remote(nodes[0], self.options.steps))
+        result.rows[-1].update(figures)
 
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info

@@ -299,8 +299,12 @@ def receive_nccl(workspace: Workspace, end: NcclEnd) -> dict:
 
 def local_sync(workspace: Workspace) -> dict:
     """param_update inside one workspace: the policy is already the trained one."""
+    return local_update_info(workspace.policy_version)
+
+
+def local_update_info(version: int) -> dict:
+    """The info of a param_update inside one workspace: nothing moves, `version` is live."""
     now = time.time()
-    version = workspace.policy_version
     return _info(now, now, version, 0, 0)
 
 
