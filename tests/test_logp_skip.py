@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rl_support import make_spec
 
 from rlgraph.compiler import compile_plan
+from rlgraph.spec import load_spec
 from rlgraph.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TASKS = ["generate", "logp", "reward", "train"]
 
@@ -79,3 +84,13 @@ def test_the_compiler_prices_logp_zero_exactly_when_it_is_provably_redundant(
     assert cost["detail"].startswith("skipped") == redundant
     assert any(m.startswith("logp: skipped") for m in plan["messages"]) == redundant
     assert plan["costs"]["ref_logp"]["seconds"] > 0  # the reference forward is never skipped
+
+
+def test_a_plan_priced_as_verls_hybrid_engine_keeps_old_log_prob() -> None:
+    """verl computes old_log_prob on every batch: engine sglang prices verl, and its
+    synchronous graph keeps the forward even where rlgraph's runtime would skip it."""
+    graph = ROOT / "graphs" / "verl-hybrid-engine.yaml"
+    ours = compile_plan(load_spec(graph))
+    verl = compile_plan(load_spec(graph, ["nodes.generate.engine=sglang"]))
+    assert ours["costs"]["logp"]["seconds"] == 0.0
+    assert verl["costs"]["logp"]["seconds"] > 0.0

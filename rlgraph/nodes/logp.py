@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
+from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 from rlgraph.presets import COSTS
 
 if TYPE_CHECKING:
@@ -40,8 +41,11 @@ def trained_once(spec: Spec) -> bool:
 def skip_reason(spec: Spec) -> str | None:
     """Why the old-log-prob forward is provably redundant for every batch of this graph, or
     None: max_lag 0 without partial rollout (every token is sampled by the version train
-    starts from) and one update per batch (the proximal policy is the trained one)."""
+    starts from) and one update per batch (the proximal policy is the trained one). A plan
+    priced as verl's hybrid engine never skips: verl computes old_log_prob on every batch."""
     if spec.schedule.max_lag != 0 or spec.schedule.partial_rollout or not trained_once(spec):
+        return None
+    if hybrid_engine_priced(spec):
         return None
     return ("skipped: max_lag 0 and one update per batch (mini_batches 1, epochs 1), so the "
             "PPO ratio is 1 and train's own forward, detached, gives the old log-probs")
