@@ -55,6 +55,10 @@ class Workspace:
         self.base_dir = source.parent if source.exists() else None
         self.policy_version = 0
         self.lock = threading.RLock()
+        # the second buffer: a bucket is never written while a switch copies out of it (the
+        # receiver's thread would otherwise see `staged` already taken and stage into a
+        # buffer the switch then resets)
+        self._staging = threading.Lock()
         self.staged: tuple[int, Callable[[], object]] | None = None  # whole, not switched in
         self.pause_s = 0.0  # time policy users waited for switches (taken by `take_pause_s`)
         self._buffer: DualBuffer | None = None
@@ -117,10 +121,11 @@ class Workspace:
         """Stage a bucket in the second buffer, `consume_mb` at a time; the live policy is
         untouched. A staged version nobody switched in yet goes in first (staging is reused)."""
         self.switch_if_staged()
-        if self._buffer is None:
-            self._buffer = DualBuffer(self.policy)
         consume = None if consume_mb is None else max(1, int(consume_mb * 2**20))
-        self._buffer.receive(bucket, consume)
+        with self._staging:
+            if self._buffer is None:
+                self._buffer = DualBuffer(self.policy)
+            self._buffer.receive(bucket, consume)
 
     def stage_weights(self, version: int, switch: Callable[[], object] | None = None) -> None:
         """Mark `version` staged whole: the buckets received (default), or a transport's own
@@ -138,7 +143,7 @@ class Workspace:
         cheaply, when nothing new is staged. The time it takes is added to `pause_s`."""
         if self.staged is None:
             return None
-        with self.lock:
+        with self.lock, self._staging:  # taken and copied out before a bucket may land
             staged, self.staged = self.staged, None
             if staged is None:
                 return None

@@ -82,3 +82,42 @@ def test_checkpoint_roundtrip(pair) -> None:
     sender.load_checkpoint(state)
     assert sender.weights_digest() == digest_before and sender.policy_version == version
     assert state["optimizer"]["state"]  # Adam moments travel with the checkpoint
+
+
+def test_a_bucket_never_lands_while_another_thread_switches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generate's thread (or a checkpoint) switches version v in while the receiver's thread
+    already stages v+1: the switch finishes first, so v+1 arrives whole and v is not mixed
+    with it (seen as 'staged 0/0 buckets' when the switch reset a buffer mid-receive)."""
+    import threading
+    import time
+
+    from rlgraph.dual_buffer import DualBuffer
+
+    switching = threading.Event()
+    plain_switch = DualBuffer.switch
+
+    def slow_switch(self: DualBuffer) -> None:
+        switching.set()
+        time.sleep(0.2)  # the receiver's thread runs now
+        plain_switch(self)
+
+    monkeypatch.setattr(DualBuffer, "switch", slow_switch)
+    spec = make_spec(train={"lr": 1e-2})
+    sender, receiver = Workspace(spec, ["train"], seed=0), Workspace(spec, ["generate"], seed=0)
+    _train_once(sender)
+    for bucket in sender.export_weights(bucket_mb=0.005):
+        receiver.receive_bucket(bucket)
+    receiver.stage_weights(1)
+    v1 = sender.weights_digest()
+    _train_once(sender)
+    v2 = sender.export_weights(bucket_mb=0.005)
+    switcher = threading.Thread(target=receiver.switch_if_staged)
+    switcher.start()
+    assert switching.wait(5)
+    for bucket in v2:
+        receiver.receive_bucket(bucket)
+    switcher.join()
+    assert receiver.policy_version == 1 and receiver.weights_digest() == v1
+    receiver.commit_weights(2)
+    assert receiver.weights_digest() == sender.weights_digest()
