@@ -65,7 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, write_result
 
 GRAPH = ROOT / "graphs" / "longtail.yaml"
 WARMUP_STEPS = 3
@@ -338,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "table": lines,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "async_vs_sync.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("async_vs_sync.json", result)
     plot(results, level, RESULTS / "async_vs_sync.png")
     print("\n".join(lines))
     for name, why in skipped.items():

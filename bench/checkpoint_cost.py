@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS, ROOT, machine
+from common import ROOT, machine, write_result
 
 from rlgraph.models import build_model
 from rlgraph.runtime import checkpoint as ckpt
@@ -74,8 +74,7 @@ def main() -> None:
               "params": sum(p.numel() for p in policy.parameters()), "checkpoint_bytes": size,
               "repeats": args.repeats, **{k: figures(v) for k, v in times.items()},
               "machine": machine(), "command": "python bench/checkpoint_cost.py"}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "checkpoint_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("checkpoint_cost.json", result)
     print(json.dumps(result, indent=2))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 from pathlib import Path
@@ -69,3 +70,11 @@ def quickstart_args(description: str, argv: list[str] | None, steps: int | None 
     parser.add_argument("--run-dir", help="use this finished run instead of running")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides")
     return parser.parse_args(argv)
+
+
+def write_result(name: str, result: dict) -> Path:
+    """Write `result` to bench/results/NAME (indented JSON) and return the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

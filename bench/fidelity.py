@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine
+from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.search import tune
@@ -271,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "fidelity", "machine": machine(), "targets": {
         "speedup_within": SPEEDUP_TARGET, "median_abs_log": MEDIAN_LOG_TARGET,
         "phase_within": PHASE_TARGET}, "summary": summary, "cases": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("fidelity.json", result)
     print(markdown(rows, summary))
     print(f"\n{summary['within_target']}/{summary['cases']} cases within target, "
           f"{summary['phases_within_target']}/{summary['phases']} phase times within ±30%; "

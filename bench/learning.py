@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine, quickstart_args
+from common import RESULTS, ROOT, machine, quickstart_args, write_result
 
 WALL_TARGET_S = 300.0
 GAIN_TARGET = 0.3
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "time/step_s", "loss/kl", "policy/version")}
                   for r in rows],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learning.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("learning.json", result)
     title = (f"quickstart: reward {first:.2f} (first 10) -> {last:.2f} (last 10)"
              + (f", {wall:.0f} s wall" if wall else ""))
     plot(rows, RESULTS / "learning.png", title)

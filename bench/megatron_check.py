@@ -25,7 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import RESULTS, machine
+from bench.common import machine, write_result
 
 
 def _loss(model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, prompt: int,
@@ -183,8 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(run))
     if args.cpu:
         return results
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "megatron-check.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_result("megatron-check.json", results)
     return results
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
 from rlgraph.spec import load_spec
@@ -129,8 +129,7 @@ def main() -> int:
               "summary": {"runs": len(rows), "current_runtime": len(current),
                           "within_target": sum(r["within_target"] for r in current)},
               "split_vs_colocated_cpu": verdicts(cpu), "runs": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "own_runs.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("own_runs.json", result)
     print(markdown(rows))
     print(f"\n{result['summary']['within_target']}/{len(current)} runs of the current runtime "
           f"within ±25%; split vs colocated on CPU {result['split_vs_colocated_cpu']}; wrote "

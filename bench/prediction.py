@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine, quickstart_args
+from common import ROOT, machine, quickstart_args, write_result
 
 TARGET = 0.15
 WARMUP_STEPS = 3
@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibrated_costs_s": {n: c["seconds"] for n, c in calibrated["costs"].items()},
         "bottleneck": calibrated["schedule"].get("bottleneck"),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "prediction.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("prediction.json", result)
     print(f"measured {measured * 1e3:.0f} ms/step, predicted {predicted * 1e3:.0f} ms/step "
           f"after calibration ({error:+.1%}, target within {TARGET:.0%}); uncalibrated "
           f"{uncalibrated['schedule']['period_s'] * 1e3:.0f} ms; wrote "

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, quickstart_args
+from common import machine, quickstart_args, write_result
 
 TARGET = 0.05
 WARMUP_STEPS = 2  # the first steps pay one-off costs (allocator, first forward)
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                        "max": max(gaps) * 1e3 if gaps else 0.0},
         "path_nodes": [f"{e['node']}({e['step']})" for e in path.spans],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "runtime_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("runtime_overhead.json", result)
     print(f"step {step_s * 1e3:.0f} ms, of which runtime overhead {per_step_s * 1e3:.1f} ms "
           f"({path.overhead_fraction:.1%}, target < {TARGET:.0%}) over {path.steps} steps; "
           f"{len(gaps)} hops on the critical path, median gap "
