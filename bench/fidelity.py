@@ -26,9 +26,9 @@ from typing import Any
 from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
-from rlgraph.compiler.search import tune
 from rlgraph.errors import SpecError
-from rlgraph.spec import load_spec
+from rlgraph.spec.load import load_spec
+from rlgraph.tune.search import tune
 
 SPEEDUP_TARGET = 0.25
 MEDIAN_LOG_TARGET = 0.15

@@ -74,7 +74,7 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     """Lengths of the samples trained on (the ledger's positions) against those started (every
     admitted position; synchronous: the trained ones), with the forced length of each."""
-    from rlgraph.data import forced_length
+    from rlgraph.rl.data import forced_length
     from rlgraph.runtime.checkpoint import read_ledger
 
     data = spec.data
@@ -107,7 +107,7 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     """One schedule of `graph` for `steps` train steps (see the module docstring)."""
     from rlgraph.compiler import compile_plan
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
+    from rlgraph.spec.load import load_spec
 
     spec = load_spec(graph, overrides)
     plan = compile_plan(spec)
@@ -156,10 +156,10 @@ def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     import torch
 
     from bench.gpu_bench import copy_bandwidth
-    from rlgraph.data import draw_length
     from rlgraph.engines.static_decode import Request, StaticDecoder
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.data import draw_length
+    from rlgraph.spec.load import load_spec
+    from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"

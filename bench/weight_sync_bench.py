@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlgraph.runtime import weight_sync
     from rlgraph.runtime.actors import start_actor
-    from rlgraph.spec import load_spec
+    from rlgraph.spec.load import load_spec
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     hidden = args.hidden

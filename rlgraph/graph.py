@@ -14,7 +14,7 @@ import networkx as nx
 
 from rlgraph.errors import SpecError, did_you_mean
 from rlgraph.nodes import KINDS
-from rlgraph.spec import Spec
+from rlgraph.spec.schema import Spec
 
 
 def parse_edge(text: str, index: int) -> tuple[str, str]:

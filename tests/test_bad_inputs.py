@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgraph.cli import main
+from rlgraph.cli.main import main
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlgraph.cli import main
-from rlgraph.models import build_model
+from rlgraph.cli.main import main
+from rlgraph.cli.run import prepare
+from rlgraph.model.build import build_model
+from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.cluster import existing_cluster_note, join_failure
 from rlgraph.runtime.hf_folder import policy_files
-from rlgraph.runtime.launch import prepare
-from rlgraph.spec import load_spec
-from rlgraph.tokenizer import CharTokenizer
+from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 QUICKSTART, LONGTAIL = GRAPHS / "quickstart.yaml", GRAPHS / "longtail.yaml"
@@ -223,8 +223,8 @@ def test_corrupted_sync_is_caught_by_the_digest():
     from rl_support import make_spec
 
     from rlgraph.runtime.weight_sync import check_digest
-    from rlgraph.weights import WeightSyncError, digest
-    from rlgraph.workspace import Workspace
+    from rlgraph.weights.buckets import WeightSyncError, digest
+    from rlgraph.worker.workspace import Workspace
 
     spec = make_spec()
     sender, receiver = Workspace(spec, ["train"]), Workspace(spec, ["generate"])

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlgraph.cli import PLAN_FILES, CLIError, _lazy, main, out_dir_for, parse_args
+from rlgraph.cli.main import PLAN_FILES, CLIError, _lazy, main, out_dir_for, parse_args
 from rlgraph.errors import MissingDependencyError, SpecError
-from rlgraph.summary import device_ranges
+from rlgraph.report.summary import device_ranges
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
@@ -113,14 +113,14 @@ def test_run_and_tune_receive_the_parsed_args(monkeypatch: pytest.MonkeyPatch,
             return 7
         return entry
 
-    monkeypatch.setattr("rlgraph.cli._lazy", fake_lazy)
+    monkeypatch.setattr("rlgraph.cli.main._lazy", fake_lazy)
     assert main(["run", "g.yaml", "x=1", "--steps", "2", "--address", "auto"]) == 7
     module, attr, args = seen["run"]
-    assert (module, attr) == ("rlgraph.runtime.launch", "run_main")
+    assert (module, attr) == ("rlgraph.cli.run", "run_main")
     assert (args.graph, args.overrides, args.steps, args.address) == ("g.yaml", ["x=1"], 2,
                                                                       "auto")
     assert main(["tune", "g.yaml", "--json"]) == 7
-    assert seen["tune"][:2] == ("rlgraph.compiler.search", "tune_main")
+    assert seen["tune"][:2] == ("rlgraph.cli.tune", "run_tune")
 
 
 def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
@@ -128,7 +128,7 @@ def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
     def refuse(args):
         raise SpecError("tp 3 does not divide 4", ("nodes", "train", "tp"), hint="use 1, 2, 4")
 
-    monkeypatch.setattr("rlgraph.cli._lazy", lambda *a: refuse)
+    monkeypatch.setattr("rlgraph.cli.main._lazy", lambda *a: refuse)
     status, out, err = run_cli(capsys, "run", str(QUICKSTART))
     assert status == 2 and out == ""
     assert err == "graph.yaml:1:1: nodes.train.tp: tp 3 does not divide 4 (use 1, 2, 4)\n"
@@ -136,7 +136,7 @@ def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
     def crash(args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("rlgraph.cli._lazy", lambda *a: crash)
+    monkeypatch.setattr("rlgraph.cli.main._lazy", lambda *a: crash)
     with pytest.raises(ZeroDivisionError):
         main(["run", str(QUICKSTART)])
 
@@ -147,7 +147,7 @@ def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
 def test_timeline_redraws_a_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_timeline import fake_plan, simulate
 
-    from rlgraph.chrome_trace import chrome_trace
+    from rlgraph.report.chrome_trace import chrome_trace
 
     (tmp_path / "plan.json").write_text(json.dumps(fake_plan()))
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(simulate(8, 1, 1.3), "run")))
@@ -244,7 +244,7 @@ def test_every_example_graph_compiles(graph: Path, capsys: pytest.CaptureFixture
 def test_compile_process_imports_neither_torch_nor_ray(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys
-        from rlgraph.cli import main
+        from rlgraph.cli.main import main
         status = main(["compile", {str(QUICKSTART)!r}, "-o", {str(tmp_path)!r}])
         heavy = sorted(m for m in ("torch", "ray", "transformers") if m in sys.modules)
         print(status, heavy)
@@ -259,7 +259,7 @@ def test_calibrate_replaces_modelled_costs_with_measured_ones(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from test_timeline import simulate
 
-    from rlgraph.chrome_trace import chrome_trace
+    from rlgraph.report.chrome_trace import chrome_trace
 
     events = simulate(6, max_lag=1)  # same node names as the quickstart
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(events, "run")))

@@ -17,15 +17,16 @@ from rlgraph.compiler.calibrate import (
     calibration_from_events,
     load_calibration,
 )
-from rlgraph.compiler.cost import node_costs, switch_seconds
-from rlgraph.compiler.model import shape_of
+from rlgraph.compiler.costs import node_costs, switch_seconds
 from rlgraph.compiler.placement import place
+from rlgraph.compiler.shapes import shape_of
 from rlgraph.errors import SourceMap
 from rlgraph.graph import build_graph
-from rlgraph.lengths import LengthModel, expected_max, moments
+from rlgraph.nodes.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
-from rlgraph.presets import COST_SOURCES, COSTS, GPU_PRESETS, CostConstants
-from rlgraph.spec import validate_spec
+from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants
+from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.spec.load import validate_spec
 
 NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
 
@@ -259,7 +260,7 @@ def test_length_statistics_respect_the_clip(mean: float, spread: float, sigma: f
                                             dist: str, n: int) -> None:
     model = LengthModel(mean, mean * spread, dist, sigma, 1.5)
     clipped_mean, second = moments(model)
-    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.data.draw_length)
+    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.rl.data.draw_length)
     assert clipped_mean <= mean + 1 and second >= clipped_mean ** 2 * (1 - 1e-6)
     longest = expected_max(model, n)
     assert longest <= model.max * (1 + 1e-9)

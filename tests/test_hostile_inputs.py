@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from rlgraph.cli import main
+from rlgraph.cli.main import main
 from rlgraph.nodes.base import StrictModel
-from rlgraph.rewards import MAX_ABS_REWARD, RewardFnError, score_samples
+from rlgraph.rl.rewards import MAX_ABS_REWARD, RewardFnError, score_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
@@ -143,8 +143,8 @@ def test_reward_module_is_parsed_never_run(tmp_path: Path,
 
 
 def _sections() -> list[type[BaseModel]]:
-    """Every spec section class: subclasses of StrictModel, all loaded by rlgraph.spec."""
-    import rlgraph.spec  # noqa: F401  (loads every node kind)
+    """Every spec section class: subclasses of StrictModel, all loaded by rlgraph.spec.schema."""
+    import rlgraph.spec.schema  # noqa: F401  (loads every node kind)
 
     found, todo = [], [StrictModel]
     while todo:

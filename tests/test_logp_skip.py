@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from rl_support import make_spec
 
 from rlgraph.compiler import compile_plan
-from rlgraph.spec import load_spec
-from rlgraph.workspace import Workspace
+from rlgraph.spec.load import load_spec
+from rlgraph.worker.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from rl_support import make_spec
 
-from rlgraph.data import (
+from rlgraph.errors import SpecError
+from rlgraph.rl.data import (
     DECADES,
     LONGTAIL_MAX,
     WARM_START_MAX,
@@ -17,9 +18,8 @@ from rlgraph.data import (
     longtail_code,
     task_example,
 )
-from rlgraph.errors import SpecError
-from rlgraph.rewards import default_compute_score, length_credit
-from rlgraph.spec import load_spec
+from rlgraph.rl.rewards import default_compute_score, length_credit
+from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 

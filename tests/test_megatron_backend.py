@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlgraph.algorithms import policy_loss
 from rlgraph.backends.megatron_layout import (
     hf_to_megatron,
     layout_of,
@@ -18,13 +17,14 @@ from rlgraph.backends.megatron_layout import (
     merge_tp,
     split_tp,
 )
-from rlgraph.dual_buffer import DualBuffer
+from rlgraph.engines.cpu_decode import position_ids, token_logp
 from rlgraph.errors import SpecError
-from rlgraph.models import build_model
-from rlgraph.sampling import position_ids, token_logp
-from rlgraph.spec import ModelSpec
-from rlgraph.tokenizer import build_tokenizer
-from rlgraph.weights import digest, export_buckets
+from rlgraph.model.build import build_model
+from rlgraph.model.tokenizer import build_tokenizer
+from rlgraph.rl.loss import policy_loss
+from rlgraph.spec.schema import ModelSpec
+from rlgraph.weights.buckets import digest, export_buckets
+from rlgraph.weights.dual_buffer import DualBuffer
 
 # megatron-core warns at import about Apex / Transformer Engine it does not need here
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -277,7 +277,7 @@ def test_torch_groups_keep_their_model_and_mixed_groups_are_refused(tiny) -> Non
 @needs_megatron
 def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> None:
     from rlgraph.backends.megatron import MegatronPolicy
-    from rlgraph.workspace import Workspace
+    from rlgraph.worker.workspace import Workspace
 
     torch_spec = _spec({}, {})
     mg_spec = _spec({"backend": "megatron"}, {"backend": "megatron"})

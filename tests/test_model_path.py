@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlgraph.errors import SpecError
-from rlgraph.spec import load_spec
+from rlgraph.spec.load import load_spec
 
 GRAPH = """name: mine
 cluster: {{local: true, cpus: 2}}

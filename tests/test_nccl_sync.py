@@ -9,8 +9,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rlgraph.errors import MissingDependencyError
-from rlgraph.runtime import nccl_sync
-from rlgraph.runtime.nccl_sync import ALIGN, Layout, WeightSyncError
+from rlgraph.weights import nccl as nccl_sync
+from rlgraph.weights.nccl import ALIGN, Layout, WeightSyncError
 
 PRODUCE_MB = 64 / 1024  # 64 KiB produce buckets
 CONSUME_MB = 16 / 1024  # 16 KiB consume chunks

@@ -17,14 +17,14 @@ import pytest
 import torch
 from rl_support import MICRO, make_spec
 
-from rlgraph.algorithms import policy_loss
-from rlgraph.models import build_model
-from rlgraph.rollout import RolloutCache, generate_round
+from rlgraph.engines.cpu_decode import pack, token_logp
+from rlgraph.engines.partial_rollout import RolloutCache, generate_round
+from rlgraph.model.build import build_model
+from rlgraph.model.tokenizer import CharTokenizer
+from rlgraph.rl.loss import policy_loss
 from rlgraph.runtime.checkpoint import load_checkpoint, save_checkpoint
-from rlgraph.sampling import pack, token_logp
-from rlgraph.spec import Spec
-from rlgraph.tokenizer import CharTokenizer
-from rlgraph.workspace import Workspace
+from rlgraph.spec.schema import Spec
+from rlgraph.worker.workspace import Workspace
 
 TOK = CharTokenizer()
 TEMPERATURE = 1.0
@@ -346,7 +346,7 @@ def test_worker_switches_to_staged_weights_at_the_start_of_a_call() -> None:
     with torch.no_grad():
         for p in sender.parameters():
             p.add_(0.01)
-    from rlgraph.weights import export_buckets
+    from rlgraph.weights.buckets import export_buckets
 
     for bucket in export_buckets(sender.state_dict(), 1, 0.01):
         ws.receive_bucket(bucket)
@@ -380,7 +380,7 @@ schedule: {max_lag: 1, partial_rollout: true, steps: 4}
 
 @pytest.mark.runtime
 def test_rlgraph_run_with_partial_rollout(cluster, tmp_path: Path) -> None:
-    from rlgraph.cli import main
+    from rlgraph.cli.main import main
     from rlgraph.runtime.metrics import read_rows
 
     graph = tmp_path / "partial.yaml"

@@ -9,7 +9,7 @@ import pytest
 
 from rlgraph.compiler.placement import largest_remainder, place
 from rlgraph.errors import SourceMap, SpecError
-from rlgraph.spec import load_spec, validate_spec
+from rlgraph.spec.load import load_spec, validate_spec
 
 GRAPHS = Path(__file__).parent / "graphs_compiler"
 

@@ -1,4 +1,4 @@
-"""Data parallelism inside a group (rlgraph.replicas): a step's rows are shared out at GRPO
+"""Data parallelism inside a group (rlgraph.worker.replicas): a step's rows are shared out at GRPO
 groups and joined back unchanged; two replicas train the step one process would, and stay
 bit-identical; replicated generate samples every prompt of a step once; whole runs with
 replicated groups (colocated, split over the object store, split over gloo with partial
@@ -13,17 +13,17 @@ import pytest
 import torch
 from rl_support import make_spec
 
-from rlgraph.batch import concat_rows, group_rows, shard_bounds, take_rows
+from rlgraph.engines.cpu_decode import pack
 from rlgraph.errors import SpecError
-from rlgraph.sampling import pack
-from rlgraph.workspace import Workspace
+from rlgraph.rl.batch import concat_rows, group_rows, shard_bounds, take_rows
+from rlgraph.worker.workspace import Workspace
 
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.runtime.actors import start_replicas  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec import load_spec  # noqa: E402
+from rlgraph.spec.load import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

@@ -8,9 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rl_support import MICRO, make_spec
 
-from rlgraph.algorithms import grpo_advantages, kl_penalty, policy_loss
-from rlgraph.models import build_model
-from rlgraph.sampling import (
+from rlgraph.engines.cpu_decode import (
     Decoder,
     length_batches,
     pack,
@@ -19,7 +17,9 @@ from rlgraph.sampling import (
     token_logp_passes,
     top_p_filter,
 )
-from rlgraph.tokenizer import CharTokenizer
+from rlgraph.model.build import build_model
+from rlgraph.model.tokenizer import CharTokenizer
+from rlgraph.rl.loss import grpo_advantages, kl_penalty, policy_loss
 
 TOK = CharTokenizer()
 PROMPTS = [TOK.encode_prompt(p) for p in ["1+2=", "33+4=", "copy abcd:", "7="]]

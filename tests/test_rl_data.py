@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from rl_support import make_spec
 
-from rlgraph.data import DataError, DataSource, forced_length, task_example, write_task_file
 from rlgraph.errors import SpecError
-from rlgraph.rewards import (
+from rlgraph.model.tokenizer import CharTokenizer
+from rlgraph.rl.data import DataError, DataSource, forced_length, task_example, write_task_file
+from rlgraph.rl.rewards import (
     RewardFnError,
     exact_match,
     last_number_match,
     load_reward_fn,
     score_samples,
 )
-from rlgraph.tokenizer import CharTokenizer
 
 
 def test_batches_are_a_function_of_seed_and_step() -> None:
@@ -95,13 +95,13 @@ def test_user_reward_fn_from_file_and_module(tmp_path: Path) -> None:
     scores = score_samples(fn, "score.py:compute_score", ["d", "d"], ["ba", "ab"],
                            ["ab", "ab"], [{}, {}], ["u0", "u1"])
     assert scores == [1.0, 0.0]
-    assert load_reward_fn("rlgraph.rewards:exact_match") is exact_match
+    assert load_reward_fn("rlgraph.rl.rewards:exact_match") is exact_match
     with pytest.raises(SpecError, match="has no function 'nope'"):
-        load_reward_fn("rlgraph.rewards:nope", key=("nodes", "reward", "fn"))
+        load_reward_fn("rlgraph.rl.rewards:nope", key=("nodes", "reward", "fn"))
     with pytest.raises(SpecError, match="does not exist"):
         load_reward_fn("missing.py:f", base_dir=tmp_path)
     with pytest.raises(SpecError, match="not 'module:function'"):
-        load_reward_fn("rlgraph.rewards.exact_match")
+        load_reward_fn("rlgraph.rl.rewards.exact_match")
 
 
 def test_failing_reward_fn_names_fn_and_sample(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_failing_reward_fn_names_fn_and_sample(tmp_path: Path) -> None:
 
 
 def test_forced_lengths_are_seeded_per_sample_and_clipped_at_max() -> None:
-    from rlgraph.spec import ResponseLength
+    from rlgraph.spec.schema import ResponseLength
 
     lengths = ResponseLength(mean=512, max=8192, dist="lognormal", sigma=1.0)
     draws = [forced_length(0, p, k, lengths) for p in range(400) for k in range(4)]

@@ -1,6 +1,6 @@
 """The quickstart learns, without Ray: the serial driver of the one-step-off schedule.
 
-`rlgraph.serial.run_serial` plays the runtime's part in one process: generate runs
+`rlgraph.runtime.serial.run_serial` plays the runtime's part in one process: generate runs
 `max_lag` steps ahead of train on its own workspace, with weights `max_lag` versions old,
 and every train step is followed by a bucketed weight sync train -> generate. The test pins
 a reward gain (the regression test of the RL core), the lag bound and the prompt ledger.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from rl_support import make_spec
 
-from rlgraph.serial import run_serial
+from rlgraph.runtime.serial import run_serial
 
 # The quickstart's RL settings (graphs/quickstart.yaml), on the tiny preset.
 QUICKSTART = dict(

@@ -6,8 +6,8 @@ import pytest
 import torch
 from rl_support import make_spec
 
-from rlgraph.weights import WeightSyncError, digest, export_buckets
-from rlgraph.workspace import Workspace
+from rlgraph.weights.buckets import WeightSyncError, digest, export_buckets
+from rlgraph.worker.workspace import Workspace
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     import threading
     import time
 
-    from rlgraph.dual_buffer import DualBuffer
+    from rlgraph.weights.dual_buffer import DualBuffer
 
     switching = threading.Event()
     plain_switch = DualBuffer.switch

@@ -14,7 +14,7 @@ import torch
 from rlgraph.compiler import compile_plan
 from rlgraph.runtime import cluster
 from rlgraph.runtime.actors import to_host
-from rlgraph.spec import load_spec
+from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "bench" / "graphs_gpu"
 SPLIT = GRAPHS / "split-one-step-off.yaml"

@@ -19,12 +19,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from rlgraph.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.runtime.checkpoint import load_checkpoint, read_ledger  # noqa: E402
 from rlgraph.runtime.metrics import REQUIRED_KEYS, read_rows  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec import load_spec  # noqa: E402
+from rlgraph.spec.load import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 
@@ -150,7 +150,7 @@ def test_stopped_run_resumes_at_k_and_trains_the_same_prompts(runs, tmp_path):
 
 
 def test_ctrl_c_handler_requests_a_clean_stop():
-    from rlgraph.runtime.launch import _install_sigint
+    from rlgraph.cli.run import _install_sigint
 
     class Probe:
         stopped = False
@@ -169,7 +169,7 @@ def test_ctrl_c_handler_requests_a_clean_stop():
 
 
 def test_missing_gpus_and_unreachable_cluster_are_clear_errors(cluster, tmp_path, capsys):
-    from rlgraph.cli import main
+    from rlgraph.cli.main import main
 
     out = tmp_path / "gpu-run"
     status = main(["run", str(QUICKSTART), "cluster={nodes: 1, gpus_per_node: 2, gpu: H100}",

@@ -28,14 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlgraph.compiler import compile_plan
-from rlgraph.compiler.bound import enumerated_cycle_ratio, max_cycle_ratio
-from rlgraph.compiler.cost import node_costs
+from rlgraph.compiler.costs import node_costs
+from rlgraph.compiler.period_bound import enumerated_cycle_ratio, max_cycle_ratio
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.schedule import LowestStepFirst, simulate, steady_state
-from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec import validate_spec
+from rlgraph.spec.load import validate_spec
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,9 @@ import yaml
 
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec import SEED_WORDS, json_schema, load_spec, parse_yaml, validate_spec
+from rlgraph.spec.load import SEED_WORDS, load_spec, validate_spec
+from rlgraph.spec.safe_yaml import parse_yaml
+from rlgraph.spec.schema import json_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))

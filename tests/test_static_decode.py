@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlgraph.engines.static_decode import Request, StaticDecoder
-from rlgraph.presets import MODEL_PRESETS
+from rlgraph.presets.models import MODEL_PRESETS
 
 MAX_NEW = 12
 

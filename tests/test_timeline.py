@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlgraph.chrome_trace import chrome_trace, events_from_trace
-from rlgraph.timeline import (
+from rlgraph.report.chrome_trace import chrome_trace, events_from_trace
+from rlgraph.report.timeline import (
     fmt_seconds,
     render_html,
     steady_period,

@@ -16,17 +16,17 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from rlgraph.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.graph import build_graph  # noqa: E402
+from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.runtime import weight_sync  # noqa: E402
 from rlgraph.runtime.actors import start_actor  # noqa: E402
 from rlgraph.runtime.metrics import read_rows  # noqa: E402
 from rlgraph.runtime.pipeline import Pipeline  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec import load_spec  # noqa: E402
-from rlgraph.weights import WeightSyncError  # noqa: E402
-from rlgraph.workspace import Workspace  # noqa: E402
+from rlgraph.spec.load import load_spec  # noqa: E402
+from rlgraph.weights.buckets import WeightSyncError  # noqa: E402
+from rlgraph.worker.workspace import Workspace  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlgraph.compiler.cost import NodeCost
-from rlgraph.presets import COSTS
-from rlgraph.spec import Spec
+from rlgraph.compiler.costs import NodeCost
+from rlgraph.presets.costs import COSTS
+from rlgraph.spec.schema import Spec
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlgraph.models import with_cache
+from rlgraph.model.build import with_cache
 
 ATTN_NAME = "rlgraph_static"
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
-    from rlgraph.presets import GPUPreset, ModelShape
-    from rlgraph.spec import Spec
+    from rlgraph.presets.gpus import GPUPreset
+    from rlgraph.presets.models import ModelShape
+    from rlgraph.spec.schema import Spec
 
 
 # Every int and float key of every section declares a lower and an upper bound, and no

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Literal
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.nodes.rollout_cost import hybrid_engine_priced
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
     import torch
 
-    from rlgraph.batch import Batch
-    from rlgraph.spec import Spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.spec.schema import Spec
+    from rlgraph.worker.workspace import Workspace
 
 
 class LogpSpec(ParallelNodeSpec):
@@ -92,7 +92,7 @@ class LogpWorker:
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Forward the batch of `step` (no gradient) and add this node's log-probs; an
         on-policy batch trained once gets none (train uses its own forward, detached)."""
-        from rlgraph.batch import check_step, merge
+        from rlgraph.rl.batch import check_step, merge
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -106,7 +106,7 @@ class LogpWorker:
         padding), at the generate temperature."""
         import torch
 
-        from rlgraph.sampling import length_batches, token_logp, token_logp_passes
+        from rlgraph.engines.cpu_decode import length_batches, token_logp, token_logp_passes
 
         with self.ws.lock, torch.no_grad():
             model = getattr(self.ws, self.model_attr)

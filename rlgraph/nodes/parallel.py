@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlgraph import lengths
+from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 
 class ParallelNodeSpec(NodeSpec):

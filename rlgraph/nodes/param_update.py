@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, EdgeList, NodeKind, NodeSpec, StrictModel
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 
 class BucketSizes(StrictModel):

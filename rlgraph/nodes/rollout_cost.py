@@ -7,7 +7,7 @@ term, at forward_mfu of the replica's peak); the larger wins (H20's ridge point 
 FLOP/byte, so a large batch is compute-bound there). Every step also pays a floor per layer
 (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and, with
 tp > 1, two all-reduce latencies per layer. Lengths follow `data.response_len` (dist /
-sigma / alpha, clipped at max, `rlgraph.lengths`): rows finish along its survival curve, so
+sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows finish along its survival curve, so
 KV reads go with E[L^2] and a synchronous batch decodes until the expected longest of its
 samples, not always max.
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlgraph import lengths
+from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
 from rlgraph.nodes.parallel import compute_units
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
 
@@ -72,7 +72,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N_active * prompt tokens) plus decode (see the module).
 
-    Partial rollout (rlgraph.rollout) keeps `oversample * n` rows in flight and stops once a
+    Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
     batch of groups is complete, carrying the rest over. A step makes one token per decoding
     row, so a call takes about n * E[L] / live steps, live = min(alive * oversample * n,
     what the KV cache holds), where `alive` is the fraction of in-flight rows still

@@ -16,13 +16,13 @@ from rlgraph.nodes.base import (
 )
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
 from rlgraph.nodes.rollout_cost import hybrid_engine_priced
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
     import torch
 
-    from rlgraph.batch import Batch
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.worker.workspace import Workspace
 
 
 class TrainSpec(ParallelNodeSpec):
@@ -91,10 +91,10 @@ class TrainWorker:
         """Train on the batch of `step`; policy_version becomes step's version + 1."""
         import torch
 
-        from rlgraph.algorithms import batch_advantages, grpo_advantages
-        from rlgraph.batch import check_step, merge
+        from rlgraph.engines.cpu_decode import token_logp_passes
         from rlgraph.nodes.logp import on_policy
-        from rlgraph.sampling import token_logp_passes
+        from rlgraph.rl.batch import check_step, merge
+        from rlgraph.rl.loss import batch_advantages, grpo_advantages
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -167,7 +167,7 @@ class TrainWorker:
         all) at the full width."""
         import torch
 
-        from rlgraph.sampling import length_batches
+        from rlgraph.engines.cpu_decode import length_batches
 
         rows, width = mask.shape
         if self.node.micro_tokens:
@@ -177,7 +177,7 @@ class TrainWorker:
 
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
-        from rlgraph.batch import shard_bounds
+        from rlgraph.rl.batch import shard_bounds
 
         a, b = shard_bounds(hi - lo, self.ws.replicas.dp_rank, self.ws.replicas.dp_world)
         return slice(lo + a, lo + b)
@@ -193,8 +193,8 @@ class TrainWorker:
         `own_forward`: the old log-probs are this forward's, detached (on-policy, one update)."""
         import torch
 
-        from rlgraph.algorithms import policy_loss
-        from rlgraph.sampling import token_logp
+        from rlgraph.engines.cpu_decode import token_logp
+        from rlgraph.rl.loss import policy_loss
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
         tokens = t["mask"][rows].sum().clamp(min=1)

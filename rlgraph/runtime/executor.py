@@ -33,7 +33,7 @@ from typing import Any
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime.pipeline import Pending, Task
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
-from rlgraph.spec import Spec
+from rlgraph.spec.schema import Spec
 
 
 class WorkerError(RLGraphError):
