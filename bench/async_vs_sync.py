@@ -95,7 +95,7 @@ def colocated(graph: Path, replicas: int = 1) -> str:
     """The override putting every grouped task of the graph in one group on all cores (as
     `replicas` processes)."""
     sys.path.insert(0, str(ROOT))
-    from rlgraph.spec.load import load_spec
+    from rlgraph.config.load import load_spec
 
     tasks = [t for g in load_spec(graph).groups.values() for t in g.tasks]
     return (f"groups={{colocated: {{share: 1.0, tasks: [{', '.join(tasks)}], "
@@ -106,9 +106,9 @@ def refusal(graph: Path, overrides: list[str]) -> str | None:
     """Why `rlgraph run` would refuse this mode before starting (None: it runs it)."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.errors import RLGraphError
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec.load import load_spec
 
     try:
         spec = load_spec(graph, overrides)
@@ -173,7 +173,7 @@ def predictions(graph: Path, modes: dict[str, list[str]], runs: dict[str, Path]
     """Predicted period and speedup over sync per mode (see the module docstring)."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.compiler import compile_plan, load_calibration
-    from rlgraph.spec.load import load_spec
+    from rlgraph.config.load import load_spec
 
     def plan(name: str, calibration: Any = None) -> dict[str, Any]:
         return compile_plan(load_spec(graph, modes[name]), calibration)

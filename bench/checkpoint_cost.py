@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from common import ROOT, machine, write_result
 
+from rlgraph.config.load import load_spec
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime.hf_folder import policy_files
-from rlgraph.spec.load import load_spec
 from rlgraph.weights.buckets import digest
 
 

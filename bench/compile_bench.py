@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.config.load import load_spec, validate_spec  # noqa: E402
+from rlgraph.config.schema import Spec  # noqa: E402
 from rlgraph.errors import SourceMap  # noqa: E402
-from rlgraph.spec.load import load_spec, validate_spec  # noqa: E402
-from rlgraph.spec.schema import Spec  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "compile.json"
 SEED_TARGET_MS = 20.0

@@ -26,8 +26,8 @@ from typing import Any
 from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
+from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.spec.load import load_spec
 from rlgraph.tune.search import tune
 
 SPEEDUP_TARGET = 0.25

@@ -111,10 +111,10 @@ def trace_idle(events: list[dict[str, Any]], groups: list[str]) -> dict[str, flo
 def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """One plan for `args.steps` train steps: measured, predicted, calibrated; its PNG."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.report.chrome_trace import events_from_trace
     from rlgraph.report.timeline import write_timeline
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec.load import load_spec
 
     path = GRAPHS / f"{name}.yaml"
     overrides = list(args.overrides) + (DRY_OVERRIDES if DRY else [])

@@ -60,8 +60,8 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     calibrated periods. The run dir (checkpoints of GB size) stays in a temporary folder;
     its trace.json is copied to OUT/trace-NAME.json."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec.load import load_spec
 
     graph = name.removesuffix(PARTIAL)
     if name.endswith(PARTIAL):
@@ -126,8 +126,8 @@ def rollout_workspace(device: str, overrides: list[str], what: str) -> tuple[Any
     """The split graph with `overrides`, its rollout workspace on `device` (on CPU, a
     rehearsal: the static engine forced, eager) and the result header (machine, date, graph
     and `what` of it, build time)."""
+    from rlgraph.config.load import load_spec
     from rlgraph.nodes import generate as generate_mod
-    from rlgraph.spec.load import load_spec
     from rlgraph.worker.workspace import Workspace
 
     if device == "cpu":

@@ -74,7 +74,7 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     """Lengths of the samples trained on (the ledger's positions) against those started (every
     admitted position; synchronous: the trained ones), with the forced length of each."""
-    from rlgraph.rl.data import forced_length
+    from rlgraph.presets.tasks import forced_length
     from rlgraph.runtime.checkpoint import read_ledger
 
     data = spec.data
@@ -106,8 +106,8 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
              forced: bool) -> dict[str, Any]:
     """One schedule of `graph` for `steps` train steps (see the module docstring)."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec.load import load_spec
 
     spec = load_spec(graph, overrides)
     plan = compile_plan(spec)
@@ -156,9 +156,9 @@ def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
-    from rlgraph.rl.data import draw_length
-    from rlgraph.spec.load import load_spec
+    from rlgraph.presets.tasks import draw_length
     from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)

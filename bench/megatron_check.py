@@ -109,9 +109,9 @@ def worker(rank: int, tp: int, port: int, args: argparse.Namespace, queue: mp.Qu
 
     warnings.filterwarnings("ignore")
     from rlgraph.backends.megatron import build_megatron_policy
+    from rlgraph.config.schema import ModelSpec
     from rlgraph.model.build import build_model
     from rlgraph.model.tokenizer import build_tokenizer
-    from rlgraph.spec.schema import ModelSpec
 
     device = torch.device("cpu") if args.cpu else torch.device("cuda", rank)
     if device.type == "cuda":

@@ -69,8 +69,8 @@ def busy_share(fn) -> dict[str, float]:
 def main() -> int:
     import torch
 
+    from rlgraph.config.load import load_spec
     from rlgraph.rl.batch import take_rows
-    from rlgraph.spec.load import load_spec
     from rlgraph.worker.workspace import Workspace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

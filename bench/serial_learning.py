@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.runtime.serial import run_serial  # noqa: E402
-from rlgraph.spec.load import load_spec  # noqa: E402
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlgraph.spec.load import load_spec  # noqa: E402
-from rlgraph.spec.schema import Spec  # noqa: E402
+from rlgraph.config.load import load_spec  # noqa: E402
+from rlgraph.config.schema import Spec  # noqa: E402
 from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune  # noqa: E402
 from rlgraph.tune.space import Evaluator, SearchSpace  # noqa: E402
 

@@ -22,13 +22,13 @@ import torch
 
 from rlgraph.cli.main import main
 from rlgraph.cli.run import prepare
+from rlgraph.config.load import load_spec
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.cluster import existing_cluster_note, join_failure
 from rlgraph.runtime.hf_folder import policy_files
-from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 QUICKSTART, LONGTAIL = GRAPHS / "quickstart.yaml", GRAPHS / "longtail.yaml"

@@ -20,13 +20,13 @@ from rlgraph.compiler.calibrate import (
 from rlgraph.compiler.costs import node_costs, switch_seconds
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.load import validate_spec
 from rlgraph.errors import SourceMap
 from rlgraph.graph import build_graph
 from rlgraph.nodes.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants
 from rlgraph.presets.gpus import GPU_PRESETS
-from rlgraph.spec.load import validate_spec
 
 NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
 

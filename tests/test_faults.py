@@ -23,11 +23,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.errors import RLGraphError  # noqa: E402
 from rlgraph.rl.data import DataSource  # noqa: E402
 from rlgraph.runtime import checkpoint as ckpt  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec.load import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

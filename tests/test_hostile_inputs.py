@@ -143,8 +143,8 @@ def test_reward_module_is_parsed_never_run(tmp_path: Path,
 
 
 def _sections() -> list[type[BaseModel]]:
-    """Every spec section class: subclasses of StrictModel, all loaded by rlgraph.spec.schema."""
-    import rlgraph.spec.schema  # noqa: F401  (loads every node kind)
+    """Every spec section class: subclasses of StrictModel, all loaded by rlgraph.config.schema."""
+    import rlgraph.config.schema  # noqa: F401  (loads every node kind)
 
     found, todo = [], [StrictModel]
     while todo:

@@ -9,9 +9,9 @@ import pytest
 
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.lag import prove_lag, smallest_lag_for_best_period
+from rlgraph.config.load import validate_spec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec.load import validate_spec
 
 
 def spec_of(max_lag: int, partial: bool = False, nodes: dict[str, Any] | None = None,
@@ -113,7 +113,7 @@ def test_plan_reports_when_a_larger_lag_buys_nothing() -> None:
 def test_partial_rollout_that_cannot_carry_is_reported() -> None:
     """A trainer-bound plan holds generate at the lag bound: the cache can never carry."""
     from rlgraph.compiler import compile_plan
-    from rlgraph.spec.load import load_spec
+    from rlgraph.config.load import load_spec
 
     root = Path(__file__).resolve().parents[1]
     bound = compile_plan(load_spec(root / "graphs" / "quickstart.yaml",
@@ -132,7 +132,7 @@ GRAPHS = sorted((Path(__file__).resolve().parents[1] / "graphs").glob("*.yaml"))
 def test_large_max_lag_is_simulated_only_as_far_as_it_matters(graph: Path) -> None:
     """A max_lag of 256 compiles like 12 (the period is already at its lag-free bound), with
     the proof and channels still at 256, and simulates no more steps than max_lag 12."""
-    from rlgraph.spec.load import load_spec
+    from rlgraph.config.load import load_spec
 
     small = compile_plan(load_spec(graph, ["schedule.max_lag=12"]))
     large = compile_plan(load_spec(graph, ["schedule.max_lag=256"]))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rl_support import make_spec
 
 from rlgraph.compiler import compile_plan
-from rlgraph.spec.load import load_spec
+from rlgraph.config.load import load_spec
 from rlgraph.worker.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,18 +8,17 @@ from pathlib import Path
 import pytest
 from rl_support import make_spec
 
+from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.rl.data import (
+from rlgraph.presets.tasks import (
     DECADES,
     LONGTAIL_MAX,
     WARM_START_MAX,
-    DataSource,
     longtail_answer,
     longtail_code,
-    task_example,
 )
+from rlgraph.rl.data import DataSource, task_example
 from rlgraph.rl.rewards import default_compute_score, length_credit
-from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 

@@ -17,12 +17,12 @@ from rlgraph.backends.megatron_layout import (
     merge_tp,
     split_tp,
 )
+from rlgraph.config.schema import ModelSpec
 from rlgraph.engines.cpu_decode import position_ids, token_logp
 from rlgraph.errors import SpecError
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import build_tokenizer
 from rlgraph.rl.loss import policy_loss
-from rlgraph.spec.schema import ModelSpec
 from rlgraph.weights.buckets import digest, export_buckets
 from rlgraph.weights.dual_buffer import DualBuffer
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.spec.load import load_spec
 
 GRAPH = """name: mine
 cluster: {{local: true, cpus: 2}}

@@ -17,13 +17,13 @@ import pytest
 import torch
 from rl_support import MICRO, make_spec
 
+from rlgraph.config.schema import Spec
 from rlgraph.engines.cpu_decode import pack, token_logp
 from rlgraph.engines.partial_rollout import RolloutCache, generate_round
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.rl.loss import policy_loss
 from rlgraph.runtime.checkpoint import load_checkpoint, save_checkpoint
-from rlgraph.spec.schema import Spec
 from rlgraph.worker.workspace import Workspace
 
 TOK = CharTokenizer()

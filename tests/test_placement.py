@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from rlgraph.compiler.placement import largest_remainder, place
+from rlgraph.config.load import load_spec, validate_spec
 from rlgraph.errors import SourceMap, SpecError
-from rlgraph.spec.load import load_spec, validate_spec
 
 GRAPHS = Path(__file__).parent / "graphs_compiler"
 

@@ -21,9 +21,9 @@ from rlgraph.worker.workspace import Workspace
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.runtime.actors import start_replicas  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec.load import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

@@ -10,7 +10,8 @@ from rl_support import make_spec
 
 from rlgraph.errors import SpecError
 from rlgraph.model.tokenizer import CharTokenizer
-from rlgraph.rl.data import DataError, DataSource, forced_length, task_example, write_task_file
+from rlgraph.presets.tasks import forced_length
+from rlgraph.rl.data import DataError, DataSource, task_example, write_task_file
 from rlgraph.rl.rewards import (
     RewardFnError,
     exact_match,
@@ -122,7 +123,7 @@ def test_failing_reward_fn_names_fn_and_sample(tmp_path: Path) -> None:
 
 
 def test_forced_lengths_are_seeded_per_sample_and_clipped_at_max() -> None:
-    from rlgraph.spec.schema import ResponseLength
+    from rlgraph.config.schema import ResponseLength
 
     lengths = ResponseLength(mean=512, max=8192, dist="lognormal", sigma=1.0)
     draws = [forced_length(0, p, k, lengths) for p in range(400) for k in range(4)]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from rlgraph.compiler import compile_plan
+from rlgraph.config.load import load_spec
 from rlgraph.runtime import cluster
 from rlgraph.runtime.actors import to_host
-from rlgraph.spec.load import load_spec
 
 GRAPHS = Path(__file__).resolve().parents[1] / "bench" / "graphs_gpu"
 SPLIT = GRAPHS / "split-one-step-off.yaml"

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rlgraph.compiler.schedule import simulate
 from rlgraph.compiler.timed_graph import timed_graph
+from rlgraph.config.load import load_spec
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import build_graph
 from rlgraph.runtime.channels import Channel, ChannelError
@@ -29,7 +30,6 @@ from rlgraph.runtime.state_machine import (
     NodeMachine,
     NodeState,
 )
-from rlgraph.spec.load import load_spec
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
 LAYOUTS = {

@@ -20,11 +20,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.runtime.checkpoint import load_checkpoint, read_ledger  # noqa: E402
 from rlgraph.runtime.metrics import REQUIRED_KEYS, read_rows  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
-from rlgraph.spec.load import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

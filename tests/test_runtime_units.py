@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlgraph.cli.run import RunDirError, default_run_dir, prepare
+from rlgraph.config.load import load_spec
 from rlgraph.graph import build_graph
 from rlgraph.runtime.checkpoint import (
     CheckpointError,
@@ -21,7 +22,6 @@ from rlgraph.runtime.checkpoint import (
 from rlgraph.runtime.metrics import REQUIRED_KEYS, MetricsWriter, read_rows, step_row
 from rlgraph.runtime.tracing import critical_path
 from rlgraph.runtime.weight_sync import _from_store, _to_store
-from rlgraph.spec.load import load_spec
 from rlgraph.weights.buckets import digest
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"

@@ -14,7 +14,7 @@ from rlgraph.compiler import compile_plan
 from rlgraph.compiler.period_bound import enumerated_cycle_ratio, max_cycle_ratio, schedule_bound
 from rlgraph.compiler.schedule import LowestStepFirst, TaskState, simulate, steady_state
 from rlgraph.compiler.timed_graph import TimedGraph
-from rlgraph.spec.load import load_spec
+from rlgraph.config.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = Path(__file__).parent / "graphs_compiler"
@@ -138,8 +138,8 @@ def test_seed_graphs_compile_to_sensible_plans(path: Path) -> None:
 
 
 def test_compile_path_imports_neither_torch_nor_ray() -> None:
-    code = ("import sys, rlgraph.compiler, rlgraph.spec.schema, rlgraph.tune.search\n"
-            "from rlgraph.spec.load import load_spec\n"
+    code = ("import sys, rlgraph.compiler, rlgraph.config.schema, rlgraph.tune.search\n"
+            "from rlgraph.config.load import load_spec\n"
             f"rlgraph.compiler.compile_plan(load_spec({str(GRAPHS / 'one_step_off.yaml')!r}))\n"
             "heavy = {'torch', 'ray', 'transformers'} & set(sys.modules)\n"
             "assert not heavy, heavy\n")

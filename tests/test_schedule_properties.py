@@ -33,9 +33,9 @@ from rlgraph.compiler.period_bound import enumerated_cycle_ratio, max_cycle_rati
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.schedule import LowestStepFirst, simulate, steady_state
 from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
+from rlgraph.config.load import validate_spec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec.load import validate_spec
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from rlgraph.cli.main import main
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.placement import place
+from rlgraph.config.load import load_spec, validate_spec
+from rlgraph.config.safe_yaml import parse_yaml
 from rlgraph.errors import SourceMap
-from rlgraph.spec.load import load_spec, validate_spec
-from rlgraph.spec.safe_yaml import parse_yaml
 from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune
 from rlgraph.tune.space import Evaluator, SearchSpace, bell, set_partitions
 
@@ -169,7 +169,7 @@ def test_pruned_search_equals_brute_force(costs, with_ref, reward, max_lag, part
 
 
 def test_tune_imports_neither_torch_nor_ray_nor_rich():
-    code = ("import sys, rlgraph.tune.search as s, rlgraph.spec.load as p; "
+    code = ("import sys, rlgraph.tune.search as s, rlgraph.config.load as p; "
             "s.tune(p.load_spec(sys.argv[1])); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'rich'}))")
     out = subprocess.run([sys.executable, "-c", code, str(TUNE / "three-forward.yaml")],

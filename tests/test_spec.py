@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlgraph.config.load import SEED_WORDS, load_spec, validate_spec
+from rlgraph.config.safe_yaml import parse_yaml
+from rlgraph.config.schema import json_schema
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec.load import SEED_WORDS, load_spec, validate_spec
-from rlgraph.spec.safe_yaml import parse_yaml
-from rlgraph.spec.schema import json_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))

@@ -9,10 +9,10 @@ import pytest
 from rl_support import make_spec
 
 from rlgraph.compiler import compile_plan
+from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.rl.data import write_task_file
-from rlgraph.spec.load import load_spec
 from rlgraph.worker.workspace import Workspace
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"

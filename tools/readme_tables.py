@@ -23,14 +23,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from rlgraph.compiler import compile_plan
+from rlgraph.config.load import load_spec
+from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import NodeSpec
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS
 from rlgraph.report.summary import cluster_line, print_summary
 from rlgraph.report.timeline import fmt_seconds, render_png
-from rlgraph.spec.load import load_spec
-from rlgraph.spec.schema import Spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "graphs" / "dots-hybrid-logp-train.yaml"

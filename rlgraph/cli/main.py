@@ -87,8 +87,8 @@ def out_dir_for(name: str) -> Path:
 def write_plan(out: Path, plan: dict, measured: list[dict] | None = None) -> list[Path]:
     """plan.json and the three timeline files into `out`; a folder that cannot be written
     (read-only, no permission, a name too long, a full disk) is a one-line CLIError."""
+    from rlgraph.config.safe_yaml import shown
     from rlgraph.report.timeline import write_timeline
-    from rlgraph.spec.safe_yaml import shown
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def write_plan(out: Path, plan: dict, measured: list[dict] | None = None) -> lis
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """graph.yaml -> plan: summary table (or --json), plan.json and the timeline files."""
-    from rlgraph.spec.load import load_spec
+    from rlgraph.config.load import load_spec
 
     spec = load_spec(args.graph, args.overrides)
     plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None)
@@ -127,7 +127,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Print the JSON Schema of graph.yaml."""
-    from rlgraph.spec.schema import json_schema
+    from rlgraph.config.schema import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
     return 0

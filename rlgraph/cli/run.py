@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlgraph.config.load import load_spec
+from rlgraph.config.schema import Spec
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
 from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
-from rlgraph.spec.load import load_spec
-from rlgraph.spec.schema import Spec
 
 __all__ = ["RunDirError", "default_run_dir", "prepare", "run_main"]
 

@@ -19,9 +19,9 @@ from typing import IO, Any
 import yaml
 
 from rlgraph.compiler.calibrate import load_calibration
+from rlgraph.config.load import apply_overrides, load_spec
+from rlgraph.config.safe_yaml import read_graph
 from rlgraph.errors import RLGraphError, SpecError
-from rlgraph.spec.load import apply_overrides, load_spec
-from rlgraph.spec.safe_yaml import read_graph
 from rlgraph.tune.search import Plan, TuneResult, tune
 
 

@@ -42,11 +42,11 @@ from rlgraph.compiler.schedule import (
 )
 from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
 from rlgraph.compiler.trust import trust
+from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
-from rlgraph.spec.schema import GroupSpec, Spec
+from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"

@@ -24,14 +24,14 @@ import networkx as nx
 
 from rlgraph.compiler.placement import Placement
 from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import CostContext
 from rlgraph.nodes.param_update import switch_cost
-from rlgraph.nodes.rollout_cost import hybrid_engine_priced
+from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.models import ModelShape
-from rlgraph.spec.schema import Spec
 
 
 @dataclass

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
-from rlgraph.spec.schema import Spec
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 

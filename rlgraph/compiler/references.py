@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import Key, SpecError
-from rlgraph.spec.schema import Spec
 
 MAX_SOURCE_BYTES = 8 << 20  # a reward module larger than this is not parsed (accepted)
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.presets.models import MODEL_PRESETS, ModelShape, model_shape
-from rlgraph.spec.schema import Spec
 
 
 def model_config(spec: Spec) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from rlgraph.compiler.costs import NodeCost
+from rlgraph.config.schema import Spec
 from rlgraph.presets.costs import COSTS
-from rlgraph.spec.schema import Spec
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 

@@ -19,8 +19,8 @@ from rlgraph.presets.models import MODEL_PRESETS
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
+    from rlgraph.config.schema import ModelSpec
     from rlgraph.model.tokenizer import Tokenizer
-    from rlgraph.spec.schema import ModelSpec
 
 
 def model_config(spec: ModelSpec, tokenizer: Tokenizer) -> PretrainedConfig:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from rlgraph.presets.gpus import GPUPreset
     from rlgraph.presets.models import ModelShape
-    from rlgraph.spec.schema import Spec
 
 
 # Every int and float key of every section declares a lower and an upper bound, and no
@@ -58,11 +57,28 @@ class NodeSpec(StrictModel):
     cost: CostOverride | None = None
 
 
+class GraphSpec(Protocol):
+    """What a kind reads of the whole graph.yaml (`rlgraph.config.schema.Spec` is one); typed
+    here so that kinds, which the spec is assembled from, never import it."""
+
+    cluster: Any
+    model: Any
+    data: Any
+    algorithm: Any
+    groups: Mapping[str, Any]
+    nodes: Mapping[str, Any]
+    schedule: Any
+
+    def group_of(self, task: str) -> str | None:
+        """The group a task belongs to, or None."""
+        ...
+
+
 @dataclass
 class CostContext:
     """What a cost model may read: the whole spec, the model's shape, the hardware, the group."""
 
-    spec: Spec
+    spec: GraphSpec
     name: str
     shape: ModelShape
     gpu: GPUPreset

@@ -110,7 +110,7 @@ class GenerateWorker:
 
     def _forced(self, position: int, sample: int) -> int:
         """The forced length of sample `sample` of the prompt at data position `position`."""
-        from rlgraph.rl.data import forced_length
+        from rlgraph.presets.tasks import forced_length
 
         data = self.ws.spec.data
         return forced_length(data.seed, position, sample, data.response_len)

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.base import CostContext, GraphSpec, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.nodes.rollout_cost import hybrid_engine_priced
+from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
     import torch
 
     from rlgraph.rl.batch import Batch
-    from rlgraph.spec.schema import Spec
     from rlgraph.worker.workspace import Workspace
 
 
@@ -31,14 +30,14 @@ class LogpSpec(ParallelNodeSpec):
     kind: Literal["logp"] = "logp"
 
 
-def trained_once(spec: Spec) -> bool:
+def trained_once(spec: GraphSpec) -> bool:
     """Every train node makes one optimizer update per batch (one mini-batch, one epoch)."""
     trains = [n for n in spec.nodes.values() if n.kind == "train"]
     return bool(trains) and all(getattr(n, "mini_batches", 1) == 1 and getattr(n, "epochs", 1)
                                 == 1 for n in trains)
 
 
-def skip_reason(spec: Spec) -> str | None:
+def skip_reason(spec: GraphSpec) -> str | None:
     """Why the old-log-prob forward is provably redundant for every batch of this graph, or
     None: max_lag 0 without partial rollout (every token is sampled by the version train
     starts from) and one update per batch (the proximal policy is the trained one). A plan

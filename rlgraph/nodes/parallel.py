@@ -10,6 +10,7 @@ from pydantic import Field
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
+from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS
 
 
@@ -96,7 +97,6 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
     every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
     (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
-    from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)

@@ -15,7 +15,7 @@ from rlgraph.nodes.base import (
     inputs_from_kinds,
 )
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.nodes.rollout_cost import hybrid_engine_priced
+from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:

@@ -22,14 +22,21 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator
 
 from rlgraph.errors import SpecError, did_you_mean
-from rlgraph.nodes.base import MAX_COUNT, MAX_STEPS, CostContext, EdgeList, NodeKind, NodeSpec
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_STEPS,
+    CostContext,
+    EdgeList,
+    GraphSpec,
+    NodeKind,
+    NodeSpec,
+)
 from rlgraph.nodes.generate import generate_cost
 from rlgraph.nodes.reward import current_fn
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
     from rlgraph.rl.data import Example
-    from rlgraph.spec.schema import Spec
     from rlgraph.worker.workspace import Workspace
 
 
@@ -63,7 +70,7 @@ class ValidateSpec(NodeSpec):
         return task
 
 
-def engine_of(spec: Spec, name: str) -> str:
+def engine_of(spec: GraphSpec, name: str) -> str:
     """The generate node whose engine and weights validate node `name` uses: the one in its
     group. Refuses a validate node in a group without one (it would hold no policy)."""
     group = spec.group_of(name)

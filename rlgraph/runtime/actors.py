@@ -27,10 +27,10 @@ import os
 import time
 from typing import Any
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.rl.batch import Batch, concat_rows, group_rows, merge, take_rows
 from rlgraph.runtime import weight_sync as ws_sync
-from rlgraph.spec.schema import Spec
 
 KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
 

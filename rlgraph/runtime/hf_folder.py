@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlgraph.spec.schema import Spec
+    from rlgraph.config.schema import Spec
 
 MODEL_WEIGHTS = "model.safetensors"
 

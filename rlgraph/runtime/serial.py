@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgraph.config.schema import Spec
 from rlgraph.graph import build_graph, data_edges, step_order
 from rlgraph.nodes import KINDS
-from rlgraph.spec.schema import Spec
 from rlgraph.worker.workspace import Workspace
 
 

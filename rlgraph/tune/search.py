@@ -42,9 +42,9 @@ from rlgraph.compiler.lag import prove_lag
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.schedule import steady_state, utilization
 from rlgraph.compiler.timed_graph import timed_graph
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
-from rlgraph.spec.schema import Spec
 from rlgraph.tune.space import (
     PRUNE_TOLERANCE,
     Candidate,

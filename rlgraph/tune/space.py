@@ -38,10 +38,10 @@ from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import GroupPlacement, Placement, place
 from rlgraph.compiler.schedule import steady_state, utilization
 from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
+from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
 from rlgraph.nodes import KINDS
-from rlgraph.spec.schema import GroupSpec, Spec
 
 Block = tuple[str, ...]
 PRUNE_TOLERANCE = 1e-7  # a bound above cutoff * (1 + this) cannot win (float noise aside)

@@ -26,8 +26,8 @@ from rlgraph.rl.data import DataSource, Example, task_example
 from rlgraph.rl.loss import masked_mean
 
 if TYPE_CHECKING:
+    from rlgraph.config.schema import Spec
     from rlgraph.model.tokenizer import Tokenizer
-    from rlgraph.spec.schema import Spec
 
 _VERSION = 3  # bump when the procedure changes, to invalidate cached results
 

@@ -38,7 +38,7 @@ from rlgraph.worker.replicas import Replicas
 from rlgraph.worker.warm_start import warm_start
 
 if TYPE_CHECKING:
-    from rlgraph.spec.schema import Spec
+    from rlgraph.config.schema import Spec
 
 POLICY_KINDS = {"generate", "logp", "train"}
 

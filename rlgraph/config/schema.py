@@ -1,7 +1,7 @@
 """graph.yaml as pydantic models: the sections, their bounds, and the whole `Spec`.
 
 Node sections are validated by their kind's own model from `rlgraph.nodes.KINDS`; reading a
-file, overrides and error text live in `rlgraph.spec.load`.
+file, overrides and error text live in `rlgraph.config.load`.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class DataSpec(StrictModel):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        from rlgraph.rl.data import TASKS
+        from rlgraph.presets.tasks import TASKS
 
         if task not in TASKS:
             hint = did_you_mean(task, TASKS) or (f"tasks: {', '.join(TASKS)}; or give "

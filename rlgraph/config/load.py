@@ -2,7 +2,7 @@
 
 `load_spec(path, overrides)` returns a validated `Spec` whose `source` maps every key to
 its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`. The
-file and the overrides are read by `rlgraph.spec.safe_yaml` (limits on size, depth, aliases).
+file and the overrides are read by `rlgraph.config.safe_yaml` (limits on size, depth, aliases).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pydantic import (
     ValidationError,
 )
 
+from rlgraph.config.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
+from rlgraph.config.safe_yaml import located as _located
+from rlgraph.config.schema import Spec
 from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
-from rlgraph.spec.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
-from rlgraph.spec.safe_yaml import located as _located
-from rlgraph.spec.schema import Spec
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: SourceMap) -> None:

@@ -1,2 +1,0 @@
-"""Stage 1, the file: graph.yaml read safely (`safe_yaml`), validated into the typed `Spec`
-(`schema`), with CLI overrides and error text naming file, line and key (`load`)."""
