@@ -26,12 +26,22 @@ from rlgraph.compiler.calibrate import as_calibration, load_calibration
 from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
+    channel_capacities,
     lag_messages,
     prove_lag,
     smallest_lag_for_best_period,
+    version_gate,
 )
 from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.plan import (
+    BucketPlan,
+    LagPlan,
+    Plan,
+    PricingPlan,
+    RoutePlan,
+    SchedulePlan,
+)
 from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
@@ -44,7 +54,7 @@ from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
 from rlgraph.compiler.trust import trust
 from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
-from rlgraph.graph import build_graph, data_edges
+from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
 
@@ -55,7 +65,7 @@ LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph
 OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
-    "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
+    "LowestStepFirst", "Plan", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
     "simulate",
     "steady_state", "sync_graph", "sync_spec",
 ]
@@ -218,8 +228,8 @@ def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: in
     return out
 
 
-def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
-    """The plan dict (see the team brief): placement, costs, lag, schedule, channels, messages.
+def compile_plan(spec: Spec, calibration: Any = None) -> Plan:
+    """The Plan (`rlgraph.compiler.plan`): placement, costs, lag, schedule, channels, routes.
 
     `calibration`: seconds per node (`load_calibration`), measured event dicts, a trace path
     or None. A SpecError raised by a pass carries the spec's source map (file:line:col)."""
@@ -230,7 +240,7 @@ def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
         raise
 
 
-def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     placement: Placement = place(spec)
@@ -272,34 +282,45 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     if measured:
         used = sorted(set(measured) & set(costs))
         messages.append(f"calibrated {len(used)} node(s) from measured times: {', '.join(used)}")
-    return {
-        "name": spec.name,
-        "spec": spec.to_yaml_dict(),
-        "placement": placement.to_dict(),
-        "costs": {n: c.to_dict() for n, c in costs.items()},
-        "lag": {
-            "max_policy_lag": proof.max_policy_lag,
-            "per_edge": proof.per_edge,
-            "token_version_span": proof.token_version_span,
-            "smallest_max_lag_for_best_period": smallest,
-            "periods_by_max_lag": {str(k): v for k, v in periods.items()},
-            "note": proof.note,
-        },
-        "schedule": {
-            "period_s": period,
-            "bound_s": bound.seconds,
-            "sync_period_s": sync,
-            "speedup_vs_sync": sync / period if period > 0 else 1.0,
-            "utilization": {g: round(u, 6) for g, u in util.items()},
-            "idle": {g: round(1 - u, 6) for g, u in util.items()},
-            "bottleneck": describe_bottleneck(tg, bound, period, util),
-            "policy": LowestStepFirst.name,
-            "steps_simulated": steady.sim.steps,
-            "cyclicity": steady.cyclicity,
-            "events": steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
-        },
-        "channels": {f"{u}->{v}": spec.schedule.max_lag + 1 for u, v in data_edges(graph)},
-        "pricing": {"runtime": runtime, "why": why},
-        "trust": trust(spec, costs, sync_costs, sync),
-        "messages": messages,
-    }
+    plan = Plan(
+        name=spec.name,
+        spec=spec,
+        placement=placement.to_dict(),
+        costs={n: c.to_dict() for n, c in costs.items()},
+        lag=LagPlan(
+            max_lag=version_gate(graph),
+            max_policy_lag=proof.max_policy_lag,
+            per_edge=proof.per_edge,
+            token_version_span=proof.token_version_span,
+            smallest_max_lag_for_best_period=smallest,
+            periods_by_max_lag={str(k): v for k, v in periods.items()},
+            note=proof.note,
+        ),
+        schedule=SchedulePlan(
+            period_s=period,
+            bound_s=bound.seconds,
+            sync_period_s=sync,
+            speedup_vs_sync=sync / period if period > 0 else 1.0,
+            utilization={g: round(u, 6) for g, u in util.items()},
+            idle={g: round(1 - u, 6) for g, u in util.items()},
+            bottleneck=describe_bottleneck(tg, bound, period, util),
+            policy=LowestStepFirst.name,
+            steps_simulated=steady.sim.steps,
+            cyclicity=steady.cyclicity,
+            events=steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
+        ),
+        channels=channel_capacities(graph),
+        weight_sync=weight_routes(spec),
+        pricing=PricingPlan(runtime=runtime, why=why),
+        trust=trust(spec, costs, sync_costs, sync),
+        messages=messages,
+    )
+    return plan.with_graph(graph)
+
+
+def weight_routes(spec: Spec) -> dict[str, RoutePlan]:
+    """Every weight-carrying node's route: sender, receiver, buckets (MiB), transport."""
+    return {name: RoutePlan(src=node.src, dst=node.dst, transport=node.transport,
+                            bucket_mb=BucketPlan(produce=node.bucket_mb.produce,
+                                                 consume=node.bucket_mb.consume))
+            for name, node in spec.nodes.items() if KINDS[node.kind].carries_weights}

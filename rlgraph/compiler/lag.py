@@ -97,6 +97,21 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
                     _note(pairs, max_lag), messages)
 
 
+def version_gate(graph: nx.DiGraph) -> int:
+    """The runtime's version gate: generate (or any weight receiver) of step t waits for a
+    version >= t - gate. It is the back edges' distance less one (graph.yaml's max_lag); a
+    graph without back edges keeps the spec's max_lag."""
+    distances = [d for _, _, d in graph.edges(data="distance") if d]
+    return min(distances) - 1 if distances else int(graph.graph.get("max_lag", 0))
+
+
+def channel_capacities(graph: nx.DiGraph) -> dict[str, int]:
+    """Steps each data edge's channel holds: gate + 1, so a producer runs at most as far
+    ahead of its consumer as the back edge lets generate run ahead of train."""
+    room = version_gate(graph) + 1
+    return {f"{u}->{v}": room for u, v in data_edges(graph)}
+
+
 def _note(pairs: Mapping[tuple[str, str], tuple[int, str, int]], max_lag: int) -> str:
     if not pairs:
         return "no train node reads sampled tokens"
