@@ -128,7 +128,7 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=args.steps,
+    result = Runner(plan, RunOptions(out_dir=run_dir, steps=args.steps,
                                            tensorboard=False)).run()
     wall = time.time() - began
     rows = steady(result.rows)

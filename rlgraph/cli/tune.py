@@ -10,7 +10,6 @@ are not. rich is imported only when the table is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,7 +155,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.json:
         if out:
             _write(Path(out), text)
-        sys.stdout.write(json.dumps(result.plan, indent=2) + "\n")
+        sys.stdout.write(result.plan.to_json())
         return 0
     from rlgraph.cli.main import out_dir_for
 

@@ -65,8 +65,8 @@ LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph
 OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
-    "LowestStepFirst", "Plan", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
-    "simulate",
+    "LowestStepFirst", "Plan", "TaskState", "compile_plan", "describe_bottleneck",
+    "load_calibration", "simulate",
     "steady_state", "sync_graph", "sync_spec",
 ]
 

@@ -101,5 +101,6 @@ KIND = NodeKind(
     uses_gpu=False,
     default_edges=param_update_edges,
     carries_weights=True,
+    colour="#e15759",
     doc="versioned weight transfer from train to generate",
 )

@@ -66,6 +66,8 @@ KIND = NodeKind(
     uses_gpu=True,
     default_edges=inputs_from_kinds("reward|logp|ref_logp", "generate"),
     worker="rlgraph.nodes.train:TrainWorker",
+    advances_policy=True,
+    colour="#4e79a7",
     doc="one optimizer step of the policy",
 )
 

@@ -93,7 +93,7 @@ def test_plans_run_on_two_gpus(tmp_path, graph):
         ray.init(num_gpus=2, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
     try:
-        runner = Runner(spec, plan, RunOptions(out_dir=tmp_path / "run", steps=3,
+        runner = Runner(plan, RunOptions(out_dir=tmp_path / "run", steps=3,
                                                tensorboard=False, on_step=on_step))
         result = runner.run()
     finally:
