@@ -41,6 +41,7 @@ the step's output emitted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -107,6 +108,31 @@ class Executor(Protocol):
     def __len__(self) -> int:
         """Tasks submitted and not yet returned by `wait`."""
         ...
+
+
+class InlineExecutor:
+    """Runs each task in the driver the moment it is submitted (dask's `get_sync`): the same
+    loop, one task at a time, deterministic. `run(task)` returns (output, info); the info
+    gets the task's `start` and `end` (time.perf_counter)."""
+
+    def __init__(self, run: Callable[[Task], tuple[Any, dict[str, Any]]]) -> None:
+        self.run = run
+        self.done: list[Completion] = []
+
+    def submit(self, task: Task) -> None:
+        """Run `task` now; its completion waits for the next `wait`."""
+        start = time.perf_counter()
+        output, info = self.run(task)
+        self.done.append(Completion(task, output, {**info, "start": start,
+                                                   "end": time.perf_counter()}, start))
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """The tasks run since the last call, in the order they ran."""
+        done, self.done = self.done, []
+        return done
+
+    def __len__(self) -> int:
+        return len(self.done)
 
 
 def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion], None], *,
