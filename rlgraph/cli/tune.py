@@ -21,6 +21,7 @@ from rlgraph.compiler.calibrate import load_calibration
 from rlgraph.config.load import apply_overrides, load_spec
 from rlgraph.config.safe_yaml import read_graph
 from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.tune.search import Plan, TuneResult, tune
 
 
@@ -43,7 +44,7 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
         schedule["partial_rollout"] = best.partial_rollout
     if best.tp is not None:
         for name, node in best.spec.nodes.items():
-            if node.kind == "generate":
+            if KINDS[node.kind].samples:
                 raw = data["nodes"].get(name)
                 raw = data["nodes"][name] = raw if isinstance(raw, dict) else {}
                 raw["tp"] = best.tp

@@ -78,10 +78,11 @@ def sync_spec(spec: Spec) -> Spec:
     a logp node gets one (OLD_LOG_PROB) in the baseline."""
     tasks = [t for g in spec.groups.values() for t in g.tasks]
     nodes = spec.nodes
-    kinds = {n.kind for n in nodes.values()}
-    if (hybrid_engine_priced(spec) and tasks and "train" in kinds and "logp" not in kinds
-            and OLD_LOG_PROB not in nodes):
-        nodes = {**nodes, OLD_LOG_PROB: KINDS["logp"].spec()}
+    roles = [KINDS[n.kind] for n in nodes.values()]
+    if (hybrid_engine_priced(spec) and tasks and any(r.advances_policy for r in roles)
+            and not any(r.proximal_logp for r in roles) and OLD_LOG_PROB not in nodes):
+        logp = next(kind for kind in KINDS.values() if kind.proximal_logp)
+        nodes = {**nodes, OLD_LOG_PROB: logp.spec()}
         tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
@@ -214,7 +215,7 @@ def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: in
     out = []
     for gen, kind in graph.nodes(data="kind"):
         feeders = [u for u, _, d in graph.in_edges(gen, data="distance") if d > 0]
-        if kind != "generate" or not feeders:
+        if not KINDS[kind].samples or not feeders:
             continue
         delivered = sorted(e["end"] for e in events if e["node"] in feeders)
         starts = [(e["step"], e["start"]) for e in events if e["node"] == gen]

@@ -24,6 +24,7 @@ import networkx as nx
 
 from rlgraph.errors import SpecError
 from rlgraph.graph import data_edges, step_order
+from rlgraph.nodes import KINDS
 
 BEST_PERIOD_TOLERANCE = 0.005  # a lag "reaches the best period" within 0.5%
 
@@ -61,8 +62,8 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
     for u, v in data_edges(graph):
         preds[v].append(u)
         succs[u].append(v)
-    trains = {n for n, k in kinds.items() if k == "train"}
-    gens = {n for n, k in kinds.items() if k == "generate"}
+    trains = {n for n, k in kinds.items() if KINDS[k].advances_policy}
+    gens = {n for n, k in kinds.items() if KINDS[k].samples}
     gens_up = _reach(order, preds, gens)  # generates whose data reaches a node within a step
     trains_up = _reach(order, preds, trains)  # trains whose output reaches a node
     trains_down = _reach(order[::-1], succs, trains)  # trains a node's output reaches

@@ -8,6 +8,7 @@ from typing import Any
 
 from rlgraph.compiler.costs import NodeCost
 from rlgraph.config.schema import Spec
+from rlgraph.nodes import KINDS
 from rlgraph.presets.costs import COSTS
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
@@ -22,8 +23,7 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     calibrated = sorted(n for n, c in costs.items() if c.source == "calibrated")
     lines = []
     data = spec.data
-    if any(spec.nodes[n].kind in ("generate", "train", "logp", "ref_logp")
-           for _, n in modelled):
+    if any(KINDS[spec.nodes[n].kind].uses_gpu for _, n in modelled):  # model forwards
         lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
                      f"{data.response_len.max}, {data.response_len.dist} sigma "
                      f"{data.response_len.sigma:g}): decode, logp and train scale with it")
