@@ -127,7 +127,7 @@ class RayExecutor:
     def _may_complete(self, task: Task) -> bool:
         """A driver-known task completes at once, except a weight update: it delivers the
         version of the train step it follows, so not before that step has finished."""
-        return (task.node not in self.routes or task.behind is None
+        return (not KINDS[task.kind].carries_weights or task.behind is None
                 or tuple(task.behind) not in self.refs)
 
     def _wait_actors(self, timeout: float | None) -> list[Completion]:

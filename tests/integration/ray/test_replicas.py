@@ -188,7 +188,7 @@ def _run(spec, out: Path, steps: int, resume: bool = False) -> tuple[Runner, lis
                 digests[group] = ray.get(runner.group_actors[group].replica_digests.remote())
 
     runner = Runner(compile_plan(spec), RunOptions(out_dir=out, steps=steps, resume=resume,
-                                                         on_step=on_step, tensorboard=False))
+                                                   on_step=on_step, tensorboard=False))
     result = runner.run()
     return runner, result.rows, digests
 

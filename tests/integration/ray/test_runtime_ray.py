@@ -46,9 +46,9 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
             runner.request_stop()  # what the Ctrl-C handler does
 
     runner = Runner(plan, RunOptions(out_dir=out, steps=steps, resume=resume,
-                                           on_step=on_step, tensorboard=tensorboard,
-                                           checkpoint_every=checkpoint_every,
-                                           verify_weights=True))
+                                     on_step=on_step, tensorboard=tensorboard,
+                                     checkpoint_every=checkpoint_every,
+                                     verify_weights=True))
     return plan, runner.run()
 
 
