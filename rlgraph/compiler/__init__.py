@@ -35,12 +35,11 @@ from rlgraph.compiler.lag import (
 from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
 from rlgraph.compiler.plan import (
-    BucketPlan,
     LagPlan,
     Plan,
     PricingPlan,
-    RoutePlan,
     SchedulePlan,
+    weight_routes,
 )
 from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
@@ -318,10 +317,3 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
     )
     return plan.with_graph(graph)
 
-
-def weight_routes(spec: Spec) -> dict[str, RoutePlan]:
-    """Every weight-carrying node's route: sender, receiver, buckets (MiB), transport."""
-    return {name: RoutePlan(src=node.src, dst=node.dst, transport=node.transport,
-                            bucket_mb=BucketPlan(produce=node.bucket_mb.produce,
-                                                 consume=node.bucket_mb.consume))
-            for name, node in spec.nodes.items() if KINDS[node.kind].carries_weights}

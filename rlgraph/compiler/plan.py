@@ -21,6 +21,7 @@ from rlgraph.config.load import validate_spec
 from rlgraph.config.safe_yaml import SourceMap
 from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError
+from rlgraph.nodes import KINDS
 
 PLAN_VERSION = 2  # 1: the untyped dict of before (no "version" key); 2: this module
 
@@ -117,6 +118,14 @@ class RoutePlan(_Section):
     transport: str = "auto"
 
 
+def weight_routes(spec: Spec) -> dict[str, RoutePlan]:
+    """Every weight-carrying node's route: sender, receiver, buckets (MiB), transport."""
+    return {name: RoutePlan(src=node.src, dst=node.dst, transport=node.transport,
+                            bucket_mb=BucketPlan(produce=node.bucket_mb.produce,
+                                                 consume=node.bucket_mb.consume))
+            for name, node in spec.nodes.items() if KINDS[node.kind].carries_weights}
+
+
 class PricingPlan(_Section):
     """Which runtime the plan's colocated baseline is priced as, and why."""
 
@@ -210,6 +219,9 @@ class Plan(_Section):
             raise PlanError(f"{where}: plan version {version!r} is newer than this rlgraph "
                             f"reads ({PLAN_VERSION}); compile the graph again")
         spec = validate_spec(data["spec"], SourceMap())
+        if version == 1:  # before the Plan: no routes, no version gate of its own
+            data = {**data, "weight_sync": weight_routes(spec),
+                    "lag": {"max_lag": spec.schedule.max_lag, **(data.get("lag") or {})}}
         try:
             return cls.model_validate({**data, "version": PLAN_VERSION, "spec": spec})
         except ValidationError as exc:

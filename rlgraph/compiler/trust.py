@@ -1,5 +1,5 @@
 """How much to trust a plan's period: whether its costs are calibrated, and the assumptions
-that dominate it (`plan["trust"]`, the summary's "trust" lines)."""
+that dominate it (`Plan.trust`, the summary's "trust" lines)."""
 
 from __future__ import annotations
 

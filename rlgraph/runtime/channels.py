@@ -31,7 +31,7 @@ class Channel:
 
     @property
     def name(self) -> str:
-        """`src->dst`, the key used in plan["channels"]."""
+        """`src->dst`, the key used in `Plan.channels`."""
         return f"{self.src}->{self.dst}"
 
     def has_room(self) -> bool:

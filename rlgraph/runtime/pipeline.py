@@ -3,6 +3,12 @@
 This module is pure Python (no Ray): the driver feeds it completions and asks it which tasks
 may start, so tests drive it step by step with a fake executor and a simulated clock.
 
+The loop is `drive(pipeline, executor, on_done)`, the only one: start what the pipeline
+allows, wait for completions, hand them back. The executor is a parameter (dask's
+`get_async(apply)`): `RayExecutor` runs tasks on actors (`runtime.runner`), `InlineExecutor`
+runs each in the driver as it starts (`runtime.serial`, dask's `get_sync`). The version gate
+and channel capacities come from the plan (`Pipeline.of`), derived once by the lag pass.
+
 State (all here, as in dask's local scheduler):
 - `machines`: one `NodeMachine` per node (IDLE -> WAITING_INPUT -> PROCESSING -> ...);
 - `channels`: one bounded `Channel` per data edge, capacities from the plan;

@@ -1,7 +1,7 @@
 """Measured spans of a run, in the plan's event format, and what they say about overhead.
 
 Each finished task becomes `{node, step, start, end, group, occupies, kind}` in seconds from
-the run's start: the same dicts as `plan["schedule"]["events"]`, so `rlgraph.report.timeline` draws
+the run's start: the same dicts as `Plan.schedule.events`, so `rlgraph.report.timeline` draws
 predicted and measured side by side and `rlgraph compile --calibrate` reads node costs
 from them. Spans are taken inside the actors around the worker's own work, so whatever the
 runtime adds (dispatch, moving batches, waiting on the driver) shows up as gaps.

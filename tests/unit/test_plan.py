@@ -92,3 +92,12 @@ def test_a_broken_plan_file_is_one_line_naming_it(tmp_path: Path) -> None:
     broken["schedule"]["period_s"] = "fast"
     with pytest.raises(PlanError, match=r"schedule\.period_s"):
         Plan.from_dict(broken)
+
+
+def test_a_version_1_plan_json_gets_its_routes_and_gate_from_its_spec() -> None:
+    plan = quickstart("schedule.max_lag=2")
+    old = json.loads(plan.to_json())
+    del old["version"], old["weight_sync"], old["lag"]["max_lag"]
+    read = Plan.from_dict(old)
+    assert read.version == PLAN_VERSION and read.lag.max_lag == 2
+    assert read.weight_sync == plan.weight_sync
