@@ -36,6 +36,11 @@ from rlgraph.runtime.pipeline import Completion, Pending, Task
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of an error's text (Ray's run on over several)."""
+    return (str(err).splitlines() or [""])[0]
+
+
 class WorkerError(RLGraphError):
     """A worker failed on a task; the message names the node, the step and the cause."""
 
@@ -165,7 +170,10 @@ class RayExecutor:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
                 raise cause from None
-            what = f"{type(cause).__name__}: {cause}" if cause else str(exc).splitlines()[0]
+            if isinstance(cause, ray.exceptions.RayActorError):  # an input's actor died
+                raise WorkerError(f"an actor {task.node} depends on died at step {task.step}: "
+                                  f"{_first_line(cause)}") from exc
+            what = f"{type(cause).__name__}: {_first_line(cause)}" if cause else _first_line(exc)
             raise WorkerError(f"{task.node} failed at step {task.step}: {what}") from exc
         except ray.exceptions.RayActorError as exc:
             raise WorkerError(f"the actor running {task.node} died at step {task.step}: "
