@@ -3,7 +3,7 @@ compute term and an HBM term, plus a fixed floor per layer and the tp all-reduce
 
 A decode step over R live rows of context c reads a replica's weights and the rows' KV once
 (HBM term: (W + R * c * kv) / (HBM x efficiency)) and does 2 * N_active * R FLOPs (compute
-term, at forward_mfu of the replica's peak); the larger wins (H20's ridge point is ~37
+term, at the roofline efficiency of a forward, `parallel.efficiency`); the larger wins (H20's ridge point is ~37
 FLOP/byte, so a large batch is compute-bound there). Every step also pays a floor per layer
 (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and, with
 tp > 1, two all-reduce latencies per layer. Lengths follow `data.response_len` (dist /
@@ -19,7 +19,7 @@ from typing import Any
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units
+from rlgraph.nodes.parallel import compute_units, efficiency
 from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
@@ -42,7 +42,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     weights = 2 * shape.params / tp
     kv = rows * context * shape.kv_bytes_per_token() / tp
     memory = (weights + kv) / (gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
-    compute = 2 * shape.active_params * rows / (tp * gpu.bf16_flops * COSTS.forward_mfu)
+    compute = (2 * shape.active_params * rows
+               / (tp * gpu.bf16_flops * efficiency(ctx, COSTS.forward_mfu)))
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
     return max(memory, compute) + shape.layers * (floor + allreduce)
@@ -118,7 +119,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
     prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * COSTS.prefill_mfu * compute_units(ctx)))
+               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
