@@ -8,8 +8,8 @@ term, at the roofline efficiency of a forward, `parallel.efficiency`); the large
 also pays a floor per layer (kernel launches of a CUDA-graph decode, or the host overhead of
 a dynamic one) and, with tp > 1, two all-reduce latencies per layer. Lengths follow
 `data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows
-finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes until the expected longest of its
-samples, not always max.
+finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes
+until the expected longest of its samples, not always max.
 """
 
 from __future__ import annotations
