@@ -293,3 +293,19 @@ def test_half_the_gpus_never_trains_more_than_twice_as_slow() -> None:
         half = costs_of(spec_of(data=data, nodes=verl, cluster={
             "nodes": 2, "gpus_per_node": 8, "gpu": "H20"}))["train"].seconds
         assert many < half <= 2 * many + 1e-9
+
+
+def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
+    # verl checkpoints activations by default: its train does 8N per token, rlgraph's 6N
+    # (a logp node feeds both, so neither adds the proximal forward); megatron does not
+    def train_over_logp(engine: str, backend: str = "torch") -> float:
+        nodes = {**NODES, "generate": {"engine": engine}, "train": {"backend": backend},
+                 "logp": {"backend": backend}}
+        costs = costs_of(spec_of(nodes=nodes))
+        return (costs["train"].seconds - floor(spec_of(), 4 if engine == "sglang"
+                                               and backend == "torch" else 3)) / (
+            costs["logp"].seconds - floor(spec_of(), 1))
+
+    assert train_over_logp("native") == pytest.approx(3, rel=1e-6)
+    assert train_over_logp("sglang") == pytest.approx(4, rel=1e-6)
+    assert train_over_logp("sglang", "megatron") == pytest.approx(3, rel=1e-6)
