@@ -86,9 +86,13 @@ COST_SOURCES: dict[str, str] = {
                                       "graphs the same way; published README, 'Decode on a "
                                       "lent H200')",
     "tp_allreduce_latency_s": "a tensor-parallel decode step all-reduces twice per layer "
-                              "(attention and MLP outputs, a few KB per row): NCCL's "
-                              "small-message all-reduce latency within an NVLink node is "
-                              "~10 us (nccl-tests all_reduce_perf, 8 B - 64 KB)",
+                              "(attention and MLP outputs, a few KB per row); NCCL's "
+                              "small-message all-reduce within an NVLink node takes ~10-15 us "
+                              "in nccl-tests all_reduce_perf (8 B - 64 KB, latency-bound); "
+                              "the engines' custom one-shot all-reduce is faster: 10 us "
+                              "assumed, not measured by us (this session lent no multi-GPU "
+                              "machine); its weight: 2 x layers x 10 us per decode step, "
+                              "0.56 ms for a 28-layer model at tp 2",
     "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
                            "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
                            "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "
