@@ -24,7 +24,7 @@ from rlgraph.runtime.tracing import critical_path
 from rlgraph.runtime.weight_sync import _from_store, _to_store
 from rlgraph.weights.buckets import digest
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "graphs" / "quickstart.yaml"
 
 
 def test_buckets_survive_the_object_store_format_bit_for_bit():
