@@ -309,3 +309,35 @@ def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
     assert train_over_logp("native") == pytest.approx(3, rel=1e-6)
     assert train_over_logp("sglang") == pytest.approx(4, rel=1e-6)
     assert train_over_logp("sglang", "megatron") == pytest.approx(3, rel=1e-6)
+
+
+def test_decode_attention_adds_to_compute_bound_gemms() -> None:
+    # on H20 a large batch is compute-bound in its GEMMs; the KV reads of attention run
+    # after them, so longer contexts still cost time (a max() would hide them)
+    from rlgraph.nodes.base import CostContext
+    from rlgraph.nodes.rollout_cost import decode_step_seconds
+
+    spec = spec_of(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H20"})
+    node = spec.nodes["generate"]
+    ctx = CostContext(spec=spec, name="generate", shape=shape_of(spec),
+                      gpu=GPU_PRESETS["H20"], gpus=4, colocated=frozenset(), extra={})
+    rows = 1024
+    gemm = 2 * ctx.shape.active_params * rows / (GPU_PRESETS["H20"].bf16_flops
+                                                  * COSTS.gemm_efficiency)
+    assert gemm > 2 * ctx.shape.params / GPU_PRESETS["H20"].hbm_bytes_per_s  # compute-bound
+    short, long = (decode_step_seconds(rows, c, node, ctx) for c in (256, 4096))
+    kv = rows * (4096 - 256) * ctx.shape.kv_bytes_per_token() / (
+        GPU_PRESETS["H20"].hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
+    assert long - short == pytest.approx(kv, rel=1e-6)
+    assert short > gemm
+
+
+def test_decode_grows_with_the_second_moment_at_a_fixed_mean() -> None:
+    # same mean and max, wider spread: more KV read per step (E[L^2]) and a longer tail
+    def gen(sigma: float) -> float:
+        data = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                "response_len": {"mean": 1000, "max": 16384, "sigma": sigma}}
+        return seconds(spec_of(data=data), "generate")
+
+    narrow, mid, wide = gen(0.3), gen(1.0), gen(1.8)
+    assert narrow < mid < wide
