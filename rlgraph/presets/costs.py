@@ -74,7 +74,8 @@ COST_SOURCES: dict[str, str] = {
                                      "reference_mfu measurement",
     "decode_hbm_efficiency": "memory-bound decode (GEMV + paged attention) sustains 60-80% of "
                              "peak HBM bandwidth: 70% assumed",
-    "native_decode_overhead_per_layer_s": "DESIGN.md (2026-11-22): transformers generate of a "
+    "native_decode_overhead_per_layer_s": "docs/measurements.md (2026-11-22): transformers "
+                                          "generate of a "
                                           "24-layer 374M Llama on H200 took 16.8 ms per decode "
                                           "step (dynamic cache) against a 0.35 ms roofline: "
                                           "0.68 ms of host overhead per layer and step",
@@ -116,7 +117,8 @@ COST_SOURCES: dict[str, str] = {
                              "0.72 GB in 2.3-2.5 ms on 2x H200 (the note this constant moved "
                              "from, nodes/param_update.py): about 60 us per consume chunk (one "
                              "broadcast launch and its copy plan) on top of 352 GB/s",
-    "object_store_bytes_per_s": "DESIGN.md (2026-11-22): 1 GiB through the Ray object store "
+    "object_store_bytes_per_s": "docs/measurements.md (2026-11-22): 1 GiB through the "
+                                "Ray object store "
                                 "between two actors took 1.41 s (0.76 GB/s)",
     "train_state_bytes_per_param": "mixed-precision Adam: bf16 weights (2) + bf16 grads (2) + "
                                    "fp32 master weights, momentum and variance (12) = 16 B per "
