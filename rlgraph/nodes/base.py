@@ -108,6 +108,7 @@ class NodeKind:
     samples: bool = False  # samples tokens with the policy it holds (waits for a version)
     proximal_logp: bool = False  # recomputes the current policy's log-probs of the samples
     validates: bool = False  # evaluates the policy on held-out prompts, every few steps
+    sequence_passes: bool = False  # forward (+ backward) passes over whole sequences, no decode
     colour: str = "#9c9c9c"  # its colour in timelines (Tableau 10)
     # --- end of the block
 
