@@ -95,14 +95,14 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     from rlgraph.weights.dual_buffer import DualBuffer
 
     switching = threading.Event()
-    plain_switch = DualBuffer.switch
+    plain_switch = DualBuffer.swap
 
     def slow_switch(self: DualBuffer) -> None:
         switching.set()
         time.sleep(0.2)  # the receiver's thread runs now
         plain_switch(self)
 
-    monkeypatch.setattr(DualBuffer, "switch", slow_switch)
+    monkeypatch.setattr(DualBuffer, "swap", slow_switch)
     spec = make_spec(train={"lr": 1e-2})
     sender, receiver = Workspace(spec, ["train"], seed=0), Workspace(spec, ["generate"], seed=0)
     _train_once(sender)
@@ -112,7 +112,7 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     v1 = sender.weights_digest()
     _train_once(sender)
     v2 = sender.export_weights(bucket_mb=0.005)
-    switcher = threading.Thread(target=receiver.switch_if_staged)
+    switcher = threading.Thread(target=receiver.swap_if_staged)
     switcher.start()
     assert switching.wait(5)
     for bucket in v2:

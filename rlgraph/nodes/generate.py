@@ -61,6 +61,7 @@ KIND = NodeKind(
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
     doc="sample responses with the current policy",
+    models=frozenset({"policy"}),
 )
 
 
@@ -153,7 +154,16 @@ class GenerateWorker:
 
     def _switch(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
-        return self.ws.switch_if_staged()
+        return self.ws.swap_if_staged()
+
+    def summary(self, out: Batch) -> dict[str, Any]:
+        """What the driver reads of a rollout beside its metrics: the policy version that
+        sampled it, its response tokens, and how long swaps paused generation since the last."""
+        summary: dict[str, Any] = {"policy_version": int(out.get("policy_version", 0)),
+                                   "metrics": {"generate/pause_s": self.ws.take_pause_s()}}
+        if "response_mask" in out:
+            summary["response_tokens"] = int(out["response_mask"].sum())
+        return summary
 
     def run(self, step: int, inputs: dict[str, Batch] | None = None) -> Batch:
         """Sample the batch of train step `step` (prompts deterministic in (seed, step), or in
