@@ -33,6 +33,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
 from bench.common import RESULTS, machine  # noqa: E402
 
 PRODUCE_MB, CONSUME_MB = 16, 4
+NODE = "param_update"  # the quickstart's param_update node: its worker runs in the actors
 
 
 def _switch_s(actor) -> float:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     rollout = start_actor(spec, ["generate"], **opts)
     ray.get([trainer.ready.remote(), rollout.ready.remote()])
     bucket_mb = BucketMiB(PRODUCE_MB, CONSUME_MB)
-    route = weight_sync.Route("param_update", trainer, rollout, bucket_mb, "nccl")
+    route = weight_sync.Route(NODE, trainer, rollout, bucket_mb, "nccl")
     weight_sync.connect_route(route, "gloo")
     probe = rollout.__ray_call__.options(concurrency_group=weight_sync.RECEIVE)
 
@@ -102,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             version += 1
             _new_weights(trainer, version)
             if mode == "queued":
-                key = f"param_update:{version}"  # the receive queued behind generate
+                key = f"{NODE}:{version}"  # the receive queued behind generate
                 trainer.export_weights.remote(key, bucket_mb)
                 info = ray.get(rollout.apply_weights.remote(trainer, key, bucket_mb))
                 switch = ray.get(probe.remote(_switch_s))
                 pause = info["end"] - info["recv_start"] + switch
             else:
                 ref = (weight_sync.start_param_update(route, version)[0] if mode == "dual_gloo"
-                       else weight_sync.submit_param_update(trainer, rollout, bucket_mb,
+                       else weight_sync.submit_param_update(trainer, rollout, NODE, bucket_mb,
                                                             step=version))
                 info = ray.get(ref)
                 switch = ray.get(probe.remote(_switch_s))
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _new_weights(trainer, version)
         gen = rollout.run.options(num_returns=2).remote("generate", 200 + i, [])
         time.sleep(0.05)
-        info = ray.get(weight_sync.submit_param_update(trainer, rollout, bucket_mb,
+        info = ray.get(weight_sync.submit_param_update(trainer, rollout, NODE, bucket_mb,
                                                        step=version))
         _, ginfo = ray.get(gen)
         overlapped.append({"generate_s": ginfo["end"] - ginfo["start"],

@@ -122,7 +122,7 @@ def test_object_store_sync_lands_beside_generate_and_switches_only_on_request(ac
     consume = int(CONSUME_MB * 2**20)
     _, _, info = _sync_under_generation(
         trainer, rollout,
-        lambda: weight_sync.submit_param_update(trainer, rollout, BUCKET_MB))
+        lambda: weight_sync.submit_param_update(trainer, rollout, "param_update", BUCKET_MB))
     assert info["version"] == 7 and info["buckets"] > 2
     # every byte went through consume-sized pieces (tensors cut, small ones batched)
     assert info["largest_piece"] == consume

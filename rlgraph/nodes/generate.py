@@ -152,7 +152,7 @@ class GenerateWorker:
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
 
-    def _switch(self) -> int | None:
+    def _swap(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
         return self.ws.swap_if_staged()
 
@@ -185,7 +185,7 @@ class GenerateWorker:
         metrics = None
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
-            self._switch()
+            self._swap()
             version = self.ws.policy_version
             generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
             if engine is not None:
@@ -215,10 +215,10 @@ class GenerateWorker:
         tok = self.ws.tokenizer
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
-            self._switch()
+            self._swap()
             version = self.ws.policy_version
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, self._switch, engine,
+                self.cache, step, self.ws.policy, version, self._swap, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
 
 class BucketSizes(StrictModel):
-    """Sender and receiver granularity in MiB, 2^20 bytes (dots.rl:
-    param_update_preduce/consume_bucket_size_mb)."""
+    """Sender and receiver granularity in MiB (dots.rl: param_update_*_bucket_size_mb)."""
 
     produce: float = Field(default=512, ge=0.01, le=1e6)
     consume: float = Field(default=128, ge=0.01, le=1e6)

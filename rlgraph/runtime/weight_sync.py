@@ -255,8 +255,8 @@ def start_param_update(route: Route, step: int) -> tuple[Any, Any]:
     return info, sent
 
 
-def submit_param_update(src_actor: Any, dst_actor: Any, bucket_mb: BucketMiB | float,
-                        step: int = 0, node: str = "param_update") -> Any:
+def submit_param_update(src_actor: Any, dst_actor: Any, node: str,
+                        bucket_mb: BucketMiB | float, step: int = 0) -> Any:
     """Start an object-store transfer of param_update `node` from `src_actor` to `dst_actor`;
     returns the reference of its info dict (the version staged whole on the receiver)."""
     route = Route(node, src_actor, dst_actor, bucket_mb)
