@@ -33,7 +33,7 @@ The group is a private torch.distributed backend over a TCPStore (rank 0 sends, 
 so actors that already own a default process group (FSDP, megatron) are not disturbed. `backend`
 "nccl" needs CUDA; "gloo" runs the same protocol on CPU tensors (tests, CI). The runtime uses it
 for `param_update.transport: nccl` (rlgraph.runtime.weight_sync, the actor halves in
-rlgraph.nodes.param_update): one group per route, the receive in the generate actor's `sync`
+rlgraph.nodes.param_update): one group per route, the receive in the generate actor's `receive`
 concurrency group, dual buffer, swap on request.
 Through `rlgraph run` on 2x H200 (Ray actors, one GPU each, NCCL P2P/CUMEM over NVLink) a
 716 MB bf16 policy synced in 2.3-2.5 ms (282-305 GB/s) and generate paused ~1 ms per switch.
