@@ -110,6 +110,12 @@ class NodeKind:
     models: frozenset[str] = frozenset()
     optimizer: Callable[[NodeSpec, Any], Any] | None = None
 
+    @property
+    def runs_on_batches(self) -> bool:
+        """Whether a task of this kind runs on a step's batches (its worker's `run`); a kind
+        that carries weights (param_update) runs its worker's transfer halves instead."""
+        return self.worker is not None and not self.carries_weights
+
 
 def inputs_from_kinds(*kinds: str) -> Callable[[str, NodeSpec, Mapping[str, NodeSpec]], EdgeList]:
     """Default wiring: an edge from every node of the first of `kinds` present in the graph."""
