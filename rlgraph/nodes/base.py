@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # Every int and float key of every section declares a lower and an upper bound, and no
 # section accepts inf or NaN (`allow_inf_nan=False`), so a value outside them is refused
-# naming its key (tests/test_spec_bounds.py checks every field). The shared maxima:
+# naming its key (tests/bad_inputs/test_hostile_inputs.py checks every field). The shared maxima:
 MAX_COUNT = 1_000_000  # prompts, samples or sequences in one batch
 MAX_STEPS = 10_000_000  # steps of a run
 MAX_TOKENS = 1 << 20  # tokens of one prompt or response

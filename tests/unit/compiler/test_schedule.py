@@ -16,7 +16,7 @@ from rlgraph.compiler.schedule import LowestStepFirst, TaskState, simulate, stea
 from rlgraph.compiler.timed_graph import TimedGraph
 from rlgraph.config.load import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 GRAPHS = Path(__file__).parent / "graphs_compiler"
 SEEDS = sorted((ROOT / "graphs").glob("*.yaml"))
 

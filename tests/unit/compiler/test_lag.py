@@ -115,7 +115,7 @@ def test_partial_rollout_that_cannot_carry_is_reported() -> None:
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import load_spec
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     bound = compile_plan(load_spec(root / "graphs" / "quickstart.yaml",
                                    ["schedule.partial_rollout=true"]))
     assert any("carries nothing" in m for m in bound["messages"])
@@ -125,7 +125,7 @@ def test_partial_rollout_that_cannot_carry_is_reported() -> None:
     assert not any("carries nothing" in m for m in gen_bound["messages"])
 
 
-GRAPHS = sorted((Path(__file__).resolve().parents[1] / "graphs").glob("*.yaml"))
+GRAPHS = sorted((Path(__file__).resolve().parents[3] / "graphs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("graph", GRAPHS, ids=[g.stem for g in GRAPHS])

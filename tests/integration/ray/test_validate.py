@@ -15,7 +15,7 @@ from rlgraph.graph import build_graph
 from rlgraph.rl.data import write_task_file
 from rlgraph.worker.workspace import Workspace
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 WITH_VALIDATE = ["nodes.validate={kind: validate, every: 2, prompts: 8}",
                  "groups.rollout.tasks=[generate, validate]"]
 

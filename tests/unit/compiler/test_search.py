@@ -24,8 +24,8 @@ from rlgraph.errors import SourceMap
 from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune
 from rlgraph.tune.space import Evaluator, SearchSpace, bell, set_partitions
 
-ROOT = Path(__file__).resolve().parents[1]
-TUNE = ROOT / "tests" / "graphs_tune"
+ROOT = Path(__file__).resolve().parents[3]
+TUNE = Path(__file__).parent / "graphs_tune"
 SEED_GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 
 

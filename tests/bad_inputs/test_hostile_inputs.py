@@ -29,7 +29,7 @@ from rlgraph.cli.main import main
 from rlgraph.nodes.base import StrictModel
 from rlgraph.rl.rewards import MAX_ABS_REWARD, RewardFnError, score_samples
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 QUICKSTART = (ROOT / "graphs" / "quickstart.yaml").read_text()
 HF_CONFIG = QUICKSTART.replace(  # the numbers of an inline model config get mutated too

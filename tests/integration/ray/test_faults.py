@@ -3,7 +3,7 @@
 A trainer, rollout or reward actor killed mid-run, SIGTERM to the `rlgraph run` process, and
 a full disk at a periodic checkpoint each end in a one-line error (or exit 143), and
 `--resume` then trains exactly the prompts of an uninterrupted run (the data stream's batch
-of each step, in order, as tests/test_runtime_ray.py checks against a real uninterrupted
+of each step, in order, as test_runtime_ray.py checks against a real uninterrupted
 run): 0 prompt ids lost, 0 duplicated. Where the trainer survives, the failure itself
 writes the checkpoint; every checkpoint is written after the ledger rows it covers.
 """
@@ -31,7 +31,7 @@ from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "graphs" / "quickstart.yaml"
 STEPS = 6
 SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",

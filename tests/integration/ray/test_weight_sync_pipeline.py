@@ -31,7 +31,7 @@ from rlgraph.worker.workspace import Workspace  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
          "data.response_len={mean: 16, max: 24}", "model.warm_start.steps=0"]
 LONG = ["data.prompts_per_step=8", "data.samples_per_prompt=8",

@@ -28,7 +28,7 @@ from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 STEPS = 6
 SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
          "data.response_len={mean: 16, max: 24}", "model.warm_start.steps=0"]

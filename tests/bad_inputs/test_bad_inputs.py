@@ -9,7 +9,7 @@ Each file states what the error must say in its header:
 and marks the offending line with a trailing `# <-` (or gives `line=`). The header is ASCII
 even where the rest of the file is not UTF-8 text (yaml_latin1.yaml, yaml_binary.yaml).
 Attacks that cannot be a file in git (a FIFO, /dev/zero, a 300-character name, UTF-16, an
-unwritable -o) are in tests/test_hostile_inputs.py. The test asserts
+unwritable -o) are in test_hostile_inputs.py. The test asserts
 exit status 2, `file:LINE:` (or `<override ...>`), the key and each text on stderr, nothing
 on stdout, and no traceback.
 """
@@ -27,7 +27,7 @@ import pytest
 
 from rlgraph.cli.main import main
 
-CORPUS = Path(__file__).parent / "bad_inputs"
+CORPUS = Path(__file__).parent
 
 
 @dataclass

@@ -16,7 +16,7 @@ from rlgraph.config.load import load_spec
 from rlgraph.runtime import cluster
 from rlgraph.runtime.actors import to_host
 
-GRAPHS = Path(__file__).resolve().parents[1] / "bench" / "graphs_gpu"
+GRAPHS = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu"
 SPLIT = GRAPHS / "split-one-step-off.yaml"
 COLOCATED = GRAPHS / "colocated-sync.yaml"
 

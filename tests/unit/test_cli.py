@@ -16,7 +16,7 @@ from rlgraph.cli.main import PLAN_FILES, CLIError, _lazy, main, out_dir_for, par
 from rlgraph.errors import MissingDependencyError, SpecError
 from rlgraph.report.summary import device_ranges
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 QUICKSTART = ROOT / "graphs" / "quickstart.yaml"
 PLAN_KEYS = {"name", "spec", "placement", "costs", "lag", "schedule", "channels", "messages"}
