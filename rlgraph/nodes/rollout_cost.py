@@ -1,15 +1,16 @@
-"""The cost model of `generate`: prefill, then decode steps that each cost the larger of a
-compute term and an HBM term, plus a fixed floor per layer and the tp all-reduces.
+"""The cost model of `generate`: prefill, then decode steps that each cost their GEMMs
+(compute- or weight-bound) plus attention's KV reads, a fixed floor per layer and the tp
+all-reduces.
 
-A decode step over R live rows of context c reads a replica's weights and the rows' KV once
-(HBM term: (W + R * c * kv) / (HBM x efficiency)) and does 2 * N_active * R FLOPs (compute
-term, at forward_mfu of the replica's peak); the larger wins (H20's ridge point is ~37
-FLOP/byte, so a large batch is compute-bound there). Every step also pays a floor per layer
-(kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and, with
-tp > 1, two all-reduce latencies per layer. Lengths follow `data.response_len` (dist /
-sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows finish along its survival curve, so
-KV reads go with E[L^2] and a synchronous batch decodes until the expected longest of its
-samples, not always max.
+A decode step over R live rows of context c runs its GEMMs (the larger of reading the
+replica's weights W at HBM speed and 2 * N_active * R FLOPs at the GEMM efficiency: H20's
+ridge point is ~37 FLOP/byte, so a large batch is compute-bound there), then attention,
+which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
+layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
+with tp > 1, two all-reduce latencies per layer. Lengths follow
+`data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows
+finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes
+until the expected longest of its samples, not always max.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units
+from rlgraph.nodes.parallel import compute_units, efficiency
 from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
@@ -36,16 +37,23 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
 
 
 def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
-    """One decode step of a replica over `rows` live rows whose context is `context` tokens:
-    max(compute, HBM) + layers x (floor + 2 all-reduce latencies when tp > 1)."""
+    """One decode step of a replica over `rows` live rows whose context is `context` tokens,
+    kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
+    and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
+    (the two run one after the other, so they add); plus layers x (floor + 2 all-reduce
+    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
-    weights = 2 * shape.params / tp
-    kv = rows * context * shape.kv_bytes_per_token() / tp
-    memory = (weights + kv) / (gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
-    compute = 2 * shape.active_params * rows / (tp * gpu.bf16_flops * COSTS.forward_mfu)
+    hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    weights = 2 * shape.params / tp / hbm
+    kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
+    flops = 2 * shape.active_params * rows / tp
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
-    return max(memory, compute) + shape.layers * (floor + allreduce)
+    fixed = shape.layers * (floor + allreduce)
+    if ctx.extra.get("local", gpu.name == "cpu"):
+        return max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu)) + fixed
+    gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
+    return gemms + kv + fixed
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -118,7 +126,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
     prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * COSTS.prefill_mfu * compute_units(ctx)))
+               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "

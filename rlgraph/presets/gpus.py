@@ -29,7 +29,7 @@ GPU_PRESETS: dict[str, GPUPreset] = {
     "H200": GPUPreset(
         "H200", 989e12, 4.8e12, 141 * GB, 352 * GB, 50 * GB,
         "NVIDIA H200 SXM datasheet (989 TFLOP/s dense bf16, 4.8 TB/s, 141 GB); NVLink: NCCL "
-        "broadcast measured 352 GB/s with 128 MB buckets on 2x H200 (DESIGN.md, 2026-11-22); "
+        "broadcast measured 352 GB/s with 128 MB buckets on 2x H200 (docs/measurements.md); "
         "network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s achieved",
         host_bytes_per_s=50 * GB,
     ),
