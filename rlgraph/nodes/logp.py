@@ -78,6 +78,7 @@ KIND = NodeKind(
     sequence_passes=True,
     colour="#76b7b2",
     doc="proximal-policy log-probs of the sampled tokens",
+    models=frozenset({"policy"}),
 )
 
 

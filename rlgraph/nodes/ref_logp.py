@@ -25,6 +25,7 @@ KIND = NodeKind(
     sequence_passes=True,
     colour="#f28e2b",
     doc="reference-model log-probs for the KL penalty",
+    models=frozenset({"reference"}),
 )
 
 

@@ -31,6 +31,7 @@ from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Completion, Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tracing import Tracer, load_events
+from rlgraph.weights import BucketMiB
 from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
 
 __all__ = ["CHECKPOINT_EVERY_S", "RunOptions", "RunResult", "Runner"]
@@ -97,11 +98,11 @@ class Runner:
                 err.source = self.spec.source
                 raise err
             if node in self.plan.weight_sync and self._transport(node) == "nccl":
-                buckets = self.plan.weight_sync[node].bucket_mb
-                if int(buckets.produce * 2**20) % int(buckets.consume * 2**20):
+                buckets = BucketMiB.of(self.plan.weight_sync[node].bucket_mb)
+                if buckets.produce_bytes % buckets.consume_bytes:
                     err = SpecError(f"the nccl transport cuts each produce bucket into consume "
-                                    f"chunks: produce {buckets.produce:g} MB is not a multiple "
-                                    f"of consume {buckets.consume:g} MB",
+                                    f"chunks: produce {buckets.produce:g} MiB is not a multiple "
+                                    f"of consume {buckets.consume:g} MiB",
                                     ("nodes", node, "bucket_mb"),
                                     hint="e.g. bucket_mb: {produce: 512, consume: 128}")
                     err.source = self.spec.source
@@ -180,9 +181,8 @@ class Runner:
         for node, planned in self.plan.weight_sync.items():
             dst = self.actors[planned.dst]
             receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
-            route = Route(node, self.actors[planned.src], dst, planned.bucket_mb.produce,
-                          planned.bucket_mb.consume, self._transport(node), receivers,
-                          self.options.verify_weights)
+            route = Route(node, self.actors[planned.src], dst, planned.bucket_mb,
+                          self._transport(node), receivers, self.options.verify_weights)
             if route.transport == "nccl" and route.src_actor is not route.dst_actor:
                 connect_route(route, backend_for("cpu" if self.local else "cuda"))
             routes[node] = route

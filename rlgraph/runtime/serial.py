@@ -22,6 +22,7 @@ from rlgraph.compiler.plan import Plan, RoutePlan
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
 from rlgraph.runtime.pipeline import Completion, InlineExecutor, Pipeline, Task, drive
+from rlgraph.weights import BucketMiB
 from rlgraph.worker.workspace import Workspace
 
 
@@ -40,12 +41,12 @@ def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
     spec = plan.spec
     out: dict[str, Workspace] = {}
     for group in plan.placement.groups:
-        tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].worker]
+        tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].runs_on_batches]
         if tasks:
             ws = Workspace(spec, tasks, seed=seed)
             out.update(dict.fromkeys(tasks, ws))
     for name, node in spec.nodes.items():
-        if name not in out and KINDS[node.kind].worker:
+        if name not in out and KINDS[node.kind].runs_on_batches:
             out[name] = Workspace(spec, [name], seed=seed)
     return out
 
@@ -53,8 +54,9 @@ def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
 def _move_weights(route: RoutePlan, sender: Workspace, receiver: Workspace) -> dict[str, Any]:
     """One param_update in process: bucketed export, staged receive, commit."""
     if sender is not receiver:
-        for bucket in sender.export_weights(route.bucket_mb.produce):
-            receiver.receive_bucket(bucket)
+        bucket_mb = BucketMiB.of(route.bucket_mb)
+        for bucket in sender.export_weights(bucket_mb):
+            receiver.receive_bucket(bucket, bucket_mb)
         receiver.commit_weights(sender.policy_version)
     return {"version": sender.policy_version, "summary": {}}
 
