@@ -31,8 +31,8 @@ from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Completion, Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tracing import Tracer, load_events
-from rlgraph.weights import BucketMiB
 from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
+from rlgraph.weights import BucketMiB
 
 __all__ = ["CHECKPOINT_EVERY_S", "RunOptions", "RunResult", "Runner"]
 
