@@ -112,7 +112,7 @@ def refusal(graph: Path, overrides: list[str]) -> str | None:
 
     try:
         spec = load_spec(graph, overrides)
-        Runner(spec, compile_plan(spec), RunOptions(out_dir=Path(tempfile.mkdtemp()), steps=1))
+        Runner(compile_plan(spec), RunOptions(out_dir=Path(tempfile.mkdtemp()), steps=1))
     except RLGraphError as err:
         return err.render() if hasattr(err, "render") else str(err)
     return None

@@ -128,14 +128,14 @@ def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=args.steps,
+    result = Runner(plan, RunOptions(out_dir=run_dir, steps=args.steps,
                                            tensorboard=False)).run()
     wall = time.time() - began
     rows = steady(result.rows)
     step_s = statistics.median(r["time/step_s"] for r in rows)
     samples = spec.data.prompts_per_step * spec.data.samples_per_prompt
     calibrated = compile_plan(spec, calibration=run_dir)
-    (run_dir / "plan-calibrated.json").write_text(json.dumps(calibrated, indent=2) + "\n")
+    (run_dir / "plan-calibrated.json").write_text(calibrated.to_json())
     measured = events_from_trace(json.loads((run_dir / "trace.json").read_text()))
     write_timeline(run_dir, plan, measured)  # what `rlgraph timeline RUN_DIR` draws
     cal_dir = run_dir / "calibrated"

@@ -70,7 +70,7 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=steps,
+    result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps,
                                            tensorboard=False)).run()
     steady = [r["time/step_s"] for r in result.rows[1:]] or [r["time/step_s"]
                                                              for r in result.rows]

@@ -113,7 +113,7 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=steps,
+    result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps,
                                            tensorboard=False)).run()
     rows = result.rows
     steady = [r["time/step_s"] for r in rows[1:]] or [r["time/step_s"] for r in rows]

@@ -36,18 +36,15 @@ def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
     spec = load_spec(graph, overrides)
     spec.schedule.steps = steps
     plan = compile_plan(spec)
-    (out / "plan.json").write_text(json.dumps(plan))
     start = time.time()
-    Runner(spec, plan, RunOptions(out_dir=out, steps=steps, tensorboard=False)).run()
+    Runner(plan, RunOptions(out_dir=out, steps=steps, tensorboard=False)).run()
     return time.time() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     args = quickstart_args(__doc__.splitlines()[0], argv, steps=30)
 
-    from rlgraph.config.load import validate_spec
-    from rlgraph.errors import SourceMap
-    from rlgraph.graph import build_graph
+    from rlgraph.compiler.plan import Plan
     from rlgraph.report.chrome_trace import events_from_trace
     from rlgraph.runtime.tracing import critical_path
 
@@ -56,11 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = Path(tempfile.mkdtemp(prefix="rlgraph-overhead-"))
         wall = run(Path(args.graph), args.steps, out, args.overrides)
-    plan = json.loads((out / "plan.json").read_text())
-    spec = validate_spec(plan["spec"], SourceMap())
-    graph = build_graph(spec)
+    plan = Plan.read(out / "plan.json")
     events = events_from_trace(json.loads((out / "trace.json").read_text()))
-    path = critical_path(events, graph, spec.schedule.max_lag, first_step=WARMUP_STEPS)
+    path = critical_path(events, plan.graph, first_step=WARMUP_STEPS)
     gaps = [b["start"] - a["end"] for a, b in zip(path.spans, path.spans[1:])]
     per_step_s = path.overhead_s / max(path.steps, 1)
     step_s = path.wall_s / max(path.steps, 1)

@@ -65,7 +65,7 @@ def _check_groups(spec: Spec) -> dict[str, str]:
             if task in owner:
                 raise SpecError(f"task '{task}' is in two groups: '{owner[task]}' and '{group}'",
                                 key, hint="a task runs in exactly one group")
-            if spec.nodes[task].kind == "param_update":
+            if KINDS[spec.nodes[task].kind].carries_weights:
                 raise SpecError(f"'{task}' (param_update) cannot be a group's task", key,
                                 hint="it occupies the group of its src by itself")
             owner[task] = group
@@ -112,9 +112,10 @@ def _refuse_stale_policy(graph: nx.DiGraph) -> None:
     or a param_update delivers to one of its tasks), or it receives the weights itself;
     otherwise it would score every batch with the initial weights."""
     fed = {n for n in graph if any(d > 0 for _, _, d in graph.in_edges(n, data="distance"))}
-    holding = {g for n, k, g in _kind_group(graph) if g and (k == "train" or n in fed)}
+    holding = {g for n, k, g in _kind_group(graph)
+               if g and (KINDS[k].advances_policy or n in fed)}
     for name, kind, group in _kind_group(graph):
-        if kind == "logp" and name not in fed and group not in holding:
+        if KINDS[kind].proximal_logp and name not in fed and group not in holding:
             raise SpecError(f"'{name}' (logp) never receives the policy's weights: its group "
                             "has no train and no param_update delivers to it",
                             ("nodes", name), hint=f"add param_update_{name}: {{kind: "
@@ -142,7 +143,7 @@ def _refuse_deadlock(graph: nx.DiGraph) -> None:
 
 def _refuse_dead_ends(spec: Spec, graph: nx.DiGraph) -> None:
     """Every node must feed `train`, or its work is never used."""
-    trains = [n for n, k in graph.nodes(data="kind") if k == "train"]
+    trains = [n for n, k in graph.nodes(data="kind") if KINDS[k].advances_policy]
     if not trains:
         raise SpecError("the graph has no train node", ("nodes",),
                         hint="add `train: {kind: train}`")

@@ -16,9 +16,12 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError
+
+if TYPE_CHECKING:
+    from rlgraph.compiler.plan import Plan
 
 PLAN_FILES = ("plan.json", "timeline.json", "timeline.html", "timeline.png")
 
@@ -66,7 +69,7 @@ def read_json(path: Path, what: str) -> Any:
         raise CLIError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
 
 
-def compile_spec(spec: Any, calibration: Path | None = None) -> dict:
+def compile_spec(spec: Any, calibration: Path | None = None) -> Plan:
     """Run the compiler on a loaded spec; its SpecErrors point into the spec's file.
 
     `calibration`: a run dir or its trace.json; measured node times replace the model's.
@@ -84,7 +87,7 @@ def out_dir_for(name: str) -> Path:
     return Path("out") / (re.sub(r"[^\w.-]+", "-", name).strip("-.") or "graph")
 
 
-def write_plan(out: Path, plan: dict, measured: list[dict] | None = None) -> list[Path]:
+def write_plan(out: Path, plan: Plan, measured: list[dict] | None = None) -> list[Path]:
     """plan.json and the three timeline files into `out`; a folder that cannot be written
     (read-only, no permission, a name too long, a full disk) is a one-line CLIError."""
     from rlgraph.config.safe_yaml import shown
@@ -93,7 +96,7 @@ def write_plan(out: Path, plan: dict, measured: list[dict] | None = None) -> lis
     try:
         out.mkdir(parents=True, exist_ok=True)
         plan_file = out / "plan.json"
-        plan_file.write_text(json.dumps(plan, indent=2) + "\n")
+        plan_file.write_text(plan.to_json())
         return [plan_file, *write_timeline(out, plan, measured)]
     except OSError as exc:
         what = exc.strerror or type(exc).__name__
@@ -115,7 +118,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.json:
         if args.out:
             write_plan(Path(args.out), plan)
-        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        sys.stdout.write(plan.to_json())
         return 0
     out = Path(args.out) if args.out else out_dir_for(spec.name)
     write_plan(out, plan)
@@ -141,7 +144,11 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise CLIError(f"{run_dir}: not a directory (give a run dir, e.g. runs/quickstart-...)")
-    plan = read_json(run_dir / "plan.json", "rlgraph run and rlgraph compile -o DIR write it")
+    from rlgraph.compiler.plan import Plan
+
+    plan_file = run_dir / "plan.json"
+    data = read_json(plan_file, "rlgraph run and rlgraph compile -o DIR write it")
+    plan = Plan.from_dict(data, str(plan_file))
     trace_file = run_dir / "trace.json"
     measured = events_from_trace(read_json(trace_file, "")) if trace_file.exists() else None
     paths = write_timeline(run_dir, plan, measured)

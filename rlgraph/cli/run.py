@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlgraph.compiler.plan import Plan
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
 from rlgraph.runtime import run_dir
@@ -81,7 +82,7 @@ class RunProgress:
             self.bar.stop()
 
 
-def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
+def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
     """Spec with overrides and --steps, the compiled plan, and the run dir. A resumed run
     takes the graph on the command line (refused if it differs from the run's in anything
     but the step count) and the run's step count, unless told. A fresh default run dir is
@@ -146,7 +147,7 @@ def run_main(args: argparse.Namespace) -> int:
                          checkpoint_every=int(every or 0),
                          checkpoint_every_s=CHECKPOINT_EVERY_S if every is None else 0.0,
                          verify_weights=bool(verify))
-    runner = Runner(spec, plan, options)
+    runner = Runner(plan, options)
     for note in runner.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     printed = len(runner.notes)
@@ -202,7 +203,7 @@ def _install_sigterm(runner: Runner) -> dict[str, Any]:
     return state
 
 
-def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Namespace) -> int:
+def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -> int:
     """Timeline files with predicted and measured, and the closing lines."""
     from rlgraph.report.timeline import write_timeline
 
@@ -215,7 +216,7 @@ def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Na
         print(f"trained steps {result.first_step}..{result.next_step - 1}: reward/mean "
               f"{sum(head) / len(head):.3f} (first {len(head)}) -> {sum(tail) / len(tail):.3f} "
               f"(last {len(tail)}); lag/max {lag_max:g} <= bound "
-              f"{plan['lag']['max_policy_lag']}; {result.wall_s:.1f}s running + "
+              f"{plan.lag.max_policy_lag}; {result.wall_s:.1f}s running + "
               f"{result.startup_s:.1f}s start-up")
     if rows and "val/accuracy" in rows[-1]:
         last = rows[-1]
@@ -224,7 +225,7 @@ def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Na
               f"{last['val/reward/mean']:.3f} on {last['val/samples']:g} held-out prompts")
     if result.lag_violations:
         print(f"WARNING: {result.lag_violations} steps trained on tokens older than the proven "
-              f"bound {plan['lag']['max_policy_lag']} (a runtime bug; see metrics.jsonl)",
+              f"bound {plan.lag.max_policy_lag} (a runtime bug; see metrics.jsonl)",
               file=sys.stderr)
     print(f"wrote {out}/: plan.json metrics.jsonl trace.json timeline.html timeline.png "
           f"checkpoint/ tensorboard/")

@@ -10,7 +10,6 @@ are not. rich is imported only when the table is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from rlgraph.compiler.calibrate import load_calibration
 from rlgraph.config.load import apply_overrides, load_spec
 from rlgraph.config.safe_yaml import read_graph
 from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.tune.search import Plan, TuneResult, tune
 
 
@@ -44,7 +44,7 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
         schedule["partial_rollout"] = best.partial_rollout
     if best.tp is not None:
         for name, node in best.spec.nodes.items():
-            if node.kind == "generate":
+            if KINDS[node.kind].samples:
                 raw = data["nodes"].get(name)
                 raw = data["nodes"][name] = raw if isinstance(raw, dict) else {}
                 raw["tp"] = best.tp
@@ -156,7 +156,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.json:
         if out:
             _write(Path(out), text)
-        sys.stdout.write(json.dumps(result.plan, indent=2) + "\n")
+        sys.stdout.write(result.plan.to_json())
         return 0
     from rlgraph.cli.main import out_dir_for
 

@@ -26,12 +26,21 @@ from rlgraph.compiler.calibrate import as_calibration, load_calibration
 from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
+    channel_capacities,
     lag_messages,
     prove_lag,
     smallest_lag_for_best_period,
+    version_gate,
 )
 from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
+from rlgraph.compiler.plan import (
+    LagPlan,
+    Plan,
+    PricingPlan,
+    SchedulePlan,
+    weight_routes,
+)
 from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
@@ -44,7 +53,7 @@ from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
 from rlgraph.compiler.trust import trust
 from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
-from rlgraph.graph import build_graph, data_edges
+from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
 
@@ -55,8 +64,8 @@ LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph
 OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
-    "LowestStepFirst", "TaskState", "compile_plan", "describe_bottleneck", "load_calibration",
-    "simulate",
+    "LowestStepFirst", "Plan", "TaskState", "compile_plan", "describe_bottleneck",
+    "load_calibration", "simulate",
     "steady_state", "sync_graph", "sync_spec",
 ]
 
@@ -68,10 +77,11 @@ def sync_spec(spec: Spec) -> Spec:
     a logp node gets one (OLD_LOG_PROB) in the baseline."""
     tasks = [t for g in spec.groups.values() for t in g.tasks]
     nodes = spec.nodes
-    kinds = {n.kind for n in nodes.values()}
-    if (hybrid_engine_priced(spec) and tasks and "train" in kinds and "logp" not in kinds
-            and OLD_LOG_PROB not in nodes):
-        nodes = {**nodes, OLD_LOG_PROB: KINDS["logp"].spec()}
+    roles = [KINDS[n.kind] for n in nodes.values()]
+    if (hybrid_engine_priced(spec) and tasks and any(r.advances_policy for r in roles)
+            and not any(r.proximal_logp for r in roles) and OLD_LOG_PROB not in nodes):
+        logp = next(kind for kind in KINDS.values() if kind.proximal_logp)
+        nodes = {**nodes, OLD_LOG_PROB: logp.spec()}
         tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
@@ -204,7 +214,7 @@ def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: in
     out = []
     for gen, kind in graph.nodes(data="kind"):
         feeders = [u for u, _, d in graph.in_edges(gen, data="distance") if d > 0]
-        if kind != "generate" or not feeders:
+        if not KINDS[kind].samples or not feeders:
             continue
         delivered = sorted(e["end"] for e in events if e["node"] in feeders)
         starts = [(e["step"], e["start"]) for e in events if e["node"] == gen]
@@ -218,8 +228,8 @@ def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: in
     return out
 
 
-def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
-    """The plan dict (see the team brief): placement, costs, lag, schedule, channels, messages.
+def compile_plan(spec: Spec, calibration: Any = None) -> Plan:
+    """The Plan (`rlgraph.compiler.plan`): placement, costs, lag, schedule, channels, routes.
 
     `calibration`: seconds per node (`load_calibration`), measured event dicts, a trace path
     or None. A SpecError raised by a pass carries the spec's source map (file:line:col)."""
@@ -230,7 +240,7 @@ def compile_plan(spec: Spec, calibration: Any = None) -> dict[str, Any]:
         raise
 
 
-def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
+def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     placement: Placement = place(spec)
@@ -272,34 +282,38 @@ def _compile(spec: Spec, calibration: Any) -> dict[str, Any]:
     if measured:
         used = sorted(set(measured) & set(costs))
         messages.append(f"calibrated {len(used)} node(s) from measured times: {', '.join(used)}")
-    return {
-        "name": spec.name,
-        "spec": spec.to_yaml_dict(),
-        "placement": placement.to_dict(),
-        "costs": {n: c.to_dict() for n, c in costs.items()},
-        "lag": {
-            "max_policy_lag": proof.max_policy_lag,
-            "per_edge": proof.per_edge,
-            "token_version_span": proof.token_version_span,
-            "smallest_max_lag_for_best_period": smallest,
-            "periods_by_max_lag": {str(k): v for k, v in periods.items()},
-            "note": proof.note,
-        },
-        "schedule": {
-            "period_s": period,
-            "bound_s": bound.seconds,
-            "sync_period_s": sync,
-            "speedup_vs_sync": sync / period if period > 0 else 1.0,
-            "utilization": {g: round(u, 6) for g, u in util.items()},
-            "idle": {g: round(1 - u, 6) for g, u in util.items()},
-            "bottleneck": describe_bottleneck(tg, bound, period, util),
-            "policy": LowestStepFirst.name,
-            "steps_simulated": steady.sim.steps,
-            "cyclicity": steady.cyclicity,
-            "events": steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
-        },
-        "channels": {f"{u}->{v}": spec.schedule.max_lag + 1 for u, v in data_edges(graph)},
-        "pricing": {"runtime": runtime, "why": why},
-        "trust": trust(spec, costs, sync_costs, sync),
-        "messages": messages,
-    }
+    plan = Plan(
+        name=spec.name,
+        spec=spec,
+        placement=placement.to_dict(),
+        costs={n: c.to_dict() for n, c in costs.items()},
+        lag=LagPlan(
+            max_lag=version_gate(graph),
+            max_policy_lag=proof.max_policy_lag,
+            per_edge=proof.per_edge,
+            token_version_span=proof.token_version_span,
+            smallest_max_lag_for_best_period=smallest,
+            periods_by_max_lag={str(k): v for k, v in periods.items()},
+            note=proof.note,
+        ),
+        schedule=SchedulePlan(
+            period_s=period,
+            bound_s=bound.seconds,
+            sync_period_s=sync,
+            speedup_vs_sync=sync / period if period > 0 else 1.0,
+            utilization={g: round(u, 6) for g, u in util.items()},
+            idle={g: round(1 - u, 6) for g, u in util.items()},
+            bottleneck=describe_bottleneck(tg, bound, period, util),
+            policy=LowestStepFirst.name,
+            steps_simulated=steady.sim.steps,
+            cyclicity=steady.cyclicity,
+            events=steady.sim.events(min(spec.schedule.steps, EVENT_STEPS)),
+        ),
+        channels=channel_capacities(graph),
+        weight_sync=weight_routes(spec),
+        pricing=PricingPlan(runtime=runtime, why=why),
+        trust=trust(spec, costs, sync_costs, sync),
+        messages=messages,
+    )
+    return plan.with_graph(graph)
+

@@ -24,6 +24,7 @@ import networkx as nx
 
 from rlgraph.errors import SpecError
 from rlgraph.graph import data_edges, step_order
+from rlgraph.nodes import KINDS
 
 BEST_PERIOD_TOLERANCE = 0.005  # a lag "reaches the best period" within 0.5%
 
@@ -61,8 +62,8 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
     for u, v in data_edges(graph):
         preds[v].append(u)
         succs[u].append(v)
-    trains = {n for n, k in kinds.items() if k == "train"}
-    gens = {n for n, k in kinds.items() if k == "generate"}
+    trains = {n for n, k in kinds.items() if KINDS[k].advances_policy}
+    gens = {n for n, k in kinds.items() if KINDS[k].samples}
     gens_up = _reach(order, preds, gens)  # generates whose data reaches a node within a step
     trains_up = _reach(order, preds, trains)  # trains whose output reaches a node
     trains_down = _reach(order[::-1], succs, trains)  # trains a node's output reaches
@@ -95,6 +96,21 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
                         "each step (no version may differ); use max_lag >= 1")
     return LagProof(max_lag, pairs, per_edge, max_lag if partial_rollout else 0,
                     _note(pairs, max_lag), messages)
+
+
+def version_gate(graph: nx.DiGraph) -> int:
+    """The runtime's version gate: generate (or any weight receiver) of step t waits for a
+    version >= t - gate. It is the back edges' distance less one (graph.yaml's max_lag); a
+    graph without back edges keeps the spec's max_lag."""
+    distances = [d for _, _, d in graph.edges(data="distance") if d]
+    return min(distances) - 1 if distances else int(graph.graph.get("max_lag", 0))
+
+
+def channel_capacities(graph: nx.DiGraph) -> dict[str, int]:
+    """Steps each data edge's channel holds: gate + 1, so a producer runs at most as far
+    ahead of its consumer as the back edge lets generate run ahead of train."""
+    room = version_gate(graph) + 1
+    return {f"{u}->{v}": room for u, v in data_edges(graph)}
 
 
 def _note(pairs: Mapping[tuple[str, str], tuple[int, str, int]], max_lag: int) -> str:

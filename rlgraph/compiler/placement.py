@@ -21,6 +21,7 @@ from typing import Any
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
 
@@ -166,7 +167,8 @@ def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
     usable = gpu.memory_bytes * COSTS.usable_memory_fraction
     for task in group.tasks:
         node = spec.nodes[task]
-        if node.kind == "train":
+        role = KINDS[node.kind]
+        if role.advances_policy:  # weights, grads and optimizer states
             need = COSTS.train_state_bytes_per_param * shape.params / group.gpus
             if need > usable:
                 least = math.ceil(COSTS.train_state_bytes_per_param * shape.params / usable)
@@ -176,7 +178,7 @@ def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
                     f"{group.gpus} GPUs); a {gpu.name} has {usable / 1e9:.0f} GB usable",
                     ("groups", group.name, "share"),
                     hint=f"give group '{group.name}' at least {least} GPUs")
-        elif node.kind == "generate":
+        elif role.samples:  # weights / tp and one sequence's KV cache
             data = spec.data
             weights = 2 * shape.params / node.tp
             kv = shape.kv_bytes_per_token() / node.tp * (data.prompt_len + data.response_len.max)

@@ -1,5 +1,5 @@
 """How much to trust a plan's period: whether its costs are calibrated, and the assumptions
-that dominate it (`plan["trust"]`, the summary's "trust" lines)."""
+that dominate it (`Plan.trust`, the summary's "trust" lines)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from rlgraph.compiler.costs import NodeCost
 from rlgraph.config.schema import Spec
+from rlgraph.nodes import KINDS
 from rlgraph.presets.costs import COSTS, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
 
@@ -23,14 +24,13 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     calibrated = sorted(n for n, c in costs.items() if c.source == "calibrated")
     lines = []
     data = spec.data
-    if any(spec.nodes[n].kind in ("generate", "train", "logp", "ref_logp")
-           for _, n in modelled):
+    if any(KINDS[spec.nodes[n].kind].uses_gpu for _, n in modelled):  # model forwards
         lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
                      f"{data.response_len.max}, {data.response_len.dist} sigma "
                      f"{data.response_len.sigma:g}): decode, logp and train scale with it")
     gpu = GPU_PRESETS.get(spec.cluster.gpu)
     if gpu is not None and not spec.cluster.local and any(
-            spec.nodes[n].kind in ("train", "logp", "ref_logp") for _, n in modelled):
+            KINDS[spec.nodes[n].kind].sequence_passes for _, n in modelled):
         lines.append(f"train / logp passes run at "
                      f"{pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s):.0%} of "
                      f"{gpu.name} peak (roofline from Megatron's 52% on A100; not measured "

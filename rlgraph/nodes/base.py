@@ -102,6 +102,15 @@ class NodeKind:
     carries_weights: bool = False  # out-edges are back edges of distance max_lag + 1
     worker: str | None = None  # "module:attr" of the runtime worker, imported lazily
     doc: str = ""
+    # --- What a kind does, for code outside rlgraph/nodes/ to ask instead of comparing its
+    # name (compiler, runtime, reports, tuner). Each kind module sets the ones true of it.
+    advances_policy: bool = False  # an optimizer step: step t produces policy version t + 1
+    samples: bool = False  # samples tokens with the policy it holds (waits for a version)
+    proximal_logp: bool = False  # recomputes the current policy's log-probs of the samples
+    validates: bool = False  # evaluates the policy on held-out prompts, every few steps
+    sequence_passes: bool = False  # forward (+ backward) passes over whole sequences, no decode
+    colour: str = "#9c9c9c"  # its colour in timelines (Tableau 10)
+    # --- end of the block
     # --- what a task of this kind needs from the Workspace of its group (kinds helper) ------
     # The worker side asks these instead of comparing kind names. `models`: "policy" (the
     # group's trainable policy, shared by its tasks) and/or "reference" (a frozen copy of the

@@ -60,6 +60,8 @@ KIND = NodeKind(
     uses_gpu=True,
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
+    samples=True,
+    colour="#59a14f",
     doc="sample responses with the current policy",
     models=frozenset({"policy"}),
 )

@@ -74,6 +74,9 @@ KIND = NodeKind(
     uses_gpu=True,
     default_edges=inputs_from_kinds("generate"),
     worker="rlgraph.nodes.logp:LogpWorker",
+    proximal_logp=True,
+    sequence_passes=True,
+    colour="#76b7b2",
     doc="proximal-policy log-probs of the sampled tokens",
     models=frozenset({"policy"}),
 )

@@ -111,6 +111,7 @@ KIND = NodeKind(
     uses_gpu=False,
     default_edges=param_update_edges,
     carries_weights=True,
+    colour="#e15759",
     worker="rlgraph.nodes.param_update:ParamUpdateWorker",
     doc="versioned weight transfer from train to generate",
 )

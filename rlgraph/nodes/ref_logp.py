@@ -22,6 +22,8 @@ KIND = NodeKind(
     uses_gpu=True,
     default_edges=inputs_from_kinds("generate"),
     worker="rlgraph.nodes.ref_logp:RefLogpWorker",
+    sequence_passes=True,
+    colour="#f28e2b",
     doc="reference-model log-probs for the KL penalty",
     models=frozenset({"reference"}),
 )

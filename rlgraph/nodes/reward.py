@@ -59,6 +59,7 @@ KIND = NodeKind(
     uses_gpu=False,
     default_edges=inputs_from_kinds("generate"),
     worker="rlgraph.nodes.reward:RewardWorker",
+    colour="#edc948",
     doc="score responses",
 )
 

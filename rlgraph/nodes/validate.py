@@ -120,6 +120,8 @@ KIND = NodeKind(
     uses_gpu=True,
     default_edges=validate_edges,
     worker="rlgraph.nodes.validate:ValidateWorker",
+    validates=True,
+    colour="#b07aa1",
     doc="score the policy on held-out prompts every `every` steps",
 )
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rlgraph.nodes import KINDS, NodeKind, NodeSpec
+
 NO_GROUP = "cpu"  # lane of nodes that hold no GPU group (reward on CPU)
 
-KIND_COLORS: dict[str, str] = {
-    "generate": "#59a14f",
-    "reward": "#edc948",
-    "logp": "#76b7b2",
-    "ref_logp": "#f28e2b",
-    "train": "#4e79a7",
-    "param_update": "#e15759",
-    "validate": "#b07aa1",
-}
-OTHER_COLOR = "#9c9c9c"
+KIND_COLORS: dict[str, str] = {name: kind.colour for name, kind in KINDS.items()}
+OTHER_COLOR = NodeKind.colour  # an event whose kind is unknown (an older trace)
+_UNKNOWN = NodeKind("", NodeSpec, lambda node, ctx: 0.0, False, lambda *_: [])
+
+
+def role_of(kind: str) -> NodeKind:
+    """The `NodeKind` record of a kind's name (a record that does nothing, if unknown)."""
+    return KINDS.get(kind, _UNKNOWN)
 
 
 def kind_of(event: Mapping[str, Any], kinds: Mapping[str, str] | None) -> str:
@@ -105,10 +105,10 @@ def _flows(spans: list[dict]) -> list[dict]:
     for span in spans:  # a node on two groups starts its arrow on the first one
         key = (span["cat"], span["name"], span["args"].get("step"))
         first.setdefault(key, span)
-    trains = [s for (cat, _, _), s in first.items() if cat == "train"]
+    trains = [s for (cat, _, _), s in first.items() if role_of(cat).advances_policy]
     flows: list[dict] = []
     for (cat, _, step), gen in first.items():
-        if cat != "generate":
+        if not role_of(cat).samples:
             continue
         for train in trains:
             if train["args"].get("step") != step:

@@ -7,9 +7,10 @@ only, so `rlgraph compile --json` never pays for it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import IO, Any
 
+from rlgraph.compiler.plan import LagPlan, Plan
 from rlgraph.report.timeline import fmt_seconds
 
 
@@ -42,110 +43,101 @@ def _pct(value: Any) -> str:
     return f"{100 * value:.0f}%" if isinstance(value, int | float) else "–"
 
 
-def cluster_line(plan: Mapping[str, Any]) -> str:
+def cluster_line(plan: Plan) -> str:
     """'4 nodes × 8 H200 (32 GPUs) · model red-moe-16b' (or the local CPU slots)."""
-    spec, placement = plan.get("spec", {}), plan.get("placement", {})
-    cluster = spec.get("cluster", {})
-    if placement.get("local") or cluster.get("local"):
-        where = f"local, {placement.get('slots', cluster.get('cpus', '?'))} CPU slots"
+    cluster, placement = plan.spec.cluster, plan.placement
+    if placement.local or cluster.local:
+        where = f"local, {placement.slots or cluster.cpus or '?'} CPU slots"
     else:
-        nodes, per = cluster.get("nodes", 1), cluster.get("gpus_per_node", "?")
-        where = f"{nodes} node{'s' if nodes != 1 else ''} × {per} {cluster.get('gpu', '')}"
-        where += f" ({placement.get('slots', '?')} GPUs)"
-    model = spec.get("model", {})
-    name = model.get("preset") or model.get("path") or "hf_config"
+        nodes = cluster.nodes
+        where = f"{nodes} node{'s' if nodes != 1 else ''} × {cluster.gpus_per_node} {cluster.gpu}"
+        where += f" ({placement.slots} GPUs)"
+    model = plan.spec.model
+    name = model.preset or model.path or "hf_config"
     return f"{where} · model {name}"
 
 
-def summary_renderables(plan: Mapping[str, Any]) -> list[Any]:
+def summary_renderables(plan: Plan) -> list[Any]:
     """rich renderables: a groups table, a nodes table and the figures."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    sched, lag = plan.get("schedule", {}), plan.get("lag", {})
-    util, idle = sched.get("utilization", {}), sched.get("idle", {})
-    local = plan.get("placement", {}).get("local")
-    title = Text.assemble((str(plan.get("name", "")), "bold"), f" · {cluster_line(plan)}")
+    sched, lag = plan.schedule, plan.lag
+    util, idle = sched.utilization, sched.idle
+    local = plan.placement.local
+    title = Text.assemble((plan.name, "bold"), f" · {cluster_line(plan)}")
     groups = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in (("group", "left"), ("slots" if local else "GPUs", "right"),
                             ("devices", "left"), ("replicas", "right"), ("share", "right"),
                             ("tasks", "left"), ("busy", "right"), ("idle", "right")):
         groups.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for g in plan.get("placement", {}).get("groups", []):
-        groups.add_row(g["name"], str(g.get("gpus", "")), device_ranges(g.get("devices", [])),
-                       str(g.get("replicas", 1)), f"{g.get('share', 0):g}",
-                       ", ".join(g.get("tasks", [])), _pct(util.get(g["name"])),
-                       _pct(idle.get(g["name"])))
+    for g in plan.placement.groups:
+        groups.add_row(g.name, str(g.gpus), device_ranges([list(d) for d in g.devices]),
+                       str(g.replicas), f"{g.share:g}", ", ".join(g.tasks),
+                       _pct(util.get(g.name)), _pct(idle.get(g.name)))
 
     nodes = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in (("node", "left"), ("runs on", "left"), ("time/step", "right")):
         nodes.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     nodes.add_column("cost", ratio=1)
-    spec_nodes = plan.get("spec", {}).get("nodes", {})
+    kinds = plan.kinds
     occupied = _occupied_by_node(plan)
-    for name, cost in plan.get("costs", {}).items():
-        kind = spec_nodes.get(name, {}).get("kind", name)
-        source = cost.get("source", "model")
-        detail = str(cost.get("detail", "")).removeprefix(f"{source}: ")
+    for name, cost in plan.costs.items():
+        kind = kinds.get(name, name)
+        detail = cost.detail.removeprefix(f"{cost.source}: ")
         nodes.add_row(name if kind == name else f"{name} ({kind})", occupied.get(name, "cpu"),
-                      fmt_seconds(cost.get("seconds")),
-                      detail if source == "model" else f"[{source}] {detail}")
+                      fmt_seconds(cost.seconds),
+                      detail if cost.source == "model" else f"[{cost.source}] {detail}")
 
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    speedup = sched.get("speedup_vs_sync")
-    facts.add_row("period", Text(f"{fmt_seconds(sched.get('period_s'))}/step", style="bold"))
-    facts.add_row("bound", f"{fmt_seconds(sched.get('bound_s'))}/step "
+    facts.add_row("period", Text(f"{fmt_seconds(sched.period_s)}/step", style="bold"))
+    facts.add_row("bound", f"{fmt_seconds(sched.bound_s)}/step "
                   "(max of cycle ratio and group load)")
-    facts.add_row("colocated sync", f"{fmt_seconds(sched.get('sync_period_s'))}/step "
+    facts.add_row("colocated sync", f"{fmt_seconds(sched.sync_period_s)}/step "
                   "(all tasks on all GPUs, max_lag 0)")
-    facts.add_row("speedup", Text(f"{speedup:.2f}×" if isinstance(speedup, int | float)
-                                  else "–", style="bold green"))
+    facts.add_row("speedup", Text(f"{sched.speedup_vs_sync:.2f}×", style="bold green"))
     facts.add_row("max policy lag", _lag_text(lag))
-    if sched.get("bottleneck"):
-        facts.add_row("bottleneck", str(sched["bottleneck"]))
-    pricing, trust = plan.get("pricing", {}), plan.get("trust", {})
-    if pricing:
-        facts.add_row("prices", f"{pricing.get('runtime')}: {pricing.get('why')}")
-    if trust:
-        how = ("calibrated: " + ", ".join(trust.get("calibrated_nodes", []))
-               if trust.get("calibrated") else "uncalibrated (analytic costs; calibrate with "
-               "`rlgraph compile --calibrate RUN/trace.json`)")
-        facts.add_row("trust", how)
-        for line in trust.get("assumptions", []):
-            facts.add_row("", f"• {line}")
-    for i, message in enumerate(plan.get("messages", [])):
+    if sched.bottleneck:
+        facts.add_row("bottleneck", sched.bottleneck)
+    pricing, trust = plan.pricing, plan.trust
+    if pricing.runtime:
+        facts.add_row("prices", f"{pricing.runtime}: {pricing.why}")
+    how = ("calibrated: " + ", ".join(trust.calibrated_nodes) if trust.calibrated
+           else "uncalibrated (analytic costs; calibrate with "
+           "`rlgraph compile --calibrate RUN/trace.json`)")
+    facts.add_row("trust", how)
+    for line in trust.assumptions:
+        facts.add_row("", f"• {line}")
+    for i, message in enumerate(plan.messages):
         facts.add_row("advice" if i == 0 else "", f"• {message}")
     return [title, groups, nodes, facts]
 
 
-def _lag_text(lag: Mapping[str, Any]) -> str:
-    text = str(lag.get("max_policy_lag", "–"))
-    extra = []
-    if "token_version_span" in lag:
-        extra.append(f"token version span {lag['token_version_span']}")
-    if "smallest_max_lag_for_best_period" in lag:
-        best = lag["smallest_max_lag_for_best_period"]
-        extra.append(f"smallest max_lag for the best period {best}")
-    return f"{text} ({'; '.join(extra)})" if extra else text
+def _lag_text(lag: LagPlan) -> str:
+    extra = [f"token version span {lag.token_version_span}"]
+    if lag.smallest_max_lag_for_best_period is not None:
+        extra.append(f"smallest max_lag for the best period "
+                     f"{lag.smallest_max_lag_for_best_period}")
+    return f"{lag.max_policy_lag} ({'; '.join(extra)})"
 
 
-def _occupied_by_node(plan: Mapping[str, Any]) -> dict[str, str]:
+def _occupied_by_node(plan: Plan) -> dict[str, str]:
     """node -> the groups it occupies, from the plan's events (or its group's tasks)."""
     out: dict[str, str] = {}
-    for g in plan.get("placement", {}).get("groups", []):
-        for task in g.get("tasks", []):
-            out[task] = g["name"]
-    for event in plan.get("schedule", {}).get("events", []):
+    for g in plan.placement.groups:
+        for task in g.tasks:
+            out[task] = g.name
+    for event in plan.schedule.events:
         occupies = event.get("occupies") or []
         if (occupies and event["node"] not in out) or len(occupies) > 1:
             out[event["node"]] = "+".join(occupies)
     return out
 
 
-def print_summary(plan: Mapping[str, Any], file: IO[str] | None = None,
+def print_summary(plan: Plan, file: IO[str] | None = None,
                   footer: str | None = None) -> None:
     """Print the summary with rich (to stdout unless `file` is given)."""
     import os

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlgraph.compiler.plan import Plan
 from rlgraph.report.chrome_trace import (
     KIND_COLORS,
     NO_GROUP,
@@ -30,6 +31,7 @@ from rlgraph.report.chrome_trace import (
     chrome_trace,
     kind_of,
     occupied_groups,
+    role_of,
 )
 
 DRAWN_STEPS = 10
@@ -67,18 +69,17 @@ class Panel:
         firsts: dict[tuple[str, int], Bar] = {}
         for bar in self.bars:
             firsts.setdefault((bar.event["node"], bar.event["step"]), bar)
-        gens = [b for b in firsts.values() if b.kind == "generate"]
-        trains = [b for b in firsts.values() if b.kind == "train"]
+        gens = [b for b in firsts.values() if role_of(b.kind).samples]
+        trains = [b for b in firsts.values() if role_of(b.kind).advances_policy]
         return [(g, t) for g in gens for t in trains if g.event["step"] == t.event["step"]
                 and g.event["end"] <= self.end and t.event["start"] < self.end]
 
 
-def _panel(title: str, events: Sequence[dict], plan: Mapping[str, Any],
+def _panel(title: str, events: Sequence[dict], plan: Plan,
            kinds: Mapping[str, str], drawn_steps: int) -> Panel:
     """Place events on lanes: one per group in placement order, overlapping bars stacked."""
-    placed = plan.get("placement", {}).get("groups", [])
-    gpus = {g["name"]: g.get("gpus") for g in placed}
-    lanes: list[str] = [g["name"] for g in placed]
+    gpus = {g.name: g.gpus for g in plan.placement.groups}
+    lanes: list[str] = plan.placement.names
     steps = sorted({e["step"] for e in events})
     shown = set(steps[:drawn_steps])
     # the time window of the first steps, with everything that ran in it (later steps too)
@@ -104,7 +105,7 @@ def _panel(title: str, events: Sequence[dict], plan: Mapping[str, Any],
                 rows.append(0.0)
             rows[row] = event["end"]
             bars.append(Bar(event, kind_of(event, kinds), lane, row))
-    unit = "slot" if plan.get("placement", {}).get("local") else "GPU"
+    unit = "slot" if plan.placement.local else "GPU"
     labels = [f"{lane} ({gpus[lane]} {unit}{'s' if gpus[lane] != 1 else ''})"
               if gpus.get(lane) else lane for lane in lanes]
     more = f" of {len(steps)}" if len(steps) > len(shown) else ""
@@ -117,7 +118,7 @@ def steady_period(events: Iterable[dict], kinds: Mapping[str, str] | None = None
     """Seconds per step in the second half of a timeline (from train's end times), or None."""
     ends: dict[int, float] = {}
     for event in events:
-        if kind_of(event, kinds) == "train" and isinstance(event.get("step"), int):
+        if role_of(kind_of(event, kinds)).advances_policy and isinstance(event.get("step"), int):
             ends[event["step"]] = max(ends.get(event["step"], 0.0), event["end"])
     steps = sorted(ends)
     if len(steps) < 3:
@@ -145,30 +146,21 @@ def _ticks(end: float, count: int = 8) -> list[float]:
     return [i * step for i in range(int(end / step) + 1)]
 
 
-def _headline(plan: Mapping[str, Any]) -> list[str]:
+def _headline(plan: Plan) -> list[str]:
     """The plan's figures as short phrases."""
-    sched = plan.get("schedule", {})
-    lag = plan.get("lag", {})
-    speedup = sched.get("speedup_vs_sync")
-    parts = [
-        f"period {fmt_seconds(sched.get('period_s'))}/step",
-        f"bound {fmt_seconds(sched.get('bound_s'))}",
-        f"colocated sync {fmt_seconds(sched.get('sync_period_s'))}",
-        f"speedup {speedup:.2f}×" if isinstance(speedup, int | float) else "speedup –",
-        f"max policy lag {lag.get('max_policy_lag', '–')}",
+    sched = plan.schedule
+    return [
+        f"period {fmt_seconds(sched.period_s)}/step",
+        f"bound {fmt_seconds(sched.bound_s)}",
+        f"colocated sync {fmt_seconds(sched.sync_period_s)}",
+        f"speedup {sched.speedup_vs_sync:.2f}×",
+        f"max policy lag {plan.lag.max_policy_lag}",
     ]
-    return parts
 
 
-def _kinds_of_plan(plan: Mapping[str, Any]) -> dict[str, str]:
-    nodes = plan.get("spec", {}).get("nodes", {})
-    return {name: node.get("kind", name) for name, node in nodes.items()}
-
-
-def _panels(plan: Mapping[str, Any], measured: list[dict] | None,
-            drawn_steps: int) -> list[Panel]:
-    kinds = _kinds_of_plan(plan)
-    events = plan.get("schedule", {}).get("events", [])
+def _panels(plan: Plan, measured: list[dict] | None, drawn_steps: int) -> list[Panel]:
+    kinds = plan.kinds
+    events = plan.schedule.events
     predicted = _panel("predicted (compiler)", events, plan, kinds, drawn_steps)
     if measured is None:
         return [predicted]
@@ -268,26 +260,25 @@ def _label(event: Mapping[str, Any], width_px: float) -> str:
     return step if width_px >= 6.2 * len(step) + 4 else ""
 
 
-def render_html(plan: Mapping[str, Any], measured: list[dict] | None = None,
+def render_html(plan: Plan, measured: list[dict] | None = None,
                 drawn_steps: int = DRAWN_STEPS) -> str:
     """The timeline page: header with the plan's figures, a legend, one SVG per panel."""
     panels = _panels(plan, measured, drawn_steps)
-    name = html.escape(str(plan.get("name", "rlgraph")))
-    sched = plan.get("schedule", {})
+    name = html.escape(plan.name)
+    sched = plan.schedule
     kinds = sorted({bar.kind for panel in panels for bar in panel.bars},
                    key=lambda k: list(KIND_COLORS).index(k) if k in KIND_COLORS else 99)
     groups = " · ".join(
-        f"<b>{html.escape(g['name'])}</b> {g.get('gpus', '?')} × "
-        f"[{html.escape(', '.join(g.get('tasks', [])))}]"
-        for g in plan.get("placement", {}).get("groups", []))
+        f"<b>{html.escape(g.name)}</b> {g.gpus} × [{html.escape(', '.join(g.tasks))}]"
+        for g in plan.placement.groups)
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>rlgraph timeline: {name}</title><style>{_CSS}</style></head><body>",
         f"<h1>{name}</h1>",
         f'<div class="facts">{" · ".join(html.escape(p) for p in _headline(plan))}</div>',
     ]
-    if sched.get("bottleneck"):
-        parts.append(f'<div class="muted">{html.escape(str(sched["bottleneck"]))}</div>')
+    if sched.bottleneck:
+        parts.append(f'<div class="muted">{html.escape(sched.bottleneck)}</div>')
     if groups:
         parts.append(f'<div class="muted">groups: {groups}</div>')
     parts.append('<p class="legend">' + "".join(
@@ -308,7 +299,7 @@ def render_html(plan: Mapping[str, Any], measured: list[dict] | None = None,
 # ---------------------------------------------------------------- PNG
 
 
-def render_png(path: Path, plan: Mapping[str, Any], measured: list[dict] | None = None,
+def render_png(path: Path, plan: Plan, measured: list[dict] | None = None,
                drawn_steps: int = DRAWN_STEPS) -> Path:
     """The same panels as the HTML, drawn with matplotlib (Agg, no display needed)."""
     import matplotlib
@@ -328,7 +319,7 @@ def render_png(path: Path, plan: Mapping[str, Any], measured: list[dict] | None 
                         top=1 - top / fig_h, bottom=bottom / fig_h,
                         hspace=gap / (sum(heights) / len(panels)))
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
-    title = f"{plan.get('name', 'rlgraph')}: " + " · ".join(_headline(plan))
+    title = f"{plan.name}: " + " · ".join(_headline(plan))
     fig.text(0.5, 1 - 0.12 / fig_h, title, ha="center", va="top", fontsize=12,
              fontweight="bold")
     for ax, panel in zip(axes, panels):
@@ -385,7 +376,7 @@ def _draw_panel(ax: Any, panel: Panel) -> None:
 # ---------------------------------------------------------------- files
 
 
-def write_timeline(out_dir: Path, plan: dict, measured: list[dict] | None = None) -> list[Path]:
+def write_timeline(out_dir: Path, plan: Plan, measured: list[dict] | None = None) -> list[Path]:
     """Write timeline.json (predicted), timeline.html and timeline.png into out_dir.
 
     With `measured` (event dicts from a run's trace.json) the HTML and PNG show the
@@ -393,14 +384,11 @@ def write_timeline(out_dir: Path, plan: dict, measured: list[dict] | None = None
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    groups = [g["name"] for g in plan.get("placement", {}).get("groups", [])]
-    events = plan.get("schedule", {}).get("events", [])
-    trace = chrome_trace(events, str(plan.get("name", "rlgraph")), groups,
-                         kinds=_kinds_of_plan(plan))
-    sched = plan.get("schedule", {})
-    trace["otherData"].update({k: sched[k] for k in
-                               ("period_s", "bound_s", "sync_period_s", "speedup_vs_sync")
-                               if k in sched})
+    trace = chrome_trace(plan.schedule.events, plan.name, plan.placement.names,
+                         kinds=plan.kinds)
+    sched = plan.schedule
+    trace["otherData"].update({k: getattr(sched, k) for k in
+                               ("period_s", "bound_s", "sync_period_s", "speedup_vs_sync")})
     paths = [out_dir / "timeline.json", out_dir / "timeline.html", out_dir / "timeline.png"]
     paths[0].write_text(json.dumps(trace))
     paths[1].write_text(render_html(plan, measured))

@@ -1,4 +1,4 @@
-"""Bounded channels between nodes: one per data edge, capacity from `plan["channels"]`.
+"""Bounded channels between nodes: one per data edge, capacity from `Plan.channels`.
 
 A channel holds the outputs (in the Ray runtime: object references, never the data itself)
 of a producer's steps until the consumer takes them, at most `capacity` at a time. A full
@@ -31,7 +31,7 @@ class Channel:
 
     @property
     def name(self) -> str:
-        """`src->dst`, the key used in plan["channels"]."""
+        """`src->dst`, the key used in `Plan.channels`."""
         return f"{self.src}->{self.dst}"
 
     def has_room(self) -> bool:
@@ -58,9 +58,3 @@ class Channel:
 
     def __len__(self) -> int:
         return len(self.items)
-
-
-def channel_capacity(plan: dict[str, Any], src: str, dst: str, max_lag: int) -> int:
-    """The plan's capacity for `src->dst`, or max_lag + 1 when the plan names none."""
-    capacities = plan.get("channels") or {}
-    return int(capacities.get(f"{src}->{dst}", max_lag + 1))

@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgraph.compiler.plan import GroupPlan, Plan
 from rlgraph.errors import MissingDependencyError, RLGraphError
 
 OBJECT_STORE_MB = 128  # bounded: batches and weight buckets of the tiny model are a few MB
@@ -60,7 +61,7 @@ def object_store_mb(weight_bytes: float) -> int:
     return max(OBJECT_STORE_MB, int(WEIGHT_COPIES_IN_STORE * weight_bytes / 2**20) + 64)
 
 
-def connect(plan: dict[str, Any], address: str | None = None,
+def connect(plan: Plan, address: str | None = None,
             object_store_mb: int = OBJECT_STORE_MB) -> bool:
     """Start or join Ray for `plan`; returns True when this call started it (and owns it)."""
     try:
@@ -84,8 +85,8 @@ def connect(plan: dict[str, Any], address: str | None = None,
         note = existing_cluster_note()
         if note:
             print(f"rlgraph: {note}", file=sys.stderr, flush=True)
-        local = bool(plan["placement"].get("local"))
-        slots = int(plan["placement"].get("slots") or 0) if local else 0
+        local = plan.placement.local
+        slots = plan.placement.slots if local else 0
         ray.init(address="local", num_cpus=max(slots, 1) if local else None,
                  num_gpus=0 if local else visible_gpus(), include_dashboard=False,
                  object_store_memory=object_store_mb * 2**20, **quiet)
@@ -227,30 +228,29 @@ class Reservations:
         self.groups.clear()
 
 
-def group_bundles(group: dict[str, Any], local: bool) -> list[dict[str, float]]:
+def group_bundles(group: GroupPlan, local: bool) -> list[dict[str, float]]:
     """Bundles of a plan group, one per replica: its share of the CPU slots locally, else one
     GPU (and a CPU for its process)."""
-    devices = group.get("devices") or []
-    count = len(devices) or int(group.get("gpus") or 1)
-    replicas = int(group.get("replicas") or 1)
+    count = len(group.devices) or group.gpus or 1
+    replicas = group.replicas or 1
     if local:
         return [{"CPU": float(max(1, count // replicas))}] * replicas
     return [{"GPU": 1.0, "CPU": 1.0}] * count
 
 
-def reserve(plan: dict[str, Any], timeout_s: float = RESERVE_TIMEOUT_S) -> Reservations:
+def reserve(plan: Plan, timeout_s: float = RESERVE_TIMEOUT_S) -> Reservations:
     """One placement group per plan group; refuses a plan the cluster cannot hold."""
     import ray
     from ray.util.placement_group import placement_group
 
-    placement = plan["placement"]
-    local = bool(placement.get("local"))
-    wanted = {g["name"]: group_bundles(g, local) for g in placement["groups"]}
+    placement = plan.placement
+    local = placement.local
+    wanted = {g.name: group_bundles(g, local) for g in placement.groups}
     have = ray.cluster_resources()
     for resource in ("GPU", "CPU"):
         need = sum(b.get(resource, 0) for bundles in wanted.values() for b in bundles)
         if need > have.get(resource, 0):
-            what = f"{placement.get('gpu', 'GPU')} GPUs" if resource == "GPU" else "CPUs"
+            what = f"{placement.gpu or 'GPU'} GPUs" if resource == "GPU" else "CPUs"
             hint = ("run on a GPU cluster with --address, or set cluster: {local: true} to run "
                     "on CPU") if resource == "GPU" else "lower cluster.cpus or the group shares"
             raise ClusterError(f"the plan needs {need:g} {what}; the Ray cluster has "

@@ -27,29 +27,22 @@ once the train step it follows has (the version it delivers exists only then).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError
-from rlgraph.runtime.pipeline import Pending, Task
+from rlgraph.nodes import KINDS
+from rlgraph.runtime.pipeline import Completion, Pending, Task
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error's text (Ray's run on over several)."""
+    return (str(err).splitlines() or [""])[0]
 
 
 class WorkerError(RLGraphError):
     """A worker failed on a task; the message names the node, the step and the cause."""
-
-
-@dataclass
-class Completion:
-    """A finished task: its output (an object reference) and the info dict it returned."""
-
-    task: Task
-    output: Any
-    info: dict[str, Any]
-    submitted: float = 0.0  # wall-clock time the driver sent it
-
-
 
 
 class DriverKnown:
@@ -58,8 +51,9 @@ class DriverKnown:
     def __init__(self, spec: Spec, routes: dict[str, Route]) -> None:
         from rlgraph.nodes.logp import skip_reason
 
-        self.every = {n: s.every for n, s in spec.nodes.items() if s.kind == "validate"}
-        self.skipped_logp = ({n for n, s in spec.nodes.items() if s.kind == "logp"}
+        roles = {n: KINDS[s.kind] for n, s in spec.nodes.items()}
+        self.every = {n: s.every for n, s in spec.nodes.items() if roles[n].validates}
+        self.skipped_logp = ({n for n in spec.nodes if roles[n].proximal_logp}
                              if skip_reason(spec) is not None else set())
         self.local_updates = {n for n, r in routes.items() if r.src_actor is r.dst_actor}
 
@@ -99,7 +93,7 @@ class RayExecutor:
             self.local.append((task, *known, sent))
             self.known_outputs[(task.node, task.step)] = known[0]
             return
-        if task.kind == "param_update":
+        if task.node in self.routes:
             info, sender = start_param_update(self.routes[task.node], task.step)
             if sender is not None:
                 self.senders[sender] = task
@@ -138,7 +132,7 @@ class RayExecutor:
     def _may_complete(self, task: Task) -> bool:
         """A driver-known task completes at once, except a weight update: it delivers the
         version of the train step it follows, so not before that step has finished."""
-        return (task.kind != "param_update" or task.behind is None
+        return (not KINDS[task.kind].carries_weights or task.behind is None
                 or tuple(task.behind) not in self.refs)
 
     def _wait_actors(self, timeout: float | None) -> list[Completion]:
@@ -176,7 +170,10 @@ class RayExecutor:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
                 raise cause from None
-            what = f"{type(cause).__name__}: {cause}" if cause else str(exc).splitlines()[0]
+            if isinstance(cause, ray.exceptions.RayActorError):  # an input's actor died
+                raise WorkerError(f"an actor {task.node} depends on died at step {task.step}: "
+                                  f"{_first_line(cause)}") from exc
+            what = f"{type(cause).__name__}: {_first_line(cause)}" if cause else _first_line(exc)
             raise WorkerError(f"{task.node} failed at step {task.step}: {what}") from exc
         except ray.exceptions.RayActorError as exc:
             raise WorkerError(f"the actor running {task.node} died at step {task.step}: "

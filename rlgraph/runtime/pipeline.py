@@ -3,6 +3,12 @@
 This module is pure Python (no Ray): the driver feeds it completions and asks it which tasks
 may start, so tests drive it step by step with a fake executor and a simulated clock.
 
+The loop is `drive(pipeline, executor, on_done)`, the only one: start what the pipeline
+allows, wait for completions, hand them back. The executor is a parameter (dask's
+`get_async(apply)`): `RayExecutor` runs tasks on actors (`runtime.runner`), `InlineExecutor`
+runs each in the driver as it starts (`runtime.serial`, dask's `get_sync`). The version gate
+and channel capacities come from the plan (`Pipeline.of`), derived once by the lag pass.
+
 State (all here, as in dask's local scheduler):
 - `machines`: one `NodeMachine` per node (IDLE -> WAITING_INPUT -> PROCESSING -> ...);
 - `channels`: one bounded `Channel` per data edge, capacities from the plan;
@@ -41,16 +47,23 @@ the step's output emitted.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import networkx as nx
 
+from rlgraph.compiler.lag import channel_capacities, version_gate
 from rlgraph.compiler.schedule import LowestStepFirst
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import step_order
+from rlgraph.nodes import KINDS
 from rlgraph.runtime.channels import Channel
 from rlgraph.runtime.state_machine import NodeMachine, NodeState
+
+if TYPE_CHECKING:
+    from rlgraph.compiler.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,85 @@ class Task:
     behind: tuple[str, int] | None = None
 
 
+@dataclass
+class Completion:
+    """A finished task: its output (an object reference on Ray) and the info dict it returned."""
+
+    task: Task
+    output: Any
+    info: dict[str, Any]
+    submitted: float = 0.0  # wall-clock time the driver sent it
+
+
+class Executor(Protocol):
+    """Runs the tasks the pipeline starts: on Ray actors (`RayExecutor`) or inline, one at a
+    time, in the driver (`rlgraph.runtime.serial.InlineExecutor`)."""
+
+    def submit(self, task: Task) -> None:
+        """Start `task`."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """Tasks finished since the last call (at least one unless `timeout` passes)."""
+        ...
+
+    def __len__(self) -> int:
+        """Tasks submitted and not yet returned by `wait`."""
+        ...
+
+
+class InlineExecutor:
+    """Runs each task in the driver the moment it is submitted (dask's `get_sync`): the same
+    loop, one task at a time, deterministic. `run(task)` returns (output, info); the info
+    gets the task's `start` and `end` (time.perf_counter)."""
+
+    def __init__(self, run: Callable[[Task], tuple[Any, dict[str, Any]]]) -> None:
+        self.run = run
+        self.done: list[Completion] = []
+
+    def submit(self, task: Task) -> None:
+        """Run `task` now; its completion waits for the next `wait`."""
+        start = time.perf_counter()
+        output, info = self.run(task)
+        self.done.append(Completion(task, output, {**info, "start": start,
+                                                   "end": time.perf_counter()}, start))
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """The tasks run since the last call, in the order they ran."""
+        done, self.done = self.done, []
+        return done
+
+    def __len__(self) -> int:
+        return len(self.done)
+
+
+def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion], None], *,
+          stop_requested: Callable[[], bool] = lambda: False, wait_s: float | None = None,
+          after_wait: Callable[[], None] = lambda: None) -> bool:
+    """The one scheduling loop: start every task the pipeline allows, wait for any to finish,
+    hand each completion to the pipeline and then to `on_done`, until every node is done or
+    a stop has drained. Returns True when it stopped early (`stop_requested`)."""
+    stopped = False
+    while True:
+        if stop_requested() and not pipeline.stopping:
+            pipeline.stop()
+            stopped = True
+        for task in pipeline.startable():
+            executor.submit(task)
+        if not len(executor):
+            if pipeline.finished or pipeline.stopping:
+                return stopped
+            raise RuntimeError("the pipeline stalled with nothing running:\n"
+                               + pipeline.describe())
+        for done in executor.wait(timeout=wait_s):
+            pipeline.complete(done.task.node, done.task.step, done.output,
+                              done.info.get("version"))
+            on_done(done)
+        for task in pipeline.startable():  # react first, write metrics after
+            executor.submit(task)
+        after_wait()
+
+
 class Pipeline:
     """Decides which node instances start, given completions; knows nothing of Ray."""
 
@@ -84,31 +176,35 @@ class Pipeline:
         graph: nx.DiGraph,
         *,
         steps: int,
-        max_lag: int,
-        capacities: dict[str, int] | None = None,
+        max_lag: int | None = None,
+        capacities: Mapping[str, int] | None = None,
         start_step: int = 0,
         policy: LowestStepFirst | None = None,
         preloaded: dict[tuple[str, int], Any] | None = None,
         chaining: bool = True,
     ) -> None:
+        """`max_lag` (the version gate) and `capacities` ("src->dst" -> steps) default to
+        what the compiler's lag pass derives from `graph` (`Pipeline.of` takes the plan's)."""
         self.graph = graph
         self.steps = steps
-        self.max_lag = max_lag
+        self.max_lag = version_gate(graph) if max_lag is None else max_lag
         self.start_step = start_step
         order = step_order(graph)
         self.policy = policy or LowestStepFirst.of(order)
         self.kinds: dict[str, str] = dict(graph.nodes(data="kind"))
+        self.roles = {name: KINDS[kind] for name, kind in self.kinds.items()}
         self.machines = {
             name: NodeMachine(name, self.kinds[name], tuple(graph.nodes[name]["occupies"]),
                               step=start_step - 1)
             for name in order
         }
-        capacities = capacities or {}
+        capacities = channel_capacities(graph) if capacities is None else capacities
         self.channels: dict[tuple[str, str], Channel] = {}
         for src, dst, distance in graph.edges(data="distance"):
             if distance == 0:
-                cap = int(capacities.get(f"{src}->{dst}", max_lag + 1))
-                self.channels[(src, dst)] = Channel(src, dst, cap)
+                self.channels[(src, dst)] = Channel(src, dst, int(capacities[f"{src}->{dst}"]))
+        # steps between a weight carrier's step and the first step that waits for it
+        self.reach = {u: d for u, _, d in graph.edges(data="distance") if d > 0}
         self.holders: dict[str, list[tuple[str, int]]] = {}  # group -> tasks holding it, in order
         for name in order:
             for group in self.machines[name].occupies:
@@ -117,17 +213,17 @@ class Pipeline:
                         for g in self.holders}
         self.claimed: set[tuple[str, str, int]] = set()  # (src, dst, step) taken before emitted
         self.chaining = chaining
-        self.trains = [n for n in order if self.kinds[n] == "train"]
+        self.trains = [n for n in order if self.roles[n].advances_policy]
         self.trained: dict[str, int] = {n: start_step for n in self.trains}
         self.versions: dict[str, int] = {}
         self.feeders: dict[str, list[str]] = {}
         for name in order:
             feeders = [src for src, _, d in graph.in_edges(name, data="distance") if d > 0]
-            if self.kinds[name] == "generate" or feeders:  # holds weights sent by param_update
+            if self.roles[name].samples or feeders:  # holds weights a param_update sends
                 self.versions[name] = start_step
                 self.feeders[name] = feeders
                 unfed = not feeders and not self._colocated_train(name)
-                if self.kinds[name] == "generate" and unfed:
+                if self.roles[name].samples and unfed:
                     raise RLGraphError(
                         f"generate node '{name}' never receives new weights: it has no "
                         "param_update and shares no group with train "
@@ -139,12 +235,19 @@ class Pipeline:
             self._preload(node, step, output)
         self._settle()
 
+    @classmethod
+    def of(cls, plan: Plan, *, steps: int, **options: Any) -> Pipeline:
+        """The pipeline of a compiled plan: its graph, version gate and channel capacities."""
+        return cls(plan.graph, steps=steps, max_lag=plan.lag.max_lag, capacities=plan.channels,
+                   **options)
+
     # ------------------------------------------------------------------ queries
 
     def last_step(self, node: str) -> int:
-        """One past the last step `node` runs: param_update skips weights nobody will use."""
-        if self.kinds[node] == "param_update":
-            return max(self.start_step, self.steps - self.max_lag - 1)
+        """One past the last step `node` runs: a weight carrier skips weights nobody will use
+        (its step s feeds step s + distance of its back edge)."""
+        if node in self.reach:
+            return max(self.start_step, self.steps - self.reach[node])
         return self.steps
 
     def _colocated_train(self, generate: str) -> str | None:
@@ -265,13 +368,13 @@ class Pipeline:
         machine.finish(output)
         for group in machine.occupies:
             self.holders[group].remove((node, step))
-        kind = self.kinds[node]
-        if kind == "param_update":
+        role = self.roles[node]
+        if role.carries_weights:
             dst = self.graph.nodes[node]["spec"].dst
             delivered = step + 1 if version is None else version
             if dst in self.versions:
                 self.versions[dst] = max(self.versions[dst], delivered)
-        elif kind == "train":
+        elif role.advances_policy:
             self.trained[node] = step + 1
             for gen in self.versions:
                 if not self.feeders[gen] and self._colocated_train(gen) == node:
@@ -292,7 +395,7 @@ class Pipeline:
     def _preload(self, node: str, step: int, output: Any) -> None:
         """Resume: generate's step `step` was done before the stop (from the rollout buffer)."""
         machine = self.machines[node]
-        if self.kinds[node] != "generate" or machine.step != step - 1:
+        if not self.roles[node].samples or machine.step != step - 1:
             raise RuntimeError(f"cannot preload {node}({step}) after step {machine.step}")
         for channel in self._outputs(node):
             channel.put(step, output)
@@ -314,7 +417,7 @@ class Pipeline:
                         output = machine.emit()
                         for ch in outs:
                             ch.put(machine.step, output)
-                        if machine.kind == "generate":
+                        if self.roles[machine.name].samples:
                             self.generated[(machine.name, machine.step)] = output
                         moved = True
                 if machine.state is NodeState.IDLE:
@@ -330,7 +433,7 @@ class Pipeline:
         done = self.trained_steps()
         buffer = {k: v for k, v in self.generated.items() if k[1] >= done}
         for m in self.machines.values():
-            if m.kind == "generate" and m.state is NodeState.WAITING_OUTPUT:
+            if self.roles[m.name].samples and m.state is NodeState.WAITING_OUTPUT:
                 buffer[(m.name, m.step)] = m.output
         return dict(sorted(buffer.items(), key=lambda kv: kv[0][1]))
 

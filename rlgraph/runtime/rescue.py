@@ -15,17 +15,19 @@ The message it returns ends the error line: where to resume, or why it cannot.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.runtime.checkpoint import CheckpointError, kept_step
-from rlgraph.runtime.executor import Completion
+from rlgraph.runtime.pipeline import Completion
 
 if TYPE_CHECKING:
     from rlgraph.runtime.executor import RayExecutor
     from rlgraph.runtime.pipeline import Pipeline
-    from rlgraph.runtime.runner import Runner, _Report
-    from rlgraph.runtime.tracing import Tracer
+    from rlgraph.runtime.step_report import StepReport
 
 DRAIN_S = 120.0  # longest wait for a train step already running when the run fails
 FETCH_S = 60.0  # longest wait for the trainer's state or the rollout buffer
@@ -60,18 +62,18 @@ def fetch_rollout(pipeline: Pipeline, timeout: float | None, partial: bool
         return {}
 
 
-def _drain_train(runner: Runner, pipeline: Pipeline, executor: RayExecutor, report: _Report,
-                 tracer: Tracer) -> None:
+def _drain_train(pipeline: Pipeline, executor: RayExecutor, report: StepReport,
+                 record: Callable[[Completion], dict[str, Any]]) -> None:
     """Finish the train tasks in flight and record them (ledger first)."""
     import ray
 
     running = sorted(((ref, item) for ref, item in executor.pending.items()
-                      if item[0].kind == "train"), key=lambda kv: kv[1][0].step)
+                      if KINDS[item[0].kind].advances_policy), key=lambda kv: kv[1][0].step)
     for ref, (task, output, sent) in running:
         try:
             info = ray.get(ref, timeout=DRAIN_S)
             done = Completion(task, output, info, sent)
-            event = runner._record(done, tracer)
+            event = record(done)
             pipeline.complete(task.node, task.step, output, info.get("version"))
         except Exception:
             break  # it failed too (e.g. its reward input): the trainer did not move on
@@ -80,13 +82,14 @@ def _drain_train(runner: Runner, pipeline: Pipeline, executor: RayExecutor, repo
     report.flush()
 
 
-def emergency_checkpoint(runner: Runner, pipeline: Pipeline, executor: RayExecutor,
-                         report: _Report, tracer: Tracer) -> str:
-    """Write a checkpoint of a failed run if its trainer is intact; says what happened."""
-    out = runner.options.out_dir
+def emergency_checkpoint(out: Path, pipeline: Pipeline, executor: RayExecutor,
+                         report: StepReport, record: Callable[[Completion], dict[str, Any]],
+                         checkpoint: Callable[[float], Path]) -> str:
+    """Write a checkpoint of a failed run if its trainer is intact; says what happened.
+    `record` turns a completion into its trace event; `checkpoint(timeout)` writes one."""
     try:
-        _drain_train(runner, pipeline, executor, report, tracer)
-        folder = runner._checkpoint(pipeline, tracer, timeout=FETCH_S)
+        _drain_train(pipeline, executor, report, record)
+        folder = checkpoint(FETCH_S)
     except Exception as exc:
         kept = kept_step(out)
         why = str(exc).splitlines()[0] if isinstance(exc, RLGraphError) else (

@@ -13,25 +13,28 @@ rows it covers) and, where the trainer's state is intact, when the run fails (ru
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlgraph.config.schema import Spec
+from rlgraph.compiler.plan import Plan
 from rlgraph.errors import RLGraphError, SpecError
-from rlgraph.graph import build_graph
+from rlgraph.nodes import KINDS
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
-from rlgraph.runtime.executor import Completion, DriverKnown, RayExecutor, WorkerError
+from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
-from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
-from rlgraph.runtime.pipeline import Pipeline
+from rlgraph.runtime.metrics import MetricsWriter, settle_idle
+from rlgraph.runtime.pipeline import Completion, Pipeline, drive
+from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tracing import Tracer, load_events
 from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
+from rlgraph.weights import BucketMiB
+
+__all__ = ["CHECKPOINT_EVERY_S", "RunOptions", "RunResult", "Runner"]
 
 WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
 # default time between periodic checkpoints: writing one of the quickstart's policy took
@@ -57,32 +60,19 @@ class RunOptions:
     tensorboard: bool = True
 
 
-@dataclass
-class RunResult:
-    """What a run did: its rows, spans, where it stopped, how long it took."""
-
-    out_dir: Path
-    first_step: int
-    next_step: int
-    stopped: bool
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    startup_s: float = 0.0
-    wall_s: float = 0.0
-    lag_violations: int = 0
-
-
 class Runner:
     """One run of a plan (see the module docstring)."""
 
-    def __init__(self, spec: Spec, plan: dict[str, Any], options: RunOptions) -> None:
-        self.spec, self.plan, self.options = spec, plan, options
-        self.graph = build_graph(spec)
+    def __init__(self, plan: Plan, options: RunOptions) -> None:
+        self.plan, self.options = plan, options
+        self.spec = plan.spec  # the validated spec the plan was compiled from
+        self.graph = plan.graph
         self.kinds: dict[str, str] = dict(self.graph.nodes(data="kind"))
-        self.groups = [g["name"] for g in plan["placement"]["groups"]]
-        self.max_lag = spec.schedule.max_lag
-        self.lag_bound = int(plan.get("lag", {}).get("max_policy_lag", self.max_lag))
-        self.local = bool(plan["placement"].get("local"))
+        self.roles = {node: KINDS[kind] for node, kind in self.kinds.items()}
+        self.groups = plan.placement.names
+        self.max_lag = plan.lag.max_lag  # the version gate (lag pass)
+        self.lag_bound = plan.lag.max_policy_lag
+        self.local = plan.placement.local
         self._stop_requested = False
         self.actors: dict[str, Any] = {}  # node -> actor
         self.group_actors: dict[str, Any] = {}  # group (or CPU node) -> its leader
@@ -90,7 +80,7 @@ class Runner:
         self._builds: list[Any] = []  # replicas' build calls, awaited with `ready`
         self.reservations: cluster.Reservations | None = None
         self.first_step = 0
-        self.spec_data: dict[str, Any] = plan.get("spec") or {}  # what resume compares with
+        self.spec_data: dict[str, Any] = plan.spec.to_yaml_dict()  # what resume compares with
         self._policy_files: dict[str, bytes] | None = None  # config + tokenizer, made once
         self._last_checkpoint = time.time()
         self._refuse_unsupported()
@@ -98,7 +88,7 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
-        for node, kind in self.kinds.items():
+        for node in self.kinds:
             spec = self.spec.nodes[node]
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
                     and self.local):
@@ -107,12 +97,12 @@ class Runner:
                                 hint="write tp: 1 (or run on GPUs)")
                 err.source = self.spec.source
                 raise err
-            if kind == "param_update" and self._transport(node) == "nccl":
-                buckets = self.spec.nodes[node].bucket_mb
-                if int(buckets.produce * 2**20) % int(buckets.consume * 2**20):
+            if node in self.plan.weight_sync and self._transport(node) == "nccl":
+                buckets = BucketMiB.of(self.plan.weight_sync[node].bucket_mb)
+                if buckets.produce_bytes % buckets.consume_bytes:
                     err = SpecError(f"the nccl transport cuts each produce bucket into consume "
-                                    f"chunks: produce {buckets.produce:g} MB is not a multiple "
-                                    f"of consume {buckets.consume:g} MB",
+                                    f"chunks: produce {buckets.produce:g} MiB is not a multiple "
+                                    f"of consume {buckets.consume:g} MiB",
                                     ("nodes", node, "bucket_mb"),
                                     hint="e.g. bucket_mb: {produce: 512, consume: 128}")
                     err.source = self.spec.source
@@ -122,8 +112,7 @@ class Runner:
         """Model parallelism the plan's cost model counts but this runtime does not run:
         tp / pp of `backend: torch` nodes and of the native generate engine (their groups run
         one full model per GPU, as data-parallel replicas)."""
-        replicas = {t: g.get("replicas", 1) for g in self.plan["placement"]["groups"]
-                    for t in g["tasks"]}
+        replicas = {t: g.replicas for g in self.plan.placement.groups for t in g.tasks}
         notes = []
         for node in self.kinds:
             spec = self.spec.nodes[node]
@@ -138,7 +127,7 @@ class Runner:
 
     def _transport(self, node: str) -> str:
         """The param_update's transport with `auto` resolved (see runtime.weight_sync)."""
-        return resolve_transport(self.spec.nodes[node].transport,
+        return resolve_transport(self.plan.weight_sync[node].transport,
                                  "cpu" if self.local else "cuda")
 
     def _weight_bytes(self) -> float:
@@ -161,19 +150,19 @@ class Runner:
         seed = self.spec.data.seed
         device = "cpu" if self.local else "cuda"
         assert self.reservations is not None
-        for group in self.plan["placement"]["groups"]:
-            name, res = group["name"], self.reservations.groups[group["name"]]
+        for group in self.plan.placement.groups:
+            name, res = group.name, self.reservations.groups[group.name]
             replicas, builds = start_replicas(
-                self.spec, list(group["tasks"]), seed=seed,
+                self.spec, list(group.tasks), seed=seed,
                 threads=res.slots if self.local else 1, device=device, world=res.replicas,
                 options_of=lambda rank, name=name: self.reservations.actor_options(name, rank))
             self._builds += builds
             self.replicas[name] = replicas
             self.group_actors[name] = replicas[0]
-            for task in group["tasks"]:
+            for task in group.tasks:
                 self.actors[task] = replicas[0]
-        for node, kind in self.kinds.items():
-            if node not in self.actors and kind != "param_update":
+        for node, role in self.roles.items():
+            if node not in self.actors and role.worker is not None:
                 actor = start_actor(self.spec, [node], seed=seed, threads=1, device="cpu",
                                     options={"num_cpus": 0})
                 self.group_actors[node] = actor
@@ -189,31 +178,29 @@ class Runner:
     def _routes(self) -> dict[str, Route]:
         """Every param_update's route; an nccl route's group is built here, once."""
         routes = {}
-        for node, kind in self.kinds.items():
-            if kind == "param_update":
-                nspec = self.spec.nodes[node]
-                dst = self.actors[nspec.dst]
-                receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
-                route = Route(node, self.actors[nspec.src], dst, nspec.bucket_mb.as_mib(),
-                              self._transport(node), receivers, self.options.verify_weights)
-                if route.transport == "nccl" and route.src_actor is not route.dst_actor:
-                    connect_route(route, backend_for("cpu" if self.local else "cuda"))
-                routes[node] = route
+        for node, planned in self.plan.weight_sync.items():
+            dst = self.actors[planned.dst]
+            receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
+            route = Route(node, self.actors[planned.src], dst, planned.bucket_mb,
+                          self._transport(node), receivers, self.options.verify_weights)
+            if route.transport == "nccl" and route.src_actor is not route.dst_actor:
+                connect_route(route, backend_for("cpu" if self.local else "cuda"))
+            routes[node] = route
         return routes
 
     def _kept_outputs(self) -> dict[str, int]:
         """Nodes whose every consumer runs on their own actor: their outputs stay there.
         generate's never do (the rollout buffer of a checkpoint needs them)."""
         keep = {}
-        for node, kind in self.kinds.items():
+        for node, role in self.roles.items():
             users = [v for _, v, d in self.graph.out_edges(node, data="distance") if d == 0]
-            if (kind not in ("generate", "param_update") and users
+            if (not (role.samples or role.carries_weights) and users
                     and all(self.actors.get(v) is self.actors[node] for v in users)):
                 keep[node] = len(users)
         return keep
 
     def _train_actor(self) -> Any:
-        train = next(n for n, k in self.kinds.items() if k == "train")
+        train = next(n for n, role in self.roles.items() if role.advances_policy)
         return self.actors[train]
 
     def _wait_ready(self) -> None:
@@ -243,7 +230,7 @@ class Runner:
 
         out = self.options.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(self.plan, indent=2) + "\n")
+        (out / "plan.json").write_text(self.plan.to_json())
         began = time.time()
         owned = cluster.connect(self.plan, self.options.address,
                                 cluster.object_store_mb(self._weight_bytes()))
@@ -285,49 +272,37 @@ class Runner:
                     if e["step"] < first or (e["node"], e["step"]) in preloaded]
         offset = max((e["end"] for e in previous), default=0.0)
         result = RunResult(out, first, first, stopped=False, startup_s=startup_s)
-        pipeline = Pipeline(self.graph, steps=opts.steps, max_lag=self.max_lag,
-                            capacities=self.plan.get("channels"), start_step=first,
-                            preloaded=preloaded)
+        pipeline = Pipeline.of(self.plan, steps=opts.steps, start_step=first,
+                               preloaded=preloaded)
         routes = self._routes()
         executor = RayExecutor(self.actors, routes, self._kept_outputs(),
                                DriverKnown(self.spec, routes))
-        report = _Report(self, result, MetricsWriter(out, first, opts.tensorboard),
-                         ckpt.Ledger(out, first_step=first))
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
-        report.tracer = tracer
+        report = StepReport(result, MetricsWriter(out, first, opts.tensorboard),
+                            ckpt.Ledger(out, first_step=first), tracer, nodes=list(self.kinds),
+                            groups=self.groups, max_lag=self.max_lag, lag_bound=self.lag_bound,
+                            on_step=opts.on_step)
+
+        def on_done(done: Completion) -> None:
+            event = self._record(done, tracer)
+            report.latest[done.task.node] = event
+            if not self.roles[done.task.node].advances_policy:
+                report.node_metrics.setdefault(done.task.step, {}).update(
+                    done.info["summary"].get("metrics", {}))
+                return
+            report.pending.append((done, event))
+            if self._checkpoint_due(done.task.step):
+                report.flush()  # the ledger rows first: the checkpoint covers them
+                with contextlib.suppress(rescue.StateMismatch):  # a train step chained
+                    # behind this one already ran: the next one will do
+                    self._checkpoint(pipeline, tracer)
+
         try:
-            while True:
-                if self._stop_requested and not pipeline.stopping:
-                    pipeline.stop()
-                    result.stopped = True
-                for task in pipeline.startable():
-                    executor.submit(task)
-                if not len(executor):
-                    if pipeline.finished or pipeline.stopping:
-                        break
-                    raise RuntimeError("the pipeline stalled with nothing running:\n"
-                                       + pipeline.describe())
-                for done in executor.wait(timeout=WAIT_S):
-                    event = self._record(done, tracer)
-                    report.latest[done.task.node] = event
-                    if done.task.kind != "train":
-                        report.node_metrics.setdefault(done.task.step, {}).update(
-                            done.info["summary"].get("metrics", {}))
-                    pipeline.complete(done.task.node, done.task.step, done.output,
-                                      done.info.get("version"))
-                    if done.task.kind == "train":
-                        report.pending.append((done, event))
-                        step = done.task.step
-                        if self._checkpoint_due(step):
-                            report.flush()  # the ledger rows first: the checkpoint covers them
-                            with contextlib.suppress(rescue.StateMismatch):  # a train step
-                                # chained behind this one already ran: the next one will do
-                                self._checkpoint(pipeline, tracer)
-                for task in pipeline.startable():  # react first, write metrics after
-                    executor.submit(task)
-                report.flush()
+            result.stopped = drive(pipeline, executor, on_done, wait_s=WAIT_S,
+                                   stop_requested=lambda: self._stop_requested,
+                                   after_wait=report.flush)
             if pipeline.finished and not result.stopped:
                 self._validate_final(result)
         except Exception as err:
@@ -337,8 +312,9 @@ class Runner:
                     if err.__cause__ else str(err))
                 err.args = (f"{err.args[0]} (details in {out / 'error.log'})",)
             if not isinstance(err, ckpt.CheckpointError):  # a full disk: the last one stays
-                rescue.annotate(err, rescue.emergency_checkpoint(self, pipeline, executor,
-                                                                 report, tracer))
+                rescue.annotate(err, rescue.emergency_checkpoint(
+                    out, pipeline, executor, report, lambda done: self._record(done, tracer),
+                    lambda timeout: self._checkpoint(pipeline, tracer, timeout=timeout)))
             raise
         finally:
             settle_idle(result.rows, report.windows, tracer.events, self.groups)
@@ -367,7 +343,7 @@ class Runner:
         `val/*` figures go into the last row (`val/policy_version` says which version)."""
         import ray
 
-        nodes = [n for n, k in self.kinds.items() if k == "validate"]
+        nodes = [n for n, role in self.roles.items() if role.validates]
         if not nodes or not result.rows:
             return
         figures = ray.get(self._train_actor().validate_final.remote(nodes[0], self.options.steps))
@@ -376,7 +352,7 @@ class Runner:
     def _record(self, done: Completion, tracer: Tracer) -> dict[str, Any]:
         task, info = done.task, done.info
         extra: dict[str, Any] = {"submitted": round(tracer.now(done.submitted), 6)}
-        if task.kind == "param_update":
+        if task.node in self.plan.weight_sync:
             extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
@@ -391,7 +367,7 @@ class Runner:
         state = ray.get(self._train_actor().state_for_checkpoint.remote(), timeout=timeout)
         rescue.check_version(state, step)
         rollout = rescue.fetch_rollout(pipeline, timeout, self.spec.schedule.partial_rollout)
-        gens = [m.step + 1 for m in pipeline.machines.values() if m.kind == "generate"]
+        gens = [m.step + 1 for m in pipeline.machines.values() if self.roles[m.name].samples]
         caches = self._rollout_caches(rollout, step)
         if self._policy_files is None:
             self._policy_files = policy_files(self.spec)
@@ -416,8 +392,8 @@ class Runner:
         if not self.spec.schedule.partial_rollout:
             return {}
         refs = {}
-        for node, kind in self.kinds.items():
-            if kind == "generate":
+        for node, role in self.roles.items():
+            if role.samples:
                 last = max((s for n, s in rollout if n == node), default=trained - 1)
                 refs[node] = self.actors[node].rollout_cache.remote(node, last)
         states = dict(zip(refs, ray.get(list(refs.values()))))
@@ -428,49 +404,3 @@ class Runner:
                      self.groups, self.kinds,
                      {"source": "rlgraph run", "max_lag": self.max_lag,
                       "max_policy_lag": self.lag_bound})
-
-
-class _Report:
-    """What a finished train step writes: the metrics row, the ledger line, the callback."""
-
-    def __init__(self, runner: Runner, result: RunResult, metrics: MetricsWriter,
-                 ledger: ckpt.Ledger) -> None:
-        self.runner, self.result, self.metrics, self.ledger = runner, result, metrics, ledger
-        self.latest: dict[str, dict[str, Any] | None] = dict.fromkeys(runner.kinds)
-        self.last_train_end: float | None = None
-        self.pending: list[tuple[Completion, dict[str, Any]]] = []  # trained, not yet written
-        self.tracer: Tracer | None = None
-        self.windows: dict[int, tuple[float, float]] = {}  # step -> its row's time window
-        # other nodes' metrics by step, until the row of that step (or a later one) takes them
-        self.node_metrics: dict[int, dict[str, float]] = {}
-
-    def flush(self) -> None:
-        """Write the rows and ledger lines of the train steps finished so far."""
-        pending, self.pending = self.pending, []
-        for done, event in pending:
-            self.train_step(done, event)
-
-    def train_step(self, done: Completion, event: dict[str, Any]) -> None:
-        """Row, ledger and progress of the train step that just finished."""
-        runner, result, tracer = self.runner, self.result, self.tracer
-        assert tracer is not None
-        step, summary = done.task.step, done.info["summary"]
-        if self.last_train_end is None:
-            self.last_train_end = min(e["start"] for e in tracer.events
-                                      if e["step"] >= result.first_step)
-        recent = tracer.events[-len(runner.kinds) * (runner.max_lag + 4):]
-        self.windows[step] = (self.last_train_end, event["end"])
-        row = step_row(step, summary, self.windows[step], self.latest, recent, runner.groups)
-        row["lag/bound"] = runner.lag_bound
-        for done_step in sorted(s for s in self.node_metrics if s <= step):
-            row.update(self.node_metrics.pop(done_step))
-        if row["lag/max"] > runner.lag_bound:
-            result.lag_violations += 1
-        self.last_train_end = event["end"]
-        self.metrics.write(row)
-        self.ledger.append(step, summary.get("trained_uids", []),
-                           int(summary.get("policy_version", step + 1)))
-        result.rows.append(row)
-        result.next_step = step + 1
-        if runner.options.on_step:
-            runner.options.on_step(row)

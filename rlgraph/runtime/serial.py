@@ -1,12 +1,13 @@
-"""A serial, in-process executor of a graph's node workers: the reference schedule, no Ray.
+"""The runtime's loop in one process, no Ray: the pipeline driven by an inline executor.
 
-One Workspace per group (colocated tasks share it), one per node outside any group. Step t
-runs in the graph's topological order, except that generate runs `max_lag` steps ahead:
-batch t + max_lag is sampled before train(t), with the weights of version t, so tokens are
-trained with lag max_lag exactly as in the overlapped schedule. After each train step every
-param_update moves the weights in buckets (export -> staged receive -> commit). Tests and
-benchmarks use it to pin what the RL core learns and how long each worker takes, apart from
-the Ray runtime's orchestration.
+`run_serial` drives the same `Pipeline` as the Ray runner (`runtime.pipeline.drive`), with
+`InlineExecutor` in place of the actors (dask's `get_sync = get_async(apply_sync)`): each
+task runs in the driver as soon as the pipeline starts it, on one Workspace per group
+(colocated tasks share it) or per node outside any group. The lag gate, the channels and
+the scheduling policy are the pipeline's, read from the plan, so generate runs up to
+`max_lag` steps ahead exactly as in the overlapped run; a param_update moves the weights in
+buckets (export -> staged receive -> commit). Tests and benchmarks use it to pin what the
+RL core learns and how long each worker takes, apart from Ray's orchestration.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgraph.compiler import compile_plan
+from rlgraph.compiler.plan import Plan, RoutePlan
 from rlgraph.config.schema import Spec
-from rlgraph.graph import build_graph, data_edges, step_order
 from rlgraph.nodes import KINDS
+from rlgraph.runtime.pipeline import Completion, InlineExecutor, Pipeline, Task, drive
+from rlgraph.weights import BucketMiB
 from rlgraph.worker.workspace import Workspace
 
 
@@ -32,10 +36,11 @@ class SerialRun:
     wall_s: float = 0.0  # the steps
 
 
-def build_workspaces(spec: Spec, seed: int = 0) -> dict[str, Workspace]:
+def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
     """node name -> the Workspace that runs it (shared within a group)."""
+    spec = plan.spec
     out: dict[str, Workspace] = {}
-    for group in spec.groups.values():
+    for group in plan.placement.groups:
         tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].runs_on_batches]
         if tasks:
             ws = Workspace(spec, tasks, seed=seed)
@@ -46,54 +51,44 @@ def build_workspaces(spec: Spec, seed: int = 0) -> dict[str, Workspace]:
     return out
 
 
-def run_serial(spec: Spec, steps: int | None = None, seed: int = 0,
+def _move_weights(route: RoutePlan, sender: Workspace, receiver: Workspace) -> dict[str, Any]:
+    """One param_update in process: bucketed export, staged receive, commit."""
+    if sender is not receiver:
+        bucket_mb = BucketMiB.of(route.bucket_mb)
+        for bucket in sender.export_weights(bucket_mb):
+            receiver.receive_bucket(bucket, bucket_mb)
+        receiver.commit_weights(sender.policy_version)
+    return {"version": sender.policy_version, "summary": {}}
+
+
+def run_serial(plan: Plan | Spec, steps: int | None = None, seed: int = 0,
                on_step: Callable[[int, dict], None] | None = None) -> SerialRun:
-    """Run `steps` (default: schedule.steps) train steps of the graph in one process."""
-    steps = steps or spec.schedule.steps
-    max_lag = spec.schedule.max_lag
-    graph = build_graph(spec)
-    preds: dict[str, list[str]] = {n: [] for n in graph}
-    for src, dst in data_edges(graph):
-        preds[dst].append(src)
-    order = [n for n in step_order(graph) if KINDS[spec.nodes[n].kind].runs_on_batches]
-    generators = [n for n in order if spec.nodes[n].kind == "generate"]
-    syncs = [node for node in spec.nodes.values() if node.kind == "param_update"]
+    """Run `steps` (default: schedule.steps) train steps of a plan (or of a spec, compiled
+    here) in one process."""
+    plan = plan if isinstance(plan, Plan) else compile_plan(plan)
+    steps = steps or plan.spec.schedule.steps
     start = time.perf_counter()
-    ws_of = build_workspaces(spec, seed)
+    ws_of = build_workspaces(plan, seed)
     run = SerialRun(setup_s=time.perf_counter() - start)
-    busy = dict.fromkeys([*order, *(f"param_update:{s.src}->{s.dst}" for s in syncs)], 0.0)
-    outputs: dict[tuple[str, int], dict] = {}
+    busy = {node: 0.0 for node in plan.graph if node in ws_of or node in plan.weight_sync}
 
-    def execute(node: str, step: int) -> None:
-        began = time.perf_counter()
-        inputs = {p: outputs[(p, step)] for p in preds[node]}
-        outputs[(node, step)] = ws_of[node].worker(node).run(step, inputs)
-        busy[node] += time.perf_counter() - began
+    def execute(task: Task) -> tuple[Any, dict[str, Any]]:
+        route = plan.weight_sync.get(task.node)
+        if route is not None:
+            return None, _move_weights(route, ws_of[route.src], ws_of[route.dst])
+        output = ws_of[task.node].worker(task.node).run(task.step, dict(task.inputs))
+        return output, {"summary": {}}
+
+    def on_done(done: Completion) -> None:
+        task = done.task
+        busy[task.node] += done.info["end"] - done.info["start"]
+        if KINDS[task.kind].advances_policy:
+            run.metrics.append(done.output)
+            if on_step:
+                on_step(task.step, done.output)
 
     start = time.perf_counter()
-    for t in range(steps):
-        for ahead in range(t, min(t + max_lag, steps - 1) + 1):
-            for gen in generators:
-                if (gen, ahead) not in outputs:
-                    assert ws_of[gen].policy_version >= ahead - max_lag
-                    execute(gen, ahead)
-        for node in order:
-            if node not in generators:
-                execute(node, t)
-        for sync in syncs:
-            began = time.perf_counter()
-            sender, receiver = ws_of[sync.src], ws_of[sync.dst]
-            if sender is not receiver:
-                for bucket in sender.export_weights(sync.bucket_mb.produce):
-                    receiver.receive_bucket(bucket)
-                receiver.commit_weights(sender.policy_version)
-            busy[f"param_update:{sync.src}->{sync.dst}"] += time.perf_counter() - began
-        for node in order:
-            if spec.nodes[node].kind == "train":
-                run.metrics.append(outputs[(node, t)])
-                if on_step:
-                    on_step(t, outputs[(node, t)])
-        outputs = {key: value for key, value in outputs.items() if key[1] > t}
+    drive(Pipeline.of(plan, steps=steps, chaining=False), InlineExecutor(execute), on_done)
     run.wall_s = time.perf_counter() - start
     run.seconds = {node: seconds / steps for node, seconds in busy.items()}
     return run

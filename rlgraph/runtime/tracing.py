@@ -1,7 +1,7 @@
 """Measured spans of a run, in the plan's event format, and what they say about overhead.
 
 Each finished task becomes `{node, step, start, end, group, occupies, kind}` in seconds from
-the run's start: the same dicts as `plan["schedule"]["events"]`, so `rlgraph.report.timeline` draws
+the run's start: the same dicts as `Plan.schedule.events`, so `rlgraph.report.timeline` draws
 predicted and measured side by side and `rlgraph compile --calibrate` reads node costs
 from them. Spans are taken inside the actors around the worker's own work, so whatever the
 runtime adds (dispatch, moving batches, waiting on the driver) shows up as gaps.
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+
+from rlgraph.nodes import KINDS
 
 
 @dataclass
@@ -94,19 +96,19 @@ class CriticalPath:
 
 
 def _predecessors(event: dict, index: dict[tuple[str, int], dict], graph: nx.DiGraph,
-                  max_lag: int, group_prev: dict[int, list[dict]]) -> list[dict]:
+                  group_prev: dict[int, list[dict]]) -> list[dict]:
     node, step = event["node"], event["step"]
     found: list[dict | None] = [index.get((node, step - 1))]
     for src, _, distance in graph.in_edges(node, data="distance"):
-        found.append(index.get((src, step - distance)) if distance == 0 else
-                     index.get((src, step - max_lag - 1)))
+        found.append(index.get((src, step - distance)))  # a back edge spans `distance` steps
     found.extend(group_prev.get(id(event), []))
     return [e for e in found if e is not None and e["end"] <= event["start"] + 1e-6]
 
 
-def critical_path(events: list[dict[str, Any]], graph: nx.DiGraph, max_lag: int,
+def critical_path(events: list[dict[str, Any]], graph: nx.DiGraph,
                   first_step: int = 0) -> CriticalPath:
-    """The binding chain of spans ending at the last train span, back to step `first_step`."""
+    """The binding chain of spans ending at the last train span, back to step `first_step`
+    (back edges span their `distance` in steps, as the plan's graph says)."""
     index = {(e["node"], e["step"]): e for e in events}
     group_prev: dict[int, list[dict]] = {}
     by_group: dict[str, list[dict]] = {}
@@ -118,13 +120,13 @@ def critical_path(events: list[dict[str, Any]], graph: nx.DiGraph, max_lag: int,
         for before, after in itertools.pairwise(lane):
             group_prev.setdefault(id(after), []).append(before)
     trains = [e for e in events
-              if graph.nodes[e["node"]]["kind"] == "train" and e["step"] >= first_step]
+              if KINDS[graph.nodes[e["node"]]["kind"]].advances_policy and e["step"] >= first_step]
     if not trains:
         return CriticalPath([], 0.0, 0.0, 0)
     current = max(trains, key=lambda e: e["end"])
     chain = [current]
     while True:
-        preds = _predecessors(current, index, graph, max_lag, group_prev)
+        preds = _predecessors(current, index, graph, group_prev)
         if not preds:
             break
         current = max(preds, key=lambda e: e["end"])

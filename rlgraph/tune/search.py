@@ -40,6 +40,7 @@ from rlgraph.compiler.calibrate import as_calibration
 from rlgraph.compiler.costs import calibration_scale, node_costs
 from rlgraph.compiler.lag import prove_lag
 from rlgraph.compiler.placement import place
+from rlgraph.compiler.plan import Plan as CompiledPlan
 from rlgraph.compiler.schedule import steady_state, utilization
 from rlgraph.compiler.timed_graph import timed_graph
 from rlgraph.config.schema import Spec
@@ -99,14 +100,14 @@ class Plan:
 
 @dataclass
 class TuneResult:
-    """The best plan (and its compile_plan dict), the top plans, and how the search went."""
+    """The best plan (and its compiled plan), the top plans, and how the search went."""
 
     best: Plan
     top: list[Plan]
     input: Plan | None
     input_error: str | None
     sync_period_s: float
-    plan: dict[str, Any]
+    plan: CompiledPlan
     method: str  # "enumeration" | "local search"
     exact: bool
     seconds: float
@@ -171,22 +172,22 @@ def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
 
 
 def _input_plan(spec: Spec, measured: dict[str, float] | None
-                ) -> tuple[Plan | None, str | None, dict[str, Any] | None]:
+                ) -> tuple[Plan | None, str | None, CompiledPlan | None]:
     """The user's own plan as compile_plan sees it, or why the placement pass refuses it."""
     try:
         plan = compile_plan(spec, measured)
     except SpecError as err:
         err.source = err.source or spec.source
         return None, err.render(), None
-    sched = plan["schedule"]
-    groups = [{"name": g["name"], "tasks": list(g["tasks"]), "gpus": g["gpus"]}
-              for g in plan["placement"]["groups"]]
+    sched = plan.schedule
+    groups = [{"name": g.name, "tasks": list(g.tasks), "gpus": g.gpus}
+              for g in plan.placement.groups]
     graph, placement = build_graph(spec), place(spec)  # plan.json rounds utilization
     costs, _ = node_costs(spec, graph, placement, measured)
     tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
-    idle = idle_gpus(tg, sched["period_s"], placement, placement.slots)
+    idle = idle_gpus(tg, sched.period_s, placement, placement.slots)
     return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
-                sched["period_s"], sched["bound_s"], idle, sched["bottleneck"], spec,
+                sched.period_s, sched.bound_s, idle, sched.bottleneck, spec,
                 origin="input"), None, plan
 
 
@@ -432,10 +433,10 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
     space = SearchSpace(spec, tp_choices)
     evaluator = Evaluator(space, scale)
     board = Leaderboard(top)
-    mine, input_error, input_dict = _input_plan(spec, measured)
+    mine, input_error, input_plan = _input_plan(spec, measured)
     if mine is not None:
         board.offer(mine)
-    sync = input_dict["schedule"]["sync_period_s"] if input_dict else _sync_period(spec, scale)
+    sync = input_plan.schedule.sync_period_s if input_plan else _sync_period(spec, scale)
     search = _Search(space, evaluator, board, started + time_budget_s)
     layouts = bell(len(space.tasks)) * len(space.tps) * len(space.partials)
     if method == "auto":
@@ -457,7 +458,7 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
         raise SpecError("no plan fits this cluster: every grouping is refused by the placement "
                         "checks", ("cluster",), hint=input_error or "add GPUs or a smaller model")
     best = ranked[0]
-    plan = input_dict if best.origin == "input" and input_dict else compile_plan(
+    plan = input_plan if best.origin == "input" and input_plan else compile_plan(
         best.spec, _carried(best.spec, scale) if scale else None)
     stats = dict(evaluator.stats)
     return TuneResult(best, ranked[:top], mine, input_error, sync, plan, used,

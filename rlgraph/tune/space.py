@@ -121,7 +121,7 @@ class SearchSpace:
         # lags beyond what compile simulates are not searched (compile time stays bounded)
         self.lags = tuple(range(min(spec.schedule.max_lag, MAX_SIMULATED_LAG) + 1))
         self.partials = (False, True) if spec.schedule.partial_rollout else (False,)
-        has_generate = any(node.kind == "generate" for node in spec.nodes.values())
+        has_generate = any(KINDS[node.kind].samples for node in spec.nodes.values())
         self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) \
             if tp_choices and has_generate else (None,)
         self.user_blocks = {name: tuple(g.tasks) for name, g in spec.groups.items()}
@@ -145,11 +145,13 @@ class SearchSpace:
         param_update feeds) or a param_update delivers to it; validate shares generate's
         engine, so it stays beside a generate."""
         nodes = self.spec.nodes
-        fed = {getattr(n, "dst", None) for n in nodes.values() if n.kind == "param_update"}
-        kinds = {nodes[t].kind for t in block}
-        if "validate" in kinds and "generate" not in kinds:
+        fed = {n.dst for n in nodes.values() if KINDS[n.kind].carries_weights}
+        roles = [KINDS[nodes[t].kind] for t in block]
+        samples = any(r.samples for r in roles)
+        if any(r.validates for r in roles) and not samples:
             return False
-        return "logp" not in kinds or bool(kinds & {"train", "generate"} or fed & set(block))
+        return (not any(r.proximal_logp for r in roles) or samples
+                or any(r.advances_policy for r in roles) or bool(fed & set(block)))
 
     def lags_for(self, partial: bool) -> tuple[int, ...]:
         """max_lag values allowed with this partial-rollout setting (partial needs >= 1)."""
@@ -180,7 +182,7 @@ class SearchSpace:
         spec = self.spec
         schedule = spec.schedule.model_copy(update={"max_lag": lag, "partial_rollout": partial})
         nodes = spec.nodes if tp is None else {
-            n: node.model_copy(update={"tp": tp}) if node.kind == "generate" else node
+            n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
             for n, node in spec.nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 

@@ -149,7 +149,7 @@ def test_timeline_redraws_a_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     from rlgraph.report.chrome_trace import chrome_trace
 
-    (tmp_path / "plan.json").write_text(json.dumps(fake_plan()))
+    (tmp_path / "plan.json").write_text(fake_plan().to_json())
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(simulate(8, 1, 1.3), "run")))
     status, out, err = run_cli(capsys, "timeline", str(tmp_path))
     assert status == 0 and err == "", err

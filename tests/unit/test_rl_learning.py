@@ -63,4 +63,4 @@ def test_lag_two_and_colocated_logp_ref(private_cache: Path) -> None:
     lags = [m["metrics"]["lag/max"] for m in run.metrics]
     assert lags == [0, 1, 2, 2, 2, 2]
     assert set(run.seconds) == {"generate", "reward", "logp", "ref_logp", "train",
-                                "param_update:train->generate"}
+                                "param_update"}

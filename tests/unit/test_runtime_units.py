@@ -113,7 +113,7 @@ def test_critical_path_counts_the_gaps_between_binding_spans():
             events.append({"node": node, "step": step, "start": start, "end": start + dur,
                            "occupies": occupies})
             t = start + dur
-    path = critical_path(events, graph, max_lag=0)
+    path = critical_path(events, graph)
     # reward is not on the path (logp waits for generate, not for reward), train(2) ends it
     assert [e["node"] for e in path.spans][:3] == ["generate", "logp", "ref_logp"]
     assert len(path.spans) == 14 and path.spans[-1]["node"] == "train"
@@ -151,7 +151,7 @@ def test_what_the_runtime_cannot_do_is_refused_before_ray_starts(tmp_path, overr
 
     spec = load_spec(QUICKSTART, overrides)
     with pytest.raises(SpecError) as err:
-        Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1))
+        Runner(compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1))
     assert f"{key}:" in err.value.render() and "<override" in err.value.render()
     assert not list(tmp_path.iterdir()), "nothing started, nothing written"
 
@@ -186,8 +186,8 @@ def test_model_parallelism_the_runtime_does_not_run_is_said_before_the_run(tmp_p
 
     spec = load_spec(QUICKSTART, ["cluster.cpus=4", "nodes.train.tp=2",
                                   "groups.trainer.replicas=2"])
-    notes = Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1)).notes
+    notes = Runner(compile_plan(spec), RunOptions(out_dir=tmp_path, steps=1)).notes
     assert len(notes) == 1 and notes[0].startswith("nodes.train: tp x pp = 2")
     assert "2 data-parallel replica(s)" in notes[0] and "backend: megatron" in notes[0]
     plain = load_spec(QUICKSTART)
-    assert Runner(plain, compile_plan(plain), RunOptions(out_dir=tmp_path, steps=1)).notes == []
+    assert Runner(compile_plan(plain), RunOptions(out_dir=tmp_path, steps=1)).notes == []

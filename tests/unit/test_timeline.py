@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlgraph.compiler.plan import Plan
 from rlgraph.report.chrome_trace import chrome_trace, events_from_trace
 from rlgraph.report.timeline import (
     fmt_seconds,
@@ -56,12 +57,12 @@ def simulate(steps: int, max_lag: int, scale: float = 1.0) -> list[dict]:
     return events
 
 
-def fake_plan(steps: int = 16, max_lag: int = 1) -> dict:
-    """A plan dict with the contract's keys around simulated events."""
+def fake_plan(steps: int = 16, max_lag: int = 1) -> Plan:
+    """A plan with the contract's keys around simulated events (read as plan.json is)."""
     groups = [("trainer", ["logp", "train"], 0.5, 4), ("ref", ["ref_logp"], 0.25, 2),
               ("rollout", ["generate"], 0.25, 2)]
     first = {"trainer": 0, "ref": 4, "rollout": 6}
-    return {
+    return Plan.from_dict({
         "name": "fake-pipeline",
         "spec": {"nodes": {n: {"kind": n} for n in DURATION},
                  "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H200"}},
@@ -76,7 +77,7 @@ def fake_plan(steps: int = 16, max_lag: int = 1) -> dict:
                      "bottleneck": "generate on rollout bounds the period",
                      "steps_simulated": steps, "events": simulate(steps, max_lag)},
         "channels": {}, "messages": ["a test message"],
-    }
+    })
 
 
 def test_simulated_pipeline_overlaps_generate_with_train() -> None:

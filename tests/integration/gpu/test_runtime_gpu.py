@@ -25,14 +25,13 @@ def test_gpu_plans_reserve_gpu_bundles_per_group():
     """Each group's placement group asks for its GPUs, one bundle (and one replica) per GPU
     (Ray then sets CUDA_VISIBLE_DEVICES)."""
     split = compile_plan(load_spec(SPLIT))
-    assert not split["placement"]["local"]
-    bundles = {g["name"]: cluster.group_bundles(g, local=False)
-               for g in split["placement"]["groups"]}
+    assert not split.placement.local
+    bundles = {g.name: cluster.group_bundles(g, local=False) for g in split.placement.groups}
     assert bundles == {"trainer": [{"GPU": 1.0, "CPU": 1.0}],
                        "rollout": [{"GPU": 1.0, "CPU": 1.0}]}
     colocated = compile_plan(load_spec(COLOCATED))
-    (group,) = colocated["placement"]["groups"]
-    assert group["replicas"] == 2
+    (group,) = colocated.placement.groups
+    assert group.replicas == 2
     assert cluster.group_bundles(group, local=False) == [{"GPU": 1.0, "CPU": 1.0}] * 2
 
 
@@ -93,8 +92,8 @@ def test_plans_run_on_two_gpus(tmp_path, graph):
         ray.init(num_gpus=2, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
     try:
-        runner = Runner(spec, plan, RunOptions(out_dir=tmp_path / "run", steps=3,
-                                               tensorboard=False, on_step=on_step))
+        runner = Runner(plan, RunOptions(out_dir=tmp_path / "run", steps=3,
+                                         tensorboard=False, on_step=on_step))
         result = runner.run()
     finally:
         if started:

@@ -42,7 +42,7 @@ def runner(out: Path, resume: bool = False, on_step=None) -> Runner:
     spec = load_spec(QUICKSTART, SMALL)
     options = RunOptions(out_dir=out, steps=STEPS, resume=resume, checkpoint_every=2,
                          verify_weights=True, tensorboard=False, on_step=on_step)
-    return Runner(spec, compile_plan(spec), options)
+    return Runner(compile_plan(spec), options)
 
 
 def ledger_rows(folder: Path) -> list[dict]:

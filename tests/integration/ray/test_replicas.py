@@ -187,8 +187,8 @@ def _run(spec, out: Path, steps: int, resume: bool = False) -> tuple[Runner, lis
             for group in runner.groups:
                 digests[group] = ray.get(runner.group_actors[group].replica_digests.remote())
 
-    runner = Runner(spec, compile_plan(spec), RunOptions(out_dir=out, steps=steps, resume=resume,
-                                                         on_step=on_step, tensorboard=False))
+    runner = Runner(compile_plan(spec), RunOptions(out_dir=out, steps=steps, resume=resume,
+                                                   on_step=on_step, tensorboard=False))
     result = runner.run()
     return runner, result.rows, digests
 
@@ -217,7 +217,7 @@ def test_runs_keep_every_groups_replicas_in_step(cluster4, tmp_path, layout):
     spec = load_spec(path, overrides)
     steps = 2 if layout == "split-gloo-partial" else 3
     runner, rows, digests = _run(spec, tmp_path / "run", steps)
-    plan_replicas = {g["name"]: g["replicas"] for g in runner.plan["placement"]["groups"]}
+    plan_replicas = {g.name: g.replicas for g in runner.plan.placement.groups}
     assert max(plan_replicas.values()) == 2
     assert [r["step"] for r in rows] == list(range(steps))
     assert all(r["lag/max"] <= spec.schedule.max_lag for r in rows)

@@ -45,10 +45,10 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
         if stop_after is not None and row["step"] + 1 == stop_after:
             runner.request_stop()  # what the Ctrl-C handler does
 
-    runner = Runner(spec, plan, RunOptions(out_dir=out, steps=steps, resume=resume,
-                                           on_step=on_step, tensorboard=tensorboard,
-                                           checkpoint_every=checkpoint_every,
-                                           verify_weights=True))
+    runner = Runner(plan, RunOptions(out_dir=out, steps=steps, resume=resume,
+                                     on_step=on_step, tensorboard=tensorboard,
+                                     checkpoint_every=checkpoint_every,
+                                     verify_weights=True))
     return plan, runner.run()
 
 

@@ -92,8 +92,8 @@ def test_a_run_writes_val_metrics_on_validation_steps(cluster, tmp_path: Path) -
 
     spec = load_spec(QUICKSTART, [*WITH_VALIDATE, "data.prompts_per_step=4",
                                   "data.samples_per_prompt=4", "model.warm_start.steps=0"])
-    result = Runner(spec, compile_plan(spec), RunOptions(out_dir=tmp_path, steps=3,
-                                                         tensorboard=False)).run()
+    result = Runner(compile_plan(spec), RunOptions(out_dir=tmp_path, steps=3,
+                                                   tensorboard=False)).run()
     rows = result.rows
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [("val/reward/mean" in r) for r in rows] == [True, False, True]

@@ -215,8 +215,8 @@ def test_run_with_nccl_transport_on_cpu_writes_sync_metrics(cluster, tmp_path):
     spec = load_spec(QUICKSTART, [*SMALL, "nodes.param_update.transport=nccl",
                                   "nodes.param_update.bucket_mb={produce: 0.5, consume: 0.125}"])
     plan = compile_plan(spec)
-    result = Runner(spec, plan, RunOptions(out_dir=tmp_path, steps=3,
-                                           tensorboard=False)).run()
+    result = Runner(plan, RunOptions(out_dir=tmp_path, steps=3,
+                                     tensorboard=False)).run()
     assert result.lag_violations == 0
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert [r["policy/version"] for r in rows] == [1, 2, 3]
