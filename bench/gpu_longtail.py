@@ -135,22 +135,58 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
         "node_s_per_step": node_steps,
         "per_step": {k: per_step(rows, k) for k in (
             "generate/decode_steps", "rollout/decode_steps", "generate/decode_ms_per_step",
+            "generate/mean_width", "generate/live_share",
             "generate/engine_s", "rollout/carried", "rollout/dropped", "rollout/restarted",
             "rollout/version_span", "rollout/cached", "lag/max", "lag/mean", "reward/mean",
-            "response/length_mean")},
+            "response/length_mean", "tokens", "train/new_pass_shapes", "train/alloc_retries",
+            "train/device_mallocs", "train/device_frees")},
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),
     }
+    train_s = node_steps.get("train", [])
+    tokens = res["per_step"]["tokens"]
+    res["train_s_per_step"] = train_s
+    res["train_ms_per_1k_tokens"] = [round(t * 1e6 / n, 2) if n else None
+                                     for t, n in zip(train_s, tokens)]
+    late = train_s[2:]
+    res["train_flat_from_step3_max_over_min"] = round(max(late) / min(late), 3) if late else None
     if forced:
         res["lengths"] = forced_lengths(spec, run_dir, rows)
     shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of GB size
     return res
 
 
-def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
-    """Static engine: ms per decode step against the HBM roofline at the runs' widths, and the
-    wall time of a forced-length synchronous batch per finished-row check interval."""
+def _roofline_bins(trace: list[dict], weights: int, kv: int, bw: float) -> list[dict]:
+    """Device ms per decode step by live rows (bins of powers of two) against the HBM roofline
+    of those rows (the weights plus the live rows' K/V, read once a step, over `bw`)."""
+    bins: dict[int, list[dict]] = {}
+    for t in trace:
+        if "ms_per_step" in t:
+            bins.setdefault(1 << max(0, t["live"] - 1).bit_length(), []).append(t)
+    out = []
+    for top, ts in sorted(bins.items(), reverse=True):
+        steps = sum(t["steps"] for t in ts)
+        ms = sum(t["ms_per_step"] * t["steps"] for t in ts) / steps
+        roof = sum((weights + t["live_positions"] * kv) / bw * 1e3 * t["steps"]
+                   for t in ts) / steps
+        out.append({"live_rows_up_to": top, "decode_steps": steps,
+                    "widths": sorted({t["width"] for t in ts}),
+                    "ms_per_step": round(ms, 3), "roofline_ms": round(roof, 3),
+                    "over_roofline": round(ms / roof, 2),
+                    "share_of_decode_time": None})
+    total = sum(r["ms_per_step"] * r["decode_steps"] for r in out) or 1.0
+    for r in out:
+        r["share_of_decode_time"] = round(r["ms_per_step"] * r["decode_steps"] / total, 3)
+    return out
+
+
+def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
+                longest: int | None = None) -> dict[str, Any]:
+    """Static engine on one forced-length synchronous batch, without and with slot compaction
+    (same requests, graphs captured first): wall time, and device ms per decode step by live
+    rows against the HBM roofline of those rows (weights + live K/V over the copy bandwidth
+    measured here)."""
     import random
 
     import torch
@@ -170,59 +206,48 @@ def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
+    rows = rows or (64 if cpu else spec.data.prompts_per_step * spec.data.samples_per_prompt)
+    lengths_spec = spec.data.response_len.model_copy(
+        update={"max": longest or (48 if cpu else min(spec.data.response_len.max, 4096))})
     rng = random.Random(0)
-    out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "weights_bytes": weights,
-                           "kv_bytes_per_token": kv, "roofline": [], "sync_every": []}
-    widths = [8, 16] if cpu else [512, 768]
-    contexts = [16, 48] if cpu else [512, 2048]
-    new = 8 if cpu else 64
-    for width in widths:
-        for ctx in contexts:
-            dec = StaticDecoder(model, max_batch=width, max_len=ctx + new + 8, timing=True,
-                                attn_block=128, sync_every=16)
-            reqs = [Request([rng.randrange(3, cfg.vocab_size) for _ in range(ctx)], new,
-                            ignore_eos=True) for _ in range(width)]
-            dec.run(reqs)  # capture
-            for k in dec.stats:
-                dec.stats[k] = 0
-            t = time.perf_counter()
-            dec.run(reqs)
-            wall = time.perf_counter() - t
-            ms = dec.stats["decode_ms"] / max(1, dec.stats["decode_steps"]) or wall * 1e3 / new
-            live = weights + width * (ctx + new / 2) * kv
-            out["roofline"].append({
-                "width": width, "context": ctx, "ms_per_step": round(ms, 3),
-                "roofline_ms": round(live / bw * 1e3, 3),
-                "over_roofline": round(ms / (live / bw * 1e3), 2)})
-            del dec
-            if not cpu:
-                torch.cuda.empty_cache()
-    rows = 16 if cpu else 256
-    lengths = [draw_length(rng, spec.data.response_len.model_copy(
-        update={"max": 64 if cpu else 2048}), limit=10**9) for _ in range(rows)]
-    for every in (1, 4, 8, 16, 32, 64):
-        dec = StaticDecoder(model, max_batch=rows, max_len=8 + max(lengths) + 1, timing=True,
-                            attn_block=128, sync_every=every)
-        reqs = [Request([5, 6, 7, 8], n, ignore_eos=True) for n in lengths]
-        dec.run(reqs)
+    lengths = [draw_length(rng, lengths_spec, limit=10**9) for _ in range(rows)]
+    out: dict[str, Any] = {
+        "hbm_copy_gb_s": round(bw / 1e9, 1), "weights_bytes": weights,
+        "kv_bytes_per_token": kv, "rows": rows, "response_len": lengths_spec.model_dump(),
+        "lengths": {"mean": round(statistics.fmean(lengths), 1), "max": max(lengths)},
+        "sync_every": spec.nodes["generate"].sync_every, "variants": {}}
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    for name, compact in (("all_slots", False), ("compacted", True)):
+        dec = StaticDecoder(model, max_batch=rows, max_len=len(prompt) + max(lengths) + 1,
+                            timing=not cpu, attn_block=128, compact=compact, trace=True,
+                            sync_every=spec.nodes["generate"].sync_every)
+        t = time.perf_counter()
+        graphs = dec.warmup(use_top_p=False)
+        capture_s = time.perf_counter() - t
+        reqs = [Request(prompt, n, ignore_eos=True) for n in lengths]
         if not cpu:
             torch.cuda.synchronize()
-        for k in dec.stats:
-            dec.stats[k] = 0
         t = time.perf_counter()
-        dec.run(reqs)
+        done = dec.run(reqs)
         if not cpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
-        out["sync_every"].append({
-            "sync_every": every, "wall_s": round(wall, 4),
-            "decode_steps": int(dec.stats["decode_steps"]), "longest": max(lengths),
-            "device_ms_per_step": round(dec.stats["decode_ms"] / dec.stats["decode_steps"], 4)
+        assert sorted(len(c.tokens) for c in done) == sorted(lengths)
+        out["variants"][name] = {
+            "wall_s": round(wall, 3), "graphs": graphs, "capture_s": round(capture_s, 2),
+            "decode_steps": int(dec.stats["decode_steps"]),
+            "slot_steps": int(dec.stats["slot_steps"]),
+            "busy_slot_steps": int(dec.stats["busy_slot_steps"]),
+            "slot_moves": int(dec.stats["slot_moves"]),
+            "device_ms_per_step": round(dec.stats["decode_ms"] / dec.stats["decode_steps"], 3)
             if dec.stats["decode_ms"] else None,
-            "wall_ms_per_needed_step": round(wall * 1e3 / max(lengths), 4)})
-        del dec
-    best = min(out["sync_every"], key=lambda r: r["wall_s"])
-    out["sync_every_fastest"] = best["sync_every"]
+            "by_live_rows": _roofline_bins(dec.trace or [], weights, kv, bw)}
+        print(name, json.dumps(out["variants"][name]), flush=True)
+        del dec, done
+        if not cpu:
+            torch.cuda.empty_cache()
+    v = out["variants"]
+    out["compacted_speedup_wall"] = round(v["all_slots"]["wall_s"] / v["compacted"]["wall_s"], 2)
     return out
 
 
@@ -249,6 +274,33 @@ def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
     return out
 
 
+def summarize(runs: dict[str, dict]) -> dict[str, Any]:
+    """Per mode over its repeats: samples/s and step-time medians with their spread, the
+    step medians pooled, and samples/s over sync's (repeat by repeat, and of the medians)."""
+    by_mode: dict[str, list[dict]] = {}
+    for key, r in runs.items():
+        if "samples_per_s" in r:
+            by_mode.setdefault(key.split("@")[0], []).append(r)
+    out: dict[str, Any] = {}
+    for mode, rs in by_mode.items():
+        steps = [s for r in rs for s in r["step_s_all"][1:]]
+        out[mode] = {"repeats": len(rs),
+                     "samples_per_s": [r["samples_per_s"] for r in rs],
+                     "samples_per_s_median": round(statistics.median(
+                         r["samples_per_s"] for r in rs), 3),
+                     "step_s_pooled_median": round(statistics.median(steps), 3),
+                     "step_s_pooled_spread": [round(min(steps), 3), round(max(steps), 3)],
+                     "predicted_period_s": rs[0]["predicted_period_s"]}
+    sync = out.get("sync")
+    for mode, o in out.items():
+        if sync and mode != "sync":
+            o["over_sync_samples_per_s"] = round(
+                o["samples_per_s_median"] / sync["samples_per_s_median"], 3)
+            o["over_sync_by_repeat"] = [round(a / b, 3) for a, b in zip(
+                o["samples_per_s"], sync["samples_per_s"])]
+    return out
+
+
 def plot(path: Path, png: Path) -> None:
     """Both timelines (node spans per step) one above the other."""
     import matplotlib
@@ -257,7 +309,7 @@ def plot(path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     res = json.loads(path.read_text())
-    modes = {k: v for k, v in res["throughput"].items() if "events" in v}
+    modes = {k: v for k, v in res["throughput"].items() if "events" in v and "@" not in k}
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 1.9 * len(modes) + 0.6), sharex=True)
     axes = [axes] if len(modes) == 1 else axes
     colors = {"generate": "tab:blue", "logp": "tab:orange", "train": "tab:green",
@@ -287,6 +339,9 @@ def main() -> int:
     parser.add_argument("--parts", default="throughput,decode,learning")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of alternated modes")
+    parser.add_argument("--decode-rows", type=int, help="rows of the decode part's batch")
+    parser.add_argument("--decode-max", type=int, help="longest response of the decode part")
     parser.add_argument("--learning-steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-longtail-1gpu")
@@ -320,24 +375,25 @@ def main() -> int:
         path.write_text(json.dumps(res, indent=1, default=str) + "\n")
 
     if "decode" in parts:
-        res["decode"] = decode_part(args.cpu, overrides)
+        res["decode"] = decode_part(args.cpu, overrides, args.decode_rows, args.decode_max)
         print("decode", json.dumps(res["decode"]), flush=True)
         save()
     if "throughput" in parts:
-        for mode in args.modes.split(","):
-            try:
-                res["throughput"][mode] = run_mode(
-                    mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
-                    args.steps, runs, forced=True)
-            except Exception as exc:  # record it and go on to the next mode
-                res["throughput"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-            r = res["throughput"][mode]
-            print(mode, json.dumps({k: v for k, v in r.items() if k != "events"}), flush=True)
-            sync = res["throughput"].get("sync", {})
-            if mode != "sync" and "samples_per_s" in r and "samples_per_s" in sync:
-                res[f"{mode}_over_sync_samples_per_s"] = round(
-                    r["samples_per_s"] / sync["samples_per_s"], 3)
-            save()
+        # modes alternated, `--repeats` rounds: repeat r of a mode is keyed "mode@r" (r > 0)
+        for rep in range(args.repeats):
+            for mode in args.modes.split(","):
+                key = mode if rep == 0 else f"{mode}@{rep}"
+                try:
+                    res["throughput"][key] = run_mode(
+                        mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
+                        args.steps, runs, forced=True)
+                except Exception as exc:  # record it and go on to the next mode
+                    res["throughput"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+                r = res["throughput"][key]
+                print(key, json.dumps({k: v for k, v in r.items() if k != "events"}),
+                      flush=True)
+                res["summary"] = summarize(res["throughput"])
+                save()
     if "learning" in parts:
         res["learning"] = learning_part(args.learning_steps, args.cpu, runs)
         print("learning", json.dumps(res["learning"]), flush=True)

@@ -39,6 +39,7 @@ Mistral-style); models that post-process logits (soft-capping) are not.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -258,13 +259,15 @@ class StaticDecoder:
             record = None if self.trace is None else {
                 "live": len(live), "width": width, "attn_len": attn_len, "steps": steps,
                 "live_positions": int(sum(pos[b] for b in live))}
-            start = self._event()
+            start, began = self._event(), time.perf_counter()
             for _ in range(steps):
                 self._run(attn_len, width, use_top_p, greedy)
             if start is not None:
                 self._events.append((start, self._event(), record))
-            elif record is not None:
-                self.trace.append(record)
+            elif record is not None:  # host time: only the CPU runs synchronously
+                cpu_ms = (time.perf_counter() - began) * 1e3 / steps
+                self.trace.append({**record, **({"ms_per_step": cpu_ms}
+                                                if self.device.type == "cpu" else {})})
             self.stats["decode_steps"] += steps
             self.stats["slot_steps"] += steps * width
             self.stats["busy_slot_steps"] += steps * len(live)
