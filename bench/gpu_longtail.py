@@ -113,8 +113,8 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=steps,
-                                           tensorboard=False)).run()
+    result = Runner(spec, plan, RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
+                                           checkpoint_every_s=0)).run()  # no periodic ones
     rows = result.rows
     steady = [r["time/step_s"] for r in rows[1:]] or [r["time/step_s"] for r in rows]
     step_s = statistics.median(steady)
@@ -217,10 +217,11 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
         "lengths": {"mean": round(statistics.fmean(lengths), 1), "max": max(lengths)},
         "sync_every": spec.nodes["generate"].sync_every, "variants": {}}
     prompt = [5, 6, 7, 8, 9, 10, 11, 12]
-    for name, compact in (("all_slots", False), ("compacted", True)):
+    for name, compact, kind in (("all_slots", False, "sdpa"), ("compacted", True, "sdpa"),
+                                ("compacted_matmul", True, "matmul")):
         dec = StaticDecoder(model, max_batch=rows, max_len=len(prompt) + max(lengths) + 1,
                             timing=not cpu, attn_block=128, compact=compact, trace=True,
-                            sync_every=spec.nodes["generate"].sync_every)
+                            sync_every=spec.nodes["generate"].sync_every, attention_kind=kind)
         t = time.perf_counter()
         graphs = dec.warmup(use_top_p=False)
         capture_s = time.perf_counter() - t
@@ -248,6 +249,78 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
             torch.cuda.empty_cache()
     v = out["variants"]
     out["compacted_speedup_wall"] = round(v["all_slots"]["wall_s"] / v["compacted"]["wall_s"], 2)
+    return out
+
+
+def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
+    """One captured decode step replayed at each (attention kernel, width, attention length),
+    every row live at that length: device ms per step against the roofline of those rows; and
+    the kernels of one eager step (torch.profiler) at a narrow width and long context."""
+    import torch
+
+    from bench.gpu_bench import copy_bandwidth
+    from rlgraph.engines.static_decode import StaticDecoder
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
+    device = "cpu" if cpu else "cuda"
+    model = Workspace(spec, ["generate"], seed=0, device=device).policy
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
+    widths = [4, 16] if cpu else [16, 32, 64, 128, 256, 512]
+    lengths = [64, 128] if cpu else [1024, 4096]
+    out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "rows": []}
+    for kind in ("sdpa", "matmul"):
+        dec = StaticDecoder(model, max_batch=max(widths), max_len=max(lengths), timing=True,
+                            attn_block=128, attention_kind=kind, min_width=min(widths))
+        for width in widths:
+            for attn in lengths:
+                dec.pos.fill_(attn - 40)
+                dec.done.zero_()
+                dec.max_new.fill_(10**6)
+                dec.cur_tok.random_(3, cfg.vocab_size)
+                with torch.no_grad(), dec._attn_impl():
+                    dec._run(attn, width, False, False)
+                    if cpu:
+                        began = time.perf_counter()
+                        for _ in range(4):
+                            dec._run(attn, width, False, False)
+                        ms = (time.perf_counter() - began) * 1e3 / 4
+                    else:
+                        start = torch.cuda.Event(enable_timing=True)
+                        end = torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        for _ in range(20):
+                            dec._run(attn, width, False, False)
+                        end.record()
+                        end.synchronize()
+                        ms = start.elapsed_time(end) / 20
+                roof = (weights + width * (attn - 30) * kv) / bw * 1e3
+                out["rows"].append({"attention": kind, "width": width, "attn_len": attn,
+                                    "ms_per_step": round(ms, 3), "roofline_ms": round(roof, 3),
+                                    "over_roofline": round(ms / roof, 2)})
+                print(json.dumps(out["rows"][-1]), flush=True)
+        if not cpu:
+            from torch.profiler import ProfilerActivity, profile
+
+            dec.cuda_graphs = False
+            with torch.no_grad(), dec._attn_impl():
+                dec._run(max(lengths), min(widths), False, False)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        dec._run(max(lengths), min(widths), False, False)
+                    torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14)
+            out[f"profile_{kind}_width{min(widths)}_len{max(lengths)}"] = table
+            print(table, flush=True)
+        del dec
+        if not cpu:
+            torch.cuda.empty_cache()
     return out
 
 
@@ -374,6 +447,9 @@ def main() -> int:
     def save() -> None:
         path.write_text(json.dumps(res, indent=1, default=str) + "\n")
 
+    if "sweep" in parts:
+        res["step_sweep"] = step_sweep_part(args.cpu, overrides)
+        save()
     if "decode" in parts:
         res["decode"] = decode_part(args.cpu, overrides, args.decode_rows, args.decode_max)
         print("decode", json.dumps(res["decode"]), flush=True)

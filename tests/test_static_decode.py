@@ -171,11 +171,13 @@ def test_prefill_in_token_chunks_matches_one_prefill(model, references, monkeypa
     assert dec.stats["prefills"] >= 4  # 6 prompts of 2-9 tokens, at most 12 padded a chunk
 
 
-def test_compaction_moves_live_rows_down_and_keeps_the_tokens(model, references) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_compaction_moves_live_rows_down_and_keeps_the_tokens(model, references,
+                                                              attention) -> None:
     # six rows finishing at different steps: the step narrows to 4, 2, 1 slots, the live rows
     # move down with their K/V, and greedy tokens still match transformers' generate
     dec = StaticDecoder(model, max_batch=6, max_len=32, sync_every=2, attn_block=8,
-                        min_width=1, trace=True)
+                        min_width=1, trace=True, attention_kind=attention)
     lengths = [2, 3, 4, 6, 9, MAX_NEW]
     reqs = [Request(p, n, temperature=0.0, request_id=i)
             for i, (p, n) in enumerate(zip(_prompts(), lengths))]

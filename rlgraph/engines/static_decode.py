@@ -48,10 +48,10 @@ from typing import Any
 import torch
 
 from rlgraph.engines.compaction import SlotWidths
-from rlgraph.engines.static_ops import attention, sample
+from rlgraph.engines.static_ops import attention, attention_matmul, sample
 from rlgraph.models import with_cache
 
-ATTN_NAME = "rlgraph_static"
+ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul"}
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)
 
 
@@ -148,10 +148,12 @@ class StaticDecoder:
                  attn_block: int | None = 128, cuda_graphs: bool | None = None,
                  compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
                  timing: bool = False, compact: bool = True, min_width: int = 16,
-                 trace: bool = False):
+                 trace: bool = False, attention_kind: str = "sdpa"):
         from transformers import AttentionInterface
 
-        AttentionInterface.register(ATTN_NAME, attention)
+        AttentionInterface.register(ATTN_NAMES["sdpa"], attention)
+        AttentionInterface.register(ATTN_NAMES["matmul"], attention_matmul)
+        self.attention = attention_kind
         if fuse:
             from rlgraph.engines.fusion import fuse_projections
 
@@ -326,7 +328,7 @@ class StaticDecoder:
         """Route the model's attention through `static_ops.attention` for our calls only."""
         cfg = self.model.config
         old = cfg._attn_implementation
-        cfg._attn_implementation = ATTN_NAME
+        cfg._attn_implementation = ATTN_NAMES[self.attention]
         try:
             yield
         finally:

@@ -10,18 +10,32 @@ import torch.nn.functional as F
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-               value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
-    """transformers attention: one-token queries attend with grouped heads; the rest is sdpa."""
+              value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+              decode: str = "sdpa", **kwargs: Any):
+    """transformers attention: one-token queries attend with grouped heads (one fused SDPA
+    kernel, `decode="sdpa"`, or two batched GEMMs around a softmax, `"matmul"`, which spreads
+    a long context over the whole GPU where few rows give SDPA few blocks); the rest is sdpa."""
     if query.shape[2] == 1 and attention_mask is not None and attention_mask.dtype == torch.bool:
         b, h, _, d = query.shape
         kv = key.shape[1]
         q = query.reshape(b, kv, h // kv, d)  # the g query heads of a KV head act as g queries
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,
-                                             scale=kwargs.get("scaling"))
+        if decode == "matmul":
+            scale = kwargs.get("scaling") or d ** -0.5
+            scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [b, kv, g, L]
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+            out = torch.matmul(torch.softmax(scores, -1).to(value.dtype), value)
+        else:
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,
+                                                 scale=kwargs.get("scaling"))
         return out.reshape(b, 1, h, d), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def attention_matmul(*args: Any, **kwargs: Any):
+    """`attention` with one-token queries through batched GEMMs."""
+    return attention(*args, decode="matmul", **kwargs)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
