@@ -123,8 +123,14 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     node_steps: dict[str, list[float]] = {}
     for e in sorted(result.events, key=lambda e: e["step"]):
         node_steps.setdefault(e["node"], []).append(round(e["end"] - e["start"], 4))
+    steady_wall = sum(r["time/step_s"] for r in rows[1:])
     res = {
         "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
+        # steps after the first over their summed time: partial rollout's steps alternate
+        # between short rounds and rounds that must finish the tail, so a median misleads
+        "samples_per_s_steady": round(spec.data.prompts_per_step * spec.data.samples_per_prompt
+                                      * len(rows[1:]) / steady_wall, 3) if rows[1:] else None,
+        "step_s_steady_mean": round(steady_wall / len(rows[1:]), 3) if rows[1:] else None,
         "partial_rollout": spec.schedule.partial_rollout,
         "forced_lengths": forced, "response_len": spec.data.response_len.model_dump(),
         "oversample": spec.nodes["generate"].oversample, "stale": spec.nodes["generate"].stale,
@@ -324,6 +330,56 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     return out
 
 
+def train_shapes_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
+    """What a pass shape not seen before costs train: forward + backward of `token_logp` at the
+    pass shapes `length_batches` makes (rows = micro_tokens // width), first call against the
+    repeat, with cuDNN's SDPA allowed and not (each setting on widths of its own, so neither
+    inherits the other's warm shapes)."""
+    import torch
+
+    from rlgraph.sampling import token_logp
+    from rlgraph.spec import load_spec
+    from rlgraph.workspace import Workspace
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
+    device = "cpu" if cpu else "cuda"
+    model = Workspace(spec, ["train"], seed=0, device=device).policy
+    model.train()
+    micro, P = spec.nodes["train"].micro_tokens or 16384, spec.data.prompt_len
+    vocab = model.config.vocab_size
+    settings = {"cudnn_sdpa_on": [768, 1792, 3840], "cudnn_sdpa_off": [1280, 2816, 4864],
+                "cudnn_sdpa_on_again": [1536, 3328, 5888]}
+    if cpu:
+        settings = {k: [w // 64 for w in ws] for k, ws in settings.items()}
+    out: dict[str, Any] = {"micro_tokens": micro, "rows": []}
+
+    def timed(rows: int, width: int) -> float:
+        seq = torch.randint(3, vocab, (rows, P + width), device=device)
+        mask = torch.ones_like(seq)
+        if not cpu:
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        token_logp(model, seq, mask, P).mean().backward()
+        if not cpu:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - began) * 1e3
+
+    timed(max(1, micro // (P + 256)), 256)  # the model's own first-call costs
+    for name, widths in settings.items():
+        if not cpu:
+            torch.backends.cuda.enable_cudnn_sdp(not name.endswith("off"))
+        for w in widths:
+            rows = max(1, micro // (P + w))
+            first, again = timed(rows, w), timed(rows, w)
+            out["rows"].append({"setting": name, "rows": rows, "width": w,
+                                "first_ms": round(first, 1), "repeat_ms": round(again, 1)})
+            print(json.dumps(out["rows"][-1]), flush=True)
+    if not cpu:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    model.zero_grad(set_to_none=True)
+    return out
+
+
 def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
     """The correctness check: the countdown task (tiny preset after its warm start) on one
     GPU, synchronous vs partial rollout."""
@@ -358,9 +414,9 @@ def summarize(runs: dict[str, dict]) -> dict[str, Any]:
     for mode, rs in by_mode.items():
         steps = [s for r in rs for s in r["step_s_all"][1:]]
         out[mode] = {"repeats": len(rs),
-                     "samples_per_s": [r["samples_per_s"] for r in rs],
+                     "samples_per_s": [r["samples_per_s_steady"] for r in rs],
                      "samples_per_s_median": round(statistics.median(
-                         r["samples_per_s"] for r in rs), 3),
+                         r["samples_per_s_steady"] for r in rs), 3),
                      "step_s_pooled_median": round(statistics.median(steps), 3),
                      "step_s_pooled_spread": [round(min(steps), 3), round(max(steps), 3)],
                      "predicted_period_s": rs[0]["predicted_period_s"]}
@@ -447,6 +503,9 @@ def main() -> int:
     def save() -> None:
         path.write_text(json.dumps(res, indent=1, default=str) + "\n")
 
+    if "trainshapes" in parts:
+        res["train_shapes"] = train_shapes_part(args.cpu, overrides)
+        save()
     if "sweep" in parts:
         res["step_sweep"] = step_sweep_part(args.cpu, overrides)
         save()
