@@ -438,12 +438,17 @@ def plot(path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     res = json.loads(path.read_text())
-    modes = {k: v for k, v in res["throughput"].items() if "events" in v and "@" not in k}
+    modes = {}  # (section, mode) -> run: every throughput section of the file, first repeats
+    sections = [v for k, v in res.items() if k.startswith("throughput") and isinstance(v, dict)]
+    for section, runs in enumerate(sections):
+        for k, v in runs.items():
+            if "events" in v and "@" not in k:
+                modes[(section, k)] = v
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 1.9 * len(modes) + 0.6), sharex=True)
     axes = [axes] if len(modes) == 1 else axes
     colors = {"generate": "tab:blue", "logp": "tab:orange", "train": "tab:green",
               "reward": "tab:red", "ref_logp": "tab:purple", "param_update": "tab:gray"}
-    for ax, (name, r) in zip(axes, modes.items()):
+    for ax, ((_, name), r) in zip(axes, modes.items()):
         nodes = [n for n in colors if any(e["node"] == n for e in r["events"])]
         for e in r["events"]:
             y = nodes.index(e["node"])
@@ -452,11 +457,13 @@ def plot(path: Path, png: Path) -> None:
             if e["node"] == "generate":
                 ax.text(e["start"], y, str(e["step"]), va="center", fontsize=6)
         ax.set_yticks(range(len(nodes)), nodes)
-        ax.set_title(f"{name}: {r['samples_per_s']} samples/s, step {r['step_s_median']} s "
-                     f"(predicted {r['predicted_period_s']} s), lag max {r['lag_max']:g}",
-                     fontsize=9)
+        sigma = r["response_len"]["sigma"]
+        steps = r["step_s_all"][1:]
+        ax.set_title(f"sigma {sigma:g}, {name}: steps after the first "
+                     f"{', '.join(f'{x:.1f}' for x in steps)} s (predicted "
+                     f"{r['predicted_period_s']:.1f} s), lag max {r['lag_max']:g}", fontsize=9)
     axes[-1].set_xlabel("seconds since the first task")
-    fig.suptitle(f"{res['device']['name']}: {res['workload']}", fontsize=9)
+    fig.suptitle(f"{res['device']['name']}: {res['workload'][:110]}", fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
