@@ -8,26 +8,21 @@ sequences start, stop and restart independently:
   new prompts; the rest keep decoding. A request that carries already generated tokens (resume)
   is re-encoded from position 0 under the current weights: KV computed under older weights is
   never reused.
-- **decode step**: one token for every slot. The whole step (forward, GPU sampling with
-  temperature / top-p, per-slot bookkeeping: output tokens, log-probs, the policy version that
-  sampled each token, EOS and length stops) lives in static GPU tensors, so on CUDA it is
-  captured once per (attention length, top-p) as a CUDA graph and replayed `sync_every` times
-  before the host looks at the slots again. `compile=True` runs the step through torch.compile
-  first (fewer, fused kernels) and captures that.
+- **decode step**: one token for every slot: forward, GPU sampling, per-slot bookkeeping
+  (tokens, log-probs, policy versions, EOS and length stops) all in static GPU tensors, so on
+  CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
+  replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
+  runs through torch.compile first).
 - **attention**: the cache is sliced to a bucketed attention length (the longest live sequence
-  rounded up to `attn_block`), so a step reads the KV it needs, not all `max_len` positions; a
-  query of one token attends through SDPA with grouped heads (no repeated KV for GQA).
+  rounded up), so a step reads the KV it needs; one-token queries attend with grouped heads.
 - **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
   of two holding the occupied slots; occupied slots beyond it move down first (K/V and state,
   see `compaction.py`), so a long tail of a few rows decodes at a few rows' cost.
 - **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
-- **fast path on a GPU**: `compile=True, fuse=True` (torch.compile'd step captured as a graph;
-  q/k/v and gate/up computed by one GEMM each, see `fusion.py`). Measured on an H200 with the
-  374M Llama in bf16 (bench/results/gpu-decode.json): 1.43 / 2.91 ms per step at batch 64 / 256,
-  4.7x / 4.0x the HBM roofline, against 2.80 / 4.52 ms for transformers' compiled static-cache
-  `generate` in the same run. `fuse=True` is for inference-only models (gradients do not reach
-  the parameters through the fused GEMM).
+- **fast path on a GPU**: `compile=True, fuse=True` (compiled step captured as a graph, fused
+  projections, `fusion.py`; inference-only models): 1.43 / 2.91 ms a step at batch 64 / 256 on
+  an H200, 4.7x / 4.0x the HBM roofline (bench/results/gpu-decode.json).
 
 `rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
