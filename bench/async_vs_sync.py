@@ -9,7 +9,7 @@ GRPO on this machine's CPU cores) in each mode below, the same steps and so the 
   decode and train barely parallelise, and a thread that waits for a preempted partner
   stalls the step);
 - sync_replicas: the colocated plan as two data-parallel replicas of one core (and one torch
-  thread) each, `replicas: 2` (rlgraph.replicas): each generates and trains on half of every
+  thread) each, `replicas: 2` (rlgraph.worker.replicas): each generates and trains on half of every
   step's prompts, gloo sums the gradients;
 - one_step_off: trainer | rollout groups of one core each, max_lag 1 (verl's one-step-off);
 - max_lag_2: the same groups, max_lag 2;
@@ -95,7 +95,7 @@ def colocated(graph: Path, replicas: int = 1) -> str:
     """The override putting every grouped task of the graph in one group on all cores (as
     `replicas` processes)."""
     sys.path.insert(0, str(ROOT))
-    from rlgraph.spec import load_spec
+    from rlgraph.config.load import load_spec
 
     tasks = [t for g in load_spec(graph).groups.values() for t in g.tasks]
     return (f"groups={{colocated: {{share: 1.0, tasks: [{', '.join(tasks)}], "
@@ -106,9 +106,9 @@ def refusal(graph: Path, overrides: list[str]) -> str | None:
     """Why `rlgraph run` would refuse this mode before starting (None: it runs it)."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.errors import RLGraphError
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
 
     try:
         spec = load_spec(graph, overrides)
@@ -173,7 +173,7 @@ def predictions(graph: Path, modes: dict[str, list[str]], runs: dict[str, Path]
     """Predicted period and speedup over sync per mode (see the module docstring)."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.compiler import compile_plan, load_calibration
-    from rlgraph.spec import load_spec
+    from rlgraph.config.load import load_spec
 
     def plan(name: str, calibration: Any = None) -> dict[str, Any]:
         return compile_plan(load_spec(graph, modes[name]), calibration)

@@ -5,7 +5,7 @@ The figures behind the runtime's default checkpoint interval (`CHECKPOINT_EVERY_
 `--verify-weights` note in the README. One checkpoint as the runner writes it (the policy as
 a Hugging Face folder, AdamW state, one rollout batch of the quickstart's size, the
 manifest, every file fsync'd), then loaded with every SHA-256 checked; the digest is one
-`rlgraph.weights.digest` of the policy (a sync with `--verify-weights` takes two). Repeats
+`rlgraph.weights.buckets.digest` of the policy (a sync with `--verify-weights` takes two). Repeats
 interleave the three, and the medians and ranges go to bench/results/checkpoint_cost.json.
 
     python bench/checkpoint_cost.py [--repeats 15]
@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from common import ROOT, machine, write_result
 
-from rlgraph.models import build_model
+from rlgraph.config.load import load_spec
+from rlgraph.model.build import build_model
+from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime.hf_folder import policy_files
-from rlgraph.spec import load_spec
-from rlgraph.tokenizer import CharTokenizer
-from rlgraph.weights import digest
+from rlgraph.weights.buckets import digest
 
 
 def figures(values: list[float]) -> dict[str, float]:

@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlgraph.compiler import compile_plan  # noqa: E402
+from rlgraph.config.load import load_spec, validate_spec  # noqa: E402
+from rlgraph.config.schema import Spec  # noqa: E402
 from rlgraph.errors import SourceMap  # noqa: E402
-from rlgraph.spec import Spec, load_spec, validate_spec  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "compile.json"
 SEED_TARGET_MS = 20.0
@@ -126,8 +127,8 @@ def _process_seconds(argv: list[str], repeats: int) -> tuple[float, int, str]:
 
 
 def bench_cli() -> dict[str, Any]:
-    if importlib.util.find_spec("rlgraph.cli") is None:
-        return {"skipped": "rlgraph.cli does not exist in this checkout"}
+    if importlib.util.find_spec("rlgraph.cli.main") is None:
+        return {"skipped": "rlgraph.cli.main does not exist in this checkout"}
     graph = ROOT / "graphs" / "quickstart.yaml"
     if not graph.exists():
         return {"skipped": "graphs/quickstart.yaml does not exist in this checkout"}

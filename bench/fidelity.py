@@ -2,7 +2,9 @@
 `../shared/published/cases.json` (async graph against its sync graph, or the compiler's
 built-in baseline) and compares the predicted speedup with the published one; for the verl
 tables of `../shared/published/README.md` (read at run time, nothing copied) it compares the
-per-phase times (gen, generate_sequences, old_log_prob, update_actor, step) too.
+per-phase times (gen, generate_sequences, old_log_prob, update_actor, step) too, and
+verl's published step at 8 / 16 / 32 GPUs of the async-rl seed (`../shared/seeds`) against
+the built-in baseline of its workload's graph at each size.
 
 Targets (issue 14): every speedup within +-25% (a direction-only case: predicted below 1),
 median |log(predicted / published)| <= 0.15, phase times within +-30%.
@@ -26,14 +28,16 @@ from typing import Any
 from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
-from rlgraph.compiler.search import tune
+from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.spec import load_spec
+from rlgraph.tune.search import tune
 
 SPEEDUP_TARGET = 0.25
 MEDIAN_LOG_TARGET = 0.15
 PHASE_TARGET = 0.30
 PUBLISHED = ROOT.parent / "shared" / "published"
+SCALING_SEED = "async-rl-readme-state-machine.txt"  # in ../shared/seeds: verl's step by GPUs
+SCALING_GRAPH = "graphs/dots-hybrid-logp-train.yaml"  # the seed's workload
 
 
 def table_rows(readme: str, heading: str) -> list[dict[str, str]]:
@@ -190,6 +194,30 @@ def tuned(case: dict[str, Any], published: Path, extra: list[str]) -> dict[str, 
             "is_published_layout": best.origin == "input"}
 
 
+def verl_scaling(published: Path, extra: list[str]) -> list[dict[str, Any]]:
+    """verl's published step at each cluster size of the async-rl README (seed table
+    'time_per_step(s)': GPUs, then the 'verl' row) against the built-in synchronous baseline
+    of its workload's graph at that size; [] where the seed is missing."""
+    seed = published.parent / "seeds" / SCALING_SEED
+    if not seed.is_file():
+        return []
+    lines = seed.read_text().splitlines()
+    head = next((ln for ln in lines if ln.startswith("time_per_step(s)")), None)
+    verl = next((ln for ln in lines if ln.startswith("verl ")), None)
+    if head is None or verl is None:
+        return []
+    sizes = [int(tok) for tok in head.split()[1:] if tok.isdigit()]
+    steps = [number(tok.rstrip("s")) for tok in verl.split()[1:len(sizes) + 1]]
+    out = []
+    for gpus, step in zip(sizes, steps):
+        plan = compile_plan(load_spec(ROOT / SCALING_GRAPH,
+                                      [f"cluster.nodes={gpus // 8}", *extra]))
+        sync = plan["schedule"]["sync_period_s"]
+        out.append({"gpus": gpus, "published_s": step, "predicted_s": round(sync, 1),
+                    "ratio": round(sync / step, 3) if step else None})
+    return out
+
+
 def cell(text: str) -> str:
     """A markdown table cell: pipes escaped."""
     return text.replace("|", "\\|")
@@ -220,6 +248,12 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         layout = "(the published layout)" if t["is_published_layout"] else t["proposes"]
         out.append(f"| {cell(t['name'])} | {cell(layout)} | {lag} | {t['speedup_vs_sync']:.2f}× | "
                    f"{t['over_published_layout']:.2f}× |")
+    if summary.get("verl_scaling"):
+        out += ["", f"verl's step by cluster size ({SCALING_SEED}, workload {SCALING_GRAPH}; "
+                "the built-in baseline):", "",
+                "| GPUs | published s | predicted s | ratio |", "|---:|---:|---:|---:|"]
+        out += [f"| {r['gpus']} | {r['published_s']:g} | {r['predicted_s']:.0f} | "
+                f"{r['ratio']:.2f} |" for r in summary["verl_scaling"]]
     return "\n".join(out)
 
 
@@ -262,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases_within_target": sum(abs(x - 1) <= PHASE_TARGET for x in phase_ratios),
     }
     summary["tune"] = [tuned(c, published, args.override) for c in cases]
+    summary["verl_scaling"] = verl_scaling(published, args.override)
     if args.override:
         print(markdown(rows, summary))
         print(f"\nwith {args.override}: {summary['within_target']}/{summary['cases']} cases "

@@ -7,7 +7,7 @@ run one after another by `rlgraph run`'s Runner on one 4-GPU machine (one script
 Plans (bench/graphs_gpu4/): `separation` (Example 1: logp, ref_logp, train, generate on one
 GPU each; a second param_update keeps logp's policy current), `hybrid` (Example 2: [logp,
 train] on 2 GPUs, ref_logp on 1, generate on 1) and `colocated-sync` (every task in one group
-on all 4 GPUs, max_lag 0). A group runs one data-parallel replica per GPU (rlgraph.replicas),
+on all 4 GPUs, max_lag 0). A group runs one data-parallel replica per GPU (rlgraph.worker.replicas),
 so every allocated GPU is driven (session 2's results, one actor per group, drove only the
 first GPU of each group); each plan also reports samples/s per GPU.
 
@@ -110,11 +110,11 @@ def trace_idle(events: list[dict[str, Any]], groups: list[str]) -> dict[str, flo
 
 def run_one(name: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """One plan for `args.steps` train steps: measured, predicted, calibrated; its PNG."""
-    from rlgraph.chrome_trace import events_from_trace
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
+    from rlgraph.report.chrome_trace import events_from_trace
+    from rlgraph.report.timeline import write_timeline
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
-    from rlgraph.timeline import write_timeline
 
     path = GRAPHS / f"{name}.yaml"
     overrides = list(args.overrides) + (DRY_OVERRIDES if DRY else [])

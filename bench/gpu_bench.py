@@ -2,7 +2,7 @@
 """GPU benchmark, one script per device call; every ratio is measured side by side in one run.
 
 (a) 2 GPUs: raw NCCL broadcast bandwidth (128 MB and 512 MB messages) and rlgraph's bucketed
-    weight sync (rlgraph/runtime/nccl_sync.py) of bf16 models of 1.5B and 7.6B parameters
+    weight sync (rlgraph/weights/nccl.py) of bf16 models of 1.5B and 7.6B parameters
     (random weights from the qwen2.5 presets), GPU 0 -> GPU 1, checked bit for bit.
 (b) 1 GPU: decode of the 374M Llama preset in bf16 at batch 64 and 256: ms per decode step and
     tokens/s for transformers `generate` (dynamic cache; `cache_implementation="static"`) and
@@ -50,7 +50,8 @@ def sync() -> None:
 def load_rlgraph() -> types.SimpleNamespace:
     """rlgraph's GPU modules, without running package __init__ files (they may import ray or
     pydantic, which the GPU machines lack)."""
-    for pkg in ("rlgraph", "rlgraph.runtime", "rlgraph.engines"):
+    for pkg in ("rlgraph", "rlgraph.runtime", "rlgraph.engines", "rlgraph.weights",
+                "rlgraph.presets", "rlgraph.model"):
         if pkg not in sys.modules:
             mod = types.ModuleType(pkg)
             mod.__path__ = [str(ROOT / pkg.replace(".", "/"))]
@@ -58,8 +59,8 @@ def load_rlgraph() -> types.SimpleNamespace:
     import importlib
 
     return types.SimpleNamespace(
-        presets=importlib.import_module("rlgraph.presets"),
-        nccl_sync=importlib.import_module("rlgraph.runtime.nccl_sync"),
+        presets=importlib.import_module("rlgraph.presets.models"),
+        nccl_sync=importlib.import_module("rlgraph.weights.nccl"),
         static_decode=importlib.import_module("rlgraph.engines.static_decode"))
 
 

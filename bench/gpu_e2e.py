@@ -60,8 +60,8 @@ def run_one(name: str, steps: int, out: Path, overrides: list[str], runs: Path) 
     calibrated periods. The run dir (checkpoints of GB size) stays in a temporary folder;
     its trace.json is copied to OUT/trace-NAME.json."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
 
     graph = name.removesuffix(PARTIAL)
     if name.endswith(PARTIAL):
@@ -95,7 +95,7 @@ def verify(ws, batch: dict, version: int, temperature: float) -> dict:
     """Masks, eos, versions of one generate batch, and |behaviour - fresh forward| log-probs."""
     import torch
 
-    from rlgraph.sampling import token_logp
+    from rlgraph.engines.cpu_decode import token_logp
 
     tok, P = ws.tokenizer, batch["prompt_len"]
     mask = batch["response_mask"].bool()
@@ -126,9 +126,9 @@ def rollout_workspace(device: str, overrides: list[str], what: str) -> tuple[Any
     """The split graph with `overrides`, its rollout workspace on `device` (on CPU, a
     rehearsal: the static engine forced, eager) and the result header (machine, date, graph
     and `what` of it, build time)."""
+    from rlgraph.config.load import load_spec
     from rlgraph.nodes import generate as generate_mod
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.worker.workspace import Workspace
 
     if device == "cpu":
         generate_mod.use_static_engine = lambda *args: True
@@ -146,7 +146,7 @@ def check(out: Path, name: str, device: str) -> int:
     """The static engine's generate batches against a fresh forward (see the docstring)."""
     import torch
 
-    from rlgraph.sampling import sample
+    from rlgraph.engines.cpu_decode import sample
 
     overrides = []
     if device == "cpu":  # a rehearsal: tiny model
@@ -230,7 +230,7 @@ def fp32_gap(ws, batch: dict, temp: float) -> dict:
 
     import torch
 
-    from rlgraph.sampling import token_logp
+    from rlgraph.engines.cpu_decode import token_logp
 
     dev = next(ws.policy.parameters()).device
     mask = batch["response_mask"].bool()
@@ -285,7 +285,7 @@ def verify_partial(ws, batch: dict, weights: dict, temperature: float) -> dict:
     version's again); versions non-decreasing along a row, -1 off the mask."""
     import torch
 
-    from rlgraph.sampling import token_logp
+    from rlgraph.engines.cpu_decode import token_logp
 
     res = verify(ws, batch, -1, temperature)  # layout; its log-prob and version parts redone
     del res["versions_ok"]

@@ -82,7 +82,7 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     """Lengths of the samples trained on (the ledger's positions) against those started (every
     admitted position; synchronous: the trained ones), with the forced length of each."""
-    from rlgraph.data import forced_length
+    from rlgraph.presets.tasks import forced_length
     from rlgraph.runtime.checkpoint import read_ledger
 
     data = spec.data
@@ -114,8 +114,8 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
              forced: bool) -> dict[str, Any]:
     """One schedule of `graph` for `steps` train steps (see the module docstring)."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
 
     spec = load_spec(graph, overrides)
     plan = compile_plan(spec)

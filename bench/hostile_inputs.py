@@ -28,7 +28,7 @@ from common import RESULTS, ROOT, machine
 
 QUICKSTART = (ROOT / "graphs" / "quickstart.yaml").read_text()
 LIMIT_S = 10
-TIMED_MAIN = ("import sys, time\nfrom rlgraph.cli import main\nt = time.perf_counter()\n"
+TIMED_MAIN = ("import sys, time\nfrom rlgraph.cli.main import main\nt = time.perf_counter()\n"
               "rc = main(sys.argv[1:])\nprint(f'MAIN_S {time.perf_counter() - t:.4f}', "
               "file=sys.stderr)\nsys.exit(rc)")
 MEMORY_BYTES = 3 << 30

@@ -49,10 +49,10 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     import torch
 
     from bench.gpu_bench import copy_bandwidth
-    from rlgraph.data import draw_length
+    from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.presets.tasks import draw_length
+    from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -116,9 +116,9 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import StaticDecoder
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -188,9 +188,9 @@ def train_shapes_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     inherits the other's warm shapes)."""
     import torch
 
-    from rlgraph.sampling import token_logp
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines.cpu_decode import token_logp
+    from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"

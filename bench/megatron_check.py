@@ -30,8 +30,8 @@ from bench.common import machine, write_result
 
 def _loss(model: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, prompt: int,
           adv: torch.Tensor) -> torch.Tensor:
-    from rlgraph.algorithms import policy_loss
-    from rlgraph.sampling import token_logp
+    from rlgraph.engines.cpu_decode import token_logp
+    from rlgraph.rl.loss import policy_loss
 
     lp = token_logp(model, seq, mask, prompt)
     old = lp.detach() + 0.01
@@ -73,8 +73,8 @@ def _fp32_checks(hf: torch.nn.Module, seq: torch.Tensor, mask: torch.Tensor, pro
     """Logits, log-probs, gradients, grad norm and state dict of megatron against `hf`."""
     from rlgraph.backends.megatron import _gather_tp, build_megatron_policy
     from rlgraph.backends.megatron_layout import megatron_to_hf, merge_tp
-    from rlgraph.sampling import position_ids, token_logp
-    from rlgraph.weights import digest
+    from rlgraph.engines.cpu_decode import position_ids, token_logp
+    from rlgraph.weights.buckets import digest
 
     real = mask.bool()
     ref = hf.to(device).float()
@@ -109,9 +109,9 @@ def worker(rank: int, tp: int, port: int, args: argparse.Namespace, queue: mp.Qu
 
     warnings.filterwarnings("ignore")
     from rlgraph.backends.megatron import build_megatron_policy
-    from rlgraph.models import build_model
-    from rlgraph.spec import ModelSpec
-    from rlgraph.tokenizer import build_tokenizer
+    from rlgraph.config.schema import ModelSpec
+    from rlgraph.model.build import build_model
+    from rlgraph.model.tokenizer import build_tokenizer
 
     device = torch.device("cpu") if args.cpu else torch.device("cuda", rank)
     if device.type == "cuda":

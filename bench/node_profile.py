@@ -69,9 +69,9 @@ def busy_share(fn) -> dict[str, float]:
 def main() -> int:
     import torch
 
-    from rlgraph.batch import take_rows
-    from rlgraph.spec import load_spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.config.load import load_spec
+    from rlgraph.rl.batch import take_rows
+    from rlgraph.worker.workspace import Workspace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")

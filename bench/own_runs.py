@@ -21,7 +21,7 @@ from typing import Any
 from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
-from rlgraph.spec import load_spec
+from rlgraph.config.load import load_spec
 
 TARGET = 0.25
 # Runs made by an older runtime than the one the model prices: what differed, per file.

@@ -30,8 +30,8 @@ WARMUP_STEPS = 2  # the first steps pay one-off costs (allocator, first forward)
 def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
     """Run the graph in-process with the runtime; returns the wall time."""
     from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
-    from rlgraph.spec import load_spec
 
     spec = load_spec(graph, overrides)
     spec.schedule.steps = steps
@@ -45,11 +45,11 @@ def run(graph: Path, steps: int, out: Path, overrides: list[str]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = quickstart_args(__doc__.splitlines()[0], argv, steps=30)
 
-    from rlgraph.chrome_trace import events_from_trace
+    from rlgraph.config.load import validate_spec
     from rlgraph.errors import SourceMap
     from rlgraph.graph import build_graph
+    from rlgraph.report.chrome_trace import events_from_trace
     from rlgraph.runtime.tracing import critical_path
-    from rlgraph.spec import validate_spec
 
     if args.run_dir:
         out, wall = Path(args.run_dir), None

@@ -1,5 +1,5 @@
 """What the RL core learns and what each worker costs, without Ray: the quickstart's graph
-run by the serial driver (`rlgraph.serial.run_serial`, same workers, same lag, one process).
+run by the serial driver (`rlgraph.runtime.serial.run_serial`, same workers, same lag, one process).
 
 The Ray runtime adds orchestration to these numbers and overlaps generate with train; this
 benchmark separates the two: per-step seconds of every worker at quickstart scale, the
@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlgraph.serial import run_serial  # noqa: E402
-from rlgraph.spec import load_spec  # noqa: E402
+from rlgraph.config.load import load_spec  # noqa: E402
+from rlgraph.runtime.serial import run_serial  # noqa: E402
 
 
 def main() -> None:

@@ -297,7 +297,7 @@ def predicted(graph: Path) -> dict[str, Any]:
     """The compiler's plan of a mode: period, groups, what logp costs."""
     sys.path.insert(0, str(ROOT))
     from rlgraph.compiler import compile_plan
-    from rlgraph.spec import load_spec
+    from rlgraph.config.load import load_spec
 
     plan = compile_plan(load_spec(graph))
     return {"period_s": plan["schedule"]["period_s"],

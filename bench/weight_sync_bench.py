@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from rlgraph.config.load import load_spec
     from rlgraph.runtime import weight_sync
     from rlgraph.runtime.actors import start_actor
-    from rlgraph.spec import load_spec
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     hidden = args.hidden

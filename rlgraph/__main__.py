@@ -2,6 +2,6 @@
 
 import sys
 
-from rlgraph.cli import main
+from rlgraph.cli.main import main
 
 sys.exit(main())

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import networkx as nx
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError, did_you_mean
 from rlgraph.nodes import KINDS
-from rlgraph.spec import Spec
 
 
 def parse_edge(text: str, index: int) -> tuple[str, str]:

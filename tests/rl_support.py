@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlgraph.config.load import validate_spec
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SourceMap
-from rlgraph.spec import Spec, validate_spec
 
 # A micro Llama: fast enough for unit tests, real enough to exercise cache and masks.
 MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, num_hidden_layers=2,

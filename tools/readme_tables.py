@@ -23,12 +23,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from rlgraph.compiler import compile_plan
+from rlgraph.config.load import load_spec
+from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.base import NodeSpec
-from rlgraph.presets import GPU_PRESETS, MODEL_PRESETS
-from rlgraph.spec import Spec, load_spec
-from rlgraph.summary import cluster_line, print_summary
-from rlgraph.timeline import fmt_seconds, render_png
+from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.presets.models import MODEL_PRESETS
+from rlgraph.report.summary import cluster_line, print_summary
+from rlgraph.report.timeline import fmt_seconds, render_png
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "graphs" / "dots-hybrid-logp-train.yaml"
@@ -102,7 +104,7 @@ def _groups(plan: dict) -> str:
 def graphs_table(graphs: list[Path]) -> str:
     """One row per example graph: cluster, groups, lag, predicted period and speedup, and the
     best plan `rlgraph tune` finds for the same job."""
-    from rlgraph.compiler.search import tune
+    from rlgraph.tune.search import tune
 
     rows = ["| graph | cluster · model | groups (GPUs: tasks) | max_lag | period | "
             "colocated sync | speedup | bottleneck | `rlgraph tune`: best plan |",

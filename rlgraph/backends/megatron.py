@@ -4,7 +4,7 @@
 seed, same warm start) into a GPTModel of megatron-core's local layer spec (no Transformer
 Engine) with the same weights, wrapped so that it is called like the transformers policy:
 `policy(input_ids=..., attention_mask=..., logits_to_keep=k).logits`, hence
-`rlgraph.sampling.token_logp` works unchanged. Its `state_dict()` / `load_state_dict()` speak
+`engines.cpu_decode.token_logp` works unchanged. Its `state_dict()` / `load_state_dict()` speak
 the transformers layout (tensor-parallel shards gathered), so weight sync to the generate
 engine, digests, checkpoints and warm starts do not change.
 

@@ -22,15 +22,15 @@ from typing import Any
 
 import networkx as nx
 
-from rlgraph.compiler.bound import Bound, schedule_bound
 from rlgraph.compiler.calibrate import as_calibration, load_calibration
-from rlgraph.compiler.cost import NodeCost, calibration_scale, node_costs
+from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     lag_messages,
     prove_lag,
     smallest_lag_for_best_period,
 )
+from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
 from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
@@ -40,13 +40,13 @@ from rlgraph.compiler.schedule import (
     steady_state,
     utilization,
 )
-from rlgraph.compiler.timed import TimedGraph, timed_graph
+from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
 from rlgraph.compiler.trust import trust
+from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph, data_edges
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.rollout_cost import PRICING, hybrid_engine_priced
-from rlgraph.spec import GroupSpec, Spec
+from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"

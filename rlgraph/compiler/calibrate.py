@@ -80,7 +80,7 @@ def load_calibration(path: str | Path) -> dict[str, float]:
 
 def as_calibration(value: Mapping[str, float] | Iterable[Mapping[str, Any]] | str | Path | None
                    ) -> dict[str, float] | None:
-    """Accept seconds per node, event dicts (as `rlgraph.chrome_trace.events_from_trace` gives),
+    """Accept seconds per node, event dicts (as `report.chrome_trace.events_from_trace` gives),
     or a path; return seconds per node."""
     if value is None:
         return None

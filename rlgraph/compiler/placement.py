@@ -18,10 +18,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgraph.compiler.model import shape_of
+from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
-from rlgraph.presets import COSTS, GPU_PRESETS, GPUPreset
-from rlgraph.spec import Spec
+from rlgraph.presets.costs import COSTS
+from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 
@@ -35,7 +36,7 @@ class GroupPlacement:
     share: float
     gpus: int
     devices: list[tuple[int, int]]
-    replicas: int = 1  # data-parallel processes (rlgraph.replicas)
+    replicas: int = 1  # data-parallel processes (rlgraph.worker.replicas)
 
     def nodes(self) -> set[int]:
         """Cluster nodes (machines) the group's devices sit on."""

@@ -2,7 +2,7 @@
 
 A reward function (`nodes.<reward>.fn`, `nodes.<validate>.fn`: `module:function` or
 `file.py:function`) must name a Python source file that defines the function at its top
-level: the file is found the way `rlgraph.rewards.load_reward_fn` finds it (a file relative
+level: the file is found the way `rlgraph.rl.rewards.load_reward_fn` finds it (a file relative
 to the graph's folder or the working directory; a module on sys.path, located through its
 packages without importing them) and parsed with `ast`, never executed. Data files
 (`data.train_files`, `data.val_files`, `nodes.<validate>.files`) must be regular files.
@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import Key, SpecError
-from rlgraph.spec import Spec
 
 MAX_SOURCE_BYTES = 8 << 20  # a reward module larger than this is not parsed (accepted)
 
@@ -95,7 +95,7 @@ def check_reward_fn(ref: str, key: Key, base: Path | None) -> None:
     target, sep, attr = ref.rpartition(":")
     if not sep or not target or not attr or not attr.isidentifier():
         raise SpecError(f"reward fn '{ref}' is not 'module:function' or 'file.py:function'",
-                        key, hint="e.g. rlgraph.rewards:exact_match or "
+                        key, hint="e.g. rlgraph.rl.rewards:exact_match or "
                         "rewards/score.py:compute_score")
     if target.endswith(".py"):
         path = _resolve(target, base)

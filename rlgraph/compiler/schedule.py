@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from rlgraph.compiler.bound import schedule_bound
-from rlgraph.compiler.timed import TimedGraph
+from rlgraph.compiler.period_bound import schedule_bound
+from rlgraph.compiler.timed_graph import TimedGraph
 
 MAX_CYCLE = 8  # longest cyclicity (steps per repeat) searched for
 MAX_TASKS = 400_000  # simulation size cap (steps x nodes)

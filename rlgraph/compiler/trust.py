@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlgraph.compiler.cost import NodeCost
-from rlgraph.presets import COSTS
-from rlgraph.spec import Spec
+from rlgraph.compiler.costs import NodeCost
+from rlgraph.config.schema import Spec
+from rlgraph.presets.costs import COSTS, pass_efficiency
+from rlgraph.presets.gpus import GPU_PRESETS
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 
@@ -27,6 +28,13 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
                      f"{data.response_len.max}, {data.response_len.dist} sigma "
                      f"{data.response_len.sigma:g}): decode, logp and train scale with it")
+    gpu = GPU_PRESETS.get(spec.cluster.gpu)
+    if gpu is not None and not spec.cluster.local and any(
+            spec.nodes[n].kind in ("train", "logp", "ref_logp") for _, n in modelled):
+        lines.append(f"train / logp passes run at "
+                     f"{pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s):.0%} of "
+                     f"{gpu.name} peak (roofline from Megatron's 52% on A100; not measured "
+                     f"on this cluster: `rlgraph compile --calibrate RUN`)")
     busy = sum(s for s, _ in modelled)
     for seconds, name in reversed(modelled[-2:]):
         if busy > 0 and seconds >= 0.2 * busy:

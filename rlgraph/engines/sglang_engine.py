@@ -27,7 +27,7 @@ from rlgraph.errors import MissingDependencyError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from rlgraph.runtime.nccl_sync import WeightReceiver
+    from rlgraph.weights.nccl import WeightReceiver
 
 
 def require_sglang() -> Any:

@@ -44,7 +44,7 @@ import torch
 
 from rlgraph.engines.compaction import SlotWidths
 from rlgraph.engines.static_ops import attention, attention_matmul, sample
-from rlgraph.models import with_cache
+from rlgraph.model.build import with_cache
 
 ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul"}
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)

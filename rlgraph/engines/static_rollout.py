@@ -3,12 +3,12 @@
 `StaticRollout` holds one `StaticDecoder`, built once per workspace and sized from the spec
 (slots: the samples of one step, or the rows a partial rollout keeps in flight; positions:
 prompt_len + response_len.max), and samples a batch into the `Rollout` layout of
-`rlgraph.sampling.sample`: prompts left-padded, responses right-padded to the longest, the
+`rlgraph.engines.cpu_decode.sample`: prompts left-padded, responses right-padded to the longest, the
 behaviour log-prob log_softmax(logits / temperature) of every sampled token (top-p
 truncation not part of it), the policy version of every token, and pad / 0 / -1 after a
 row's eos or length stop. Weights change in place (dual-buffer switch, checkpoint
 load, a colocated optimizer step), so the captured CUDA graphs read the new values with no
-rebuild. `resume` is partial rollout's decode on this engine (rlgraph.rollout.decode).
+rebuild. `resume` is partial rollout's decode on this engine (partial_rollout.decode).
 Projections are not fused: an NCCL weight receiver holds the parameters' storage from
 the start of the run, and a colocated group trains them. Slots are compacted (a step covers
 the narrowest power-of-two width holding the occupied slots) unless the step is compiled
@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from rlgraph.engines.cpu_decode import Rollout, pack
 from rlgraph.engines.static_decode import Completion, Request, StaticDecoder
-from rlgraph.sampling import Rollout, pack
 
 
 def seed_device(device: torch.device, seed: int) -> None:
@@ -37,7 +37,7 @@ def seed_device(device: torch.device, seed: int) -> None:
 
 
 class StaticRollout:
-    """One StaticDecoder reused across steps; `sample` is `rlgraph.sampling.sample`'s twin.
+    """One StaticDecoder reused across steps; `sample` is `cpu_decode.sample`'s twin.
 
     Every attention length's step is compiled and captured when the engine is built (at most
     MAX_COMPILED_LENGTHS lengths when compiling: each is its own compile), so no capture runs

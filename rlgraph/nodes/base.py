@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
-    from rlgraph.presets import GPUPreset, ModelShape
-    from rlgraph.spec import Spec
+    from rlgraph.presets.gpus import GPUPreset
+    from rlgraph.presets.models import ModelShape
 
 
 # Every int and float key of every section declares a lower and an upper bound, and no
 # section accepts inf or NaN (`allow_inf_nan=False`), so a value outside them is refused
-# naming its key (tests/test_spec_bounds.py checks every field). The shared maxima:
+# naming its key (tests/bad_inputs/test_hostile_inputs.py checks every field). The shared maxima:
 MAX_COUNT = 1_000_000  # prompts, samples or sequences in one batch
 MAX_STEPS = 10_000_000  # steps of a run
 MAX_TOKENS = 1 << 20  # tokens of one prompt or response
@@ -57,11 +57,28 @@ class NodeSpec(StrictModel):
     cost: CostOverride | None = None
 
 
+class GraphSpec(Protocol):
+    """What a kind reads of the whole graph.yaml (`rlgraph.config.schema.Spec` is one); typed
+    here so that kinds, which the spec is assembled from, never import it."""
+
+    cluster: Any
+    model: Any
+    data: Any
+    algorithm: Any
+    groups: Mapping[str, Any]
+    nodes: Mapping[str, Any]
+    schedule: Any
+
+    def group_of(self, task: str) -> str | None:
+        """The group a task belongs to, or None."""
+        ...
+
+
 @dataclass
 class CostContext:
     """What a cost model may read: the whole spec, the model's shape, the hardware, the group."""
 
-    spec: Spec
+    spec: GraphSpec
     name: str
     shape: ModelShape
     gpu: GPUPreset

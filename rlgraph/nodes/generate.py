@@ -10,8 +10,8 @@ from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_
 from rlgraph.nodes.rollout_cost import generate_cost
 
 if TYPE_CHECKING:
-    from rlgraph.batch import Batch
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.worker.workspace import Workspace
 
 
 class GenerateSpec(NodeSpec):
@@ -67,7 +67,7 @@ KIND = NodeKind(
 class GenerateWorker:
     """Samples `samples_per_prompt` responses to each prompt of the step with the policy,
     recording every token's behaviour log-prob and the policy version that sampled it. With
-    `schedule.partial_rollout` the step's batch comes from a rollout cache (rlgraph.rollout):
+    `schedule.partial_rollout` the batch comes from a rollout cache (engines/partial_rollout.py):
     unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
     device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
     on CPU through `sampling.Decoder`. Among a group's replicas each samples its `share` of
@@ -77,8 +77,8 @@ class GenerateWorker:
     DATA_PARALLEL = "whole"  # each replica samples its own share of the step's prompts
 
     def __init__(self, name: str, node: GenerateSpec, workspace: Workspace):
-        from rlgraph.batch import shard_bounds
-        from rlgraph.data import DataSource
+        from rlgraph.rl.batch import shard_bounds
+        from rlgraph.rl.data import DataSource
 
         self.name, self.node, self.ws = name, node, workspace
         self.data = DataSource(workspace.spec.data, "train", workspace.base_dir)
@@ -88,7 +88,7 @@ class GenerateWorker:
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
         if workspace.spec.schedule.partial_rollout:
-            from rlgraph.rollout import RolloutCache
+            from rlgraph.engines.partial_rollout import RolloutCache
 
             data, schedule = workspace.spec.data, workspace.spec.schedule
             self.cache = RolloutCache(
@@ -110,7 +110,7 @@ class GenerateWorker:
 
     def _forced(self, position: int, sample: int) -> int:
         """The forced length of sample `sample` of the prompt at data position `position`."""
-        from rlgraph.data import forced_length
+        from rlgraph.presets.tasks import forced_length
 
         data = self.ws.spec.data
         return forced_length(data.seed, position, sample, data.response_len)
@@ -160,7 +160,7 @@ class GenerateWorker:
         (seed, position) with partial rollout)."""
         import torch
 
-        from rlgraph.sampling import sample
+        from rlgraph.engines.cpu_decode import sample
 
         if self.cache is not None:
             return self._partial(step)
@@ -195,12 +195,12 @@ class GenerateWorker:
         return batch
 
     def _partial(self, step: int) -> Batch:
-        """Batch `step` from the rollout cache (rlgraph.rollout.generate_round), decoded on
+        """Batch `step` from the rollout cache (partial_rollout.generate_round), decoded on
         the static engine where `_static_engine` gives one."""
         import torch
 
-        from rlgraph.rollout import generate_round
-        from rlgraph.sampling import pack
+        from rlgraph.engines.cpu_decode import pack
+        from rlgraph.engines.partial_rollout import generate_round
 
         tok = self.ws.tokenizer
         with self.ws.lock, torch.no_grad():
@@ -226,7 +226,7 @@ class GenerateWorker:
 
     def _batch(self, step: int, version: int, examples: list[Any], positions: list[int],
                rollout: Any) -> Batch:
-        """The batch layout of rlgraph.batch: one row per sample, grouped by prompt."""
+        """The batch layout of rlgraph.rl.batch: one row per sample, grouped by prompt."""
         import torch
 
         tok, n = self.ws.tokenizer, self.ws.spec.data.samples_per_prompt

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.base import CostContext, GraphSpec, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.nodes.rollout_cost import hybrid_engine_priced
-from rlgraph.presets import COSTS
+from rlgraph.nodes.pricing import hybrid_engine_priced
+from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
     import torch
 
-    from rlgraph.batch import Batch
-    from rlgraph.spec import Spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.worker.workspace import Workspace
 
 
 class LogpSpec(ParallelNodeSpec):
@@ -31,14 +30,14 @@ class LogpSpec(ParallelNodeSpec):
     kind: Literal["logp"] = "logp"
 
 
-def trained_once(spec: Spec) -> bool:
+def trained_once(spec: GraphSpec) -> bool:
     """Every train node makes one optimizer update per batch (one mini-batch, one epoch)."""
     trains = [n for n in spec.nodes.values() if n.kind == "train"]
     return bool(trains) and all(getattr(n, "mini_batches", 1) == 1 and getattr(n, "epochs", 1)
                                 == 1 for n in trains)
 
 
-def skip_reason(spec: Spec) -> str | None:
+def skip_reason(spec: GraphSpec) -> str | None:
     """Why the old-log-prob forward is provably redundant for every batch of this graph, or
     None: max_lag 0 without partial rollout (every token is sampled by the version train
     starts from) and one update per batch (the proximal policy is the trained one). A plan
@@ -92,7 +91,7 @@ class LogpWorker:
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Forward the batch of `step` (no gradient) and add this node's log-probs; an
         on-policy batch trained once gets none (train uses its own forward, detached)."""
-        from rlgraph.batch import check_step, merge
+        from rlgraph.rl.batch import check_step, merge
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -106,7 +105,7 @@ class LogpWorker:
         padding), at the generate temperature."""
         import torch
 
-        from rlgraph.sampling import length_batches, token_logp, token_logp_passes
+        from rlgraph.engines.cpu_decode import length_batches, token_logp, token_logp_passes
 
         with self.ws.lock, torch.no_grad():
             model = getattr(self.ws, self.model_attr)

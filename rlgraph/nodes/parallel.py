@@ -8,9 +8,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlgraph import lengths
+from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
-from rlgraph.presets import COSTS
+from rlgraph.nodes.pricing import hybrid_engine_priced
+from rlgraph.presets.costs import COSTS, pass_efficiency
 
 
 class ParallelNodeSpec(NodeSpec):
@@ -40,6 +41,15 @@ def compute_units(ctx: CostContext) -> float:
         replicas = min(ctx.gpus, int(ctx.extra.get("replicas", 1)))
         return 1 + (replicas - 1) * COSTS.local_extra_replica_efficiency
     return float(ctx.gpus)
+
+
+def efficiency(ctx: CostContext, local_figure: float) -> float:
+    """Fraction of peak a large-batch pass sustains on the node's hardware: on GPUs from the
+    roofline (`presets.costs.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
+    at HBM speed); on a local CPU cluster the measured `local_figure` (COSTS.train_mfu, ...)."""
+    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return local_figure
+    return pass_efficiency(ctx.gpu.bf16_flops, ctx.gpu.hbm_bytes_per_s)
 
 
 def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
@@ -92,11 +102,11 @@ def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: in
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
-    at `mfu` of the group's peak (times the pipeline bubble when pp > 1). rlgraph's runtime
+    at `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a
+    local CPU cluster; times the pipeline bubble when pp > 1). rlgraph's runtime
     pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
     every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
     (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
-    from rlgraph.nodes.rollout_cost import hybrid_engine_priced
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)
@@ -109,6 +119,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         longest = lengths.expected_max(model, rows)
         tokens, how, imbalance = rows * (data.prompt_len + longest), "padded", 1.0
     flops = flops_per_param * ctx.shape.active_params * tokens
+    mfu = efficiency(ctx, mfu)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
                            f"{tokens:.3g} tokens ({how}) at {mfu:.0%} of {ctx.gpus} x "

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, EdgeList, NodeKind, NodeSpec, StrictModel
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 
 class BucketSizes(StrictModel):
@@ -29,18 +29,12 @@ class ParamUpdateSpec(NodeSpec):
     transport: Literal["auto", "nccl", "object_store"] = "auto"
 
 
-# Per consume chunk of the NCCL sync (one broadcast launch and its copy plan; the host only
-# enqueues): measured through `rlgraph run` on 2x / 4x H200, 0.72 GB in 2.3-2.5 ms and 1.01 GB
-# in 3.4-3.5 ms with 128 MB chunks, i.e. about 60 us per chunk on top of 352 GB/s.
-NCCL_CHUNK_OVERHEAD_S = 60e-6
-
-
 def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     """The transfer, which holds the sender's group only: bf16 weights over the link (NVLink
     within a node, the network across nodes, the Ray object store, or a memory copy on a
     local CPU cluster), pipelined so gather, send and load overlap. NCCL (`nccl`, and `auto`
     on GPUs) gathers and loads one consume chunk at a time: one chunk to fill, one to drain
-    at HBM speed, NCCL_CHUNK_OVERHEAD_S per chunk. The object store (and a local CPU
+    at HBM speed, COSTS.nccl_chunk_overhead_s per chunk. The object store (and a local CPU
     cluster, where `auto` means it) puts whole produce buckets: one produce bucket to
     gather, one consume bucket to load, and COSTS.bucket_overhead_s per bucket of either
     size. The receiver stages the version in its second buffer while generation runs, so
@@ -73,7 +67,7 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     else:
         buckets = math.ceil(weight_bytes / consume)
         fill_drain = 2 * consume / gpu.hbm_bytes_per_s
-        overhead = NCCL_CHUNK_OVERHEAD_S
+        overhead = COSTS.nccl_chunk_overhead_s
     ctx.extra["detail"] = (f"{weight_bytes / 1e9:.3g} GB over {via} at {link / 1e9:.3g} GB/s + "
                            f"{buckets} buckets x {overhead * 1e3:.3g} ms")
     return weight_bytes / link + fill_drain + buckets * overhead

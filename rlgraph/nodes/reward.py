@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.presets import COSTS
+from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
-    from rlgraph.batch import Batch
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.worker.workspace import Workspace
+
+
+# Built-in reward modules that moved; graph.yaml files naming the old module keep working.
+MOVED_MODULES = {"rlgraph.rewards": "rlgraph.rl.rewards"}
+
+
+def current_fn(ref: str | None) -> str | None:
+    """A reward `fn` with a moved built-in module renamed to where it lives now."""
+    if ref is None:
+        return None
+    target, sep, attr = ref.rpartition(":")
+    return f"{MOVED_MODULES[target]}{sep}{attr}" if target in MOVED_MODULES else ref
 
 
 class RewardSpec(NodeSpec):
@@ -19,6 +31,8 @@ class RewardSpec(NodeSpec):
 
     kind: Literal["reward"] = "reward"
     fn: str | None = Field(default=None, description="module:function or file.py:function")
+
+    _current_fn = field_validator("fn")(current_fn)
 
     @model_validator(mode="before")
     @classmethod
@@ -54,7 +68,7 @@ class RewardWorker:
     A function that raises or returns a non-number stops the run naming fn and sample."""
 
     def __init__(self, name: str, node: RewardSpec, workspace: Workspace):
-        from rlgraph.rewards import DEFAULT_FN, load_reward_fn
+        from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
 
         self.name, self.node, self.ws = name, node, workspace
         self.fn_name = node.fn or DEFAULT_FN
@@ -64,8 +78,8 @@ class RewardWorker:
         """Score every response of the batch of `step`."""
         import torch
 
-        from rlgraph.batch import check_step, merge
-        from rlgraph.rewards import score_samples
+        from rlgraph.rl.batch import check_step, merge
+        from rlgraph.rl.rewards import score_samples
 
         batch = merge(inputs)
         check_step(batch, step, self.name)

@@ -1,15 +1,16 @@
-"""The cost model of `generate`: prefill, then decode steps that each cost the larger of a
-compute term and an HBM term, plus a fixed floor per layer and the tp all-reduces.
+"""The cost model of `generate`: prefill, then decode steps that each cost their GEMMs
+(compute- or weight-bound) plus attention's KV reads, a fixed floor per layer and the tp
+all-reduces.
 
-A decode step over R live rows of context c reads a replica's weights and the rows' KV once
-(HBM term: (W + R * c * kv) / (HBM x efficiency)) and does 2 * N_active * R FLOPs (compute
-term, at forward_mfu of the replica's peak); the larger wins (H20's ridge point is ~37
-FLOP/byte, so a large batch is compute-bound there). Every step also pays a floor per layer
-(kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and, with
-tp > 1, two all-reduce latencies per layer. Lengths follow `data.response_len` (dist /
-sigma / alpha, clipped at max, `rlgraph.lengths`): rows finish along its survival curve, so
-KV reads go with E[L^2] and a synchronous batch decodes until the expected longest of its
-samples, not always max.
+A decode step over R live rows of context c runs its GEMMs (the larger of reading the
+replica's weights W at HBM speed and 2 * N_active * R FLOPs at the GEMM efficiency: H20's
+ridge point is ~37 FLOP/byte, so a large batch is compute-bound there), then attention,
+which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
+layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
+with tp > 1, two all-reduce latencies per layer. Lengths follow
+`data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows
+finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes
+until the expected longest of its samples, not always max.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlgraph import lengths
+from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units
-from rlgraph.presets import COSTS
+from rlgraph.nodes.parallel import compute_units, efficiency
+from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
 
@@ -36,16 +37,23 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
 
 
 def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
-    """One decode step of a replica over `rows` live rows whose context is `context` tokens:
-    max(compute, HBM) + layers x (floor + 2 all-reduce latencies when tp > 1)."""
+    """One decode step of a replica over `rows` live rows whose context is `context` tokens,
+    kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
+    and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
+    (the two run one after the other, so they add); plus layers x (floor + 2 all-reduce
+    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
-    weights = 2 * shape.params / tp
-    kv = rows * context * shape.kv_bytes_per_token() / tp
-    memory = (weights + kv) / (gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
-    compute = 2 * shape.active_params * rows / (tp * gpu.bf16_flops * COSTS.forward_mfu)
+    hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    weights = 2 * shape.params / tp / hbm
+    kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
+    flops = 2 * shape.active_params * rows / tp
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
-    return max(memory, compute) + shape.layers * (floor + allreduce)
+    fixed = shape.layers * (floor + allreduce)
+    if ctx.extra.get("local", gpu.name == "cpu"):
+        return max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu)) + fixed
+    gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
+    return gemms + kv + fixed
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -72,7 +80,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N_active * prompt tokens) plus decode (see the module).
 
-    Partial rollout (rlgraph.rollout) keeps `oversample * n` rows in flight and stops once a
+    Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
     batch of groups is complete, carrying the rest over. A step makes one token per decoding
     row, so a call takes about n * E[L] / live steps, live = min(alive * oversample * n,
     what the KV cache holds), where `alive` is the fraction of in-flight rows still
@@ -118,7 +126,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
     prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * COSTS.prefill_mfu * compute_units(ctx)))
+               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
@@ -129,24 +137,3 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                              f"{per_replica} sequences of each replica at a time; more GPUs "
                              f"(share) or a larger tp would decode them together")
     return prefill + decode
-
-
-def hybrid_engine_priced(spec: Any) -> bool:
-    """Whether the plan prices verl's hybrid engine rather than rlgraph's own runtime: a
-    generate node on engine sglang (on GPUs) holds its own copy of the weights, so a group
-    that also trains pays the switch every step (offload, reshard, engine sleep/wake) and
-    the synchronous baseline computes old_log_prob. Engine native decodes with the training
-    weights themselves: a colocated group pays no switch."""
-    if spec.cluster.local:
-        return False
-    return any(n.kind == "generate" and n.engine == "sglang" for n in spec.nodes.values())
-
-
-PRICING = {
-    True: ("verl hybrid engine", "engine sglang keeps its own weights: a group that trains and "
-           "generates pays verl's switch (offload, reshard, sleep/wake) every step; the "
-           "synchronous baseline computes old_log_prob"),
-    False: ("rlgraph runtime", "engine native decodes with the training weights: a colocated "
-            "group pays no switch; train recomputes the proximal log-probs when no logp node "
-            "feeds it"),
-}

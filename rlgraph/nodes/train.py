@@ -15,14 +15,14 @@ from rlgraph.nodes.base import (
     inputs_from_kinds,
 )
 from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.nodes.rollout_cost import hybrid_engine_priced
-from rlgraph.presets import COSTS
+from rlgraph.nodes.pricing import hybrid_engine_priced
+from rlgraph.presets.costs import COSTS
 
 if TYPE_CHECKING:
     import torch
 
-    from rlgraph.batch import Batch
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.worker.workspace import Workspace
 
 
 class TrainSpec(ParallelNodeSpec):
@@ -48,14 +48,20 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     per epoch, compute-bound, at the pace of the slowest data-parallel rank of each
     mini-batch (`parallel.data_parallel_imbalance`); plus a 2 * N forward for the proximal
     log-probs when rlgraph's runtime trains without a logp node (verl takes them from the
-    rollout). The gradient all-reduce of each update overlaps the backward in buckets (DDP,
-    FSDP), so only compute is priced."""
+    rollout). Priced as verl's hybrid engine with FSDP (backend torch), the forward runs
+    twice: verl checkpoints activations by default (`enable_gradient_checkpointing: True` in
+    verl/trainer/config/ppo_trainer.yaml, also set by the published 7B DAPO scripts), so
+    8 * N_active * tokens. The gradient all-reduce of each update overlaps the backward in
+    buckets (DDP, FSDP), so only compute is priced."""
     proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
                 and not hybrid_engine_priced(ctx.spec))
-    seconds = token_pass_cost(node, ctx, 8 if proximal else 6, COSTS.train_mfu,
+    recompute = 2 if hybrid_engine_priced(ctx.spec) and node.backend == "torch" else 0
+    seconds = token_pass_cost(node, ctx, (8 if proximal else 6) + recompute, COSTS.train_mfu,
                               mini_batches=node.mini_batches) * node.epochs
     if proximal:
         ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
+    if recompute:
+        ctx.extra["detail"] += " (incl. verl's activation recompute)"
     return seconds
 
 
@@ -93,10 +99,10 @@ class TrainWorker:
         """Train on the batch of `step`; policy_version becomes step's version + 1."""
         import torch
 
-        from rlgraph.algorithms import batch_advantages, grpo_advantages
-        from rlgraph.batch import check_step, merge
+        from rlgraph.engines.cpu_decode import token_logp_passes
         from rlgraph.nodes.logp import on_policy
-        from rlgraph.sampling import token_logp_passes
+        from rlgraph.rl.batch import check_step, merge
+        from rlgraph.rl.loss import batch_advantages, grpo_advantages
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -173,7 +179,7 @@ class TrainWorker:
         all) at the full width."""
         import torch
 
-        from rlgraph.sampling import length_batches
+        from rlgraph.engines.cpu_decode import length_batches
 
         rows, width = mask.shape
         if self.node.micro_tokens:
@@ -183,7 +189,7 @@ class TrainWorker:
 
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
-        from rlgraph.batch import shard_bounds
+        from rlgraph.rl.batch import shard_bounds
 
         a, b = shard_bounds(hi - lo, self.ws.replicas.dp_rank, self.ws.replicas.dp_world)
         return slice(lo + a, lo + b)
@@ -199,8 +205,8 @@ class TrainWorker:
         `own_forward`: the old log-probs are this forward's, detached (on-policy, one update)."""
         import torch
 
-        from rlgraph.algorithms import policy_loss
-        from rlgraph.sampling import token_logp
+        from rlgraph.engines.cpu_decode import token_logp
+        from rlgraph.rl.loss import policy_loss
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
         tokens = t["mask"][rows].sum().clamp(min=1)

@@ -22,14 +22,22 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator
 
 from rlgraph.errors import SpecError, did_you_mean
-from rlgraph.nodes.base import MAX_COUNT, MAX_STEPS, CostContext, EdgeList, NodeKind, NodeSpec
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_STEPS,
+    CostContext,
+    EdgeList,
+    GraphSpec,
+    NodeKind,
+    NodeSpec,
+)
 from rlgraph.nodes.generate import generate_cost
+from rlgraph.nodes.reward import current_fn
 
 if TYPE_CHECKING:
-    from rlgraph.batch import Batch
-    from rlgraph.data import Example
-    from rlgraph.spec import Spec
-    from rlgraph.workspace import Workspace
+    from rlgraph.rl.batch import Batch
+    from rlgraph.rl.data import Example
+    from rlgraph.worker.workspace import Workspace
 
 
 class ValidateSpec(NodeSpec):
@@ -44,6 +52,8 @@ class ValidateSpec(NodeSpec):
     files: list[str] | None = Field(
         default=None, description="verl-format validation files (default: data.val_files)")
     fn: str | None = Field(default=None, description="reward fn (default: the reward node's)")
+
+    _current_fn = field_validator("fn")(current_fn)
     greedy: bool = Field(default=True, description="argmax decoding; false: sample")
     temperature: float = Field(default=1.0, ge=1e-3, le=100,
                                description="sampling temperature if not "
@@ -52,7 +62,7 @@ class ValidateSpec(NodeSpec):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str | None) -> str | None:
-        from rlgraph.data import TASKS
+        from rlgraph.rl.data import TASKS
 
         if task is not None and task not in TASKS:
             hint = did_you_mean(task, TASKS) or f"tasks: {', '.join(TASKS)}"
@@ -60,7 +70,7 @@ class ValidateSpec(NodeSpec):
         return task
 
 
-def engine_of(spec: Spec, name: str) -> str:
+def engine_of(spec: GraphSpec, name: str) -> str:
     """The generate node whose engine and weights validate node `name` uses: the one in its
     group. Refuses a validate node in a group without one (it would hold no policy)."""
     group = spec.group_of(name)
@@ -116,7 +126,7 @@ KIND = NodeKind(
 
 def validation_examples(node: ValidateSpec, workspace: Workspace) -> list[Example]:
     """The node's prompts: its files, else its task, else data.val_files, else data.task."""
-    from rlgraph.data import DataSource
+    from rlgraph.rl.data import DataSource
 
     data = workspace.spec.data
     if node.files:
@@ -135,7 +145,7 @@ class ValidateWorker:
     DATA_PARALLEL = "leader"
 
     def __init__(self, name: str, node: ValidateSpec, workspace: Workspace):
-        from rlgraph.rewards import DEFAULT_FN, load_reward_fn
+        from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
 
         self.name, self.node, self.ws = name, node, workspace
         if workspace.policy is None:
@@ -160,8 +170,8 @@ class ValidateWorker:
         (the fraction scoring 1.0, exact match) beside `val/reward/mean`."""
         import torch
 
-        from rlgraph.rewards import score_samples
-        from rlgraph.sampling import sample
+        from rlgraph.engines.cpu_decode import sample
+        from rlgraph.rl.rewards import score_samples
 
         tok, ws, exs = self.ws.tokenizer, self.ws, self.examples
         with ws.lock, torch.no_grad():

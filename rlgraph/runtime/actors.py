@@ -10,7 +10,7 @@ Batches travel between actors as object references (the driver never touches the
 call returns the output batch and, separately, a small `info` dict (span and scalar
 summary) that is all the driver reads.
 
-Data parallelism (rlgraph.replicas): a group of W replicas is W actors; the driver talks to
+Data parallelism (rlgraph.worker.replicas): a group of W replicas is W actors; the driver talks to
 rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
 task's worker: "rows", the default, cuts the input batch at GRPO groups; "whole" gives every
 replica the whole batch and the worker takes its part; "leader" runs on rank 0 alone), runs
@@ -27,10 +27,10 @@ import os
 import time
 from typing import Any
 
-from rlgraph.batch import Batch, concat_rows, group_rows, merge, take_rows
+from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.rl.batch import Batch, concat_rows, group_rows, merge, take_rows
 from rlgraph.runtime import weight_sync as ws_sync
-from rlgraph.spec import Spec
 
 KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
 
@@ -79,7 +79,7 @@ class GroupActor:
             os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
         torch.set_num_threads(max(1, threads))
         self.threads, self.thread_seconds = max(1, threads), {}
-        from rlgraph.replicas import Replicas, model_parallel_of
+        from rlgraph.worker.replicas import Replicas, model_parallel_of
 
         self.spec, self.device, self.tasks, self.seed = spec, device, list(tasks), seed
         self.followers: list[Any] = []  # the other replicas of the group (on the leader)
@@ -107,7 +107,7 @@ class GroupActor:
         self._build()
 
     def _build(self) -> None:
-        from rlgraph.workspace import Workspace
+        from rlgraph.worker.workspace import Workspace
 
         try:
             self.workspace = Workspace(self.spec, self.tasks, seed=self.seed, device=self.device,

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError
 from rlgraph.runtime.pipeline import Pending, Task
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
-from rlgraph.spec import Spec
 
 
 class WorkerError(RLGraphError):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlgraph.spec import Spec
+    from rlgraph.config.schema import Spec
 
 MODEL_WEIGHTS = "model.safetensors"
 
@@ -22,8 +22,8 @@ def policy_files(spec: Spec) -> dict[str, bytes]:
     """{file name: bytes} of the policy's config, generation config and tokenizer files."""
     from transformers import AutoConfig, GenerationConfig
 
-    from rlgraph.models import model_config
-    from rlgraph.tokenizer import build_tokenizer, save_tokenizer
+    from rlgraph.model.build import model_config
+    from rlgraph.model.tokenizer import build_tokenizer, save_tokenizer
 
     tokenizer = build_tokenizer(spec.model.path)
     if spec.model.path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.graph import build_graph
 from rlgraph.runtime import checkpoint as ckpt
@@ -31,7 +32,6 @@ from rlgraph.runtime.metrics import MetricsWriter, settle_idle, step_row
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.tracing import Tracer, load_events
 from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
-from rlgraph.spec import Spec
 
 WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop request
 # default time between periodic checkpoints: writing one of the quickstart's policy took
@@ -143,7 +143,7 @@ class Runner:
 
     def _weight_bytes(self) -> float:
         """Bytes of the policy: fp32 on a local CPU cluster, bf16 on GPUs."""
-        from rlgraph.compiler.model import shape_of
+        from rlgraph.compiler.shapes import shape_of
 
         return (4.0 if self.local else 2.0) * shape_of(self.spec).params
 

@@ -1,7 +1,7 @@
 """Measured spans of a run, in the plan's event format, and what they say about overhead.
 
 Each finished task becomes `{node, step, start, end, group, occupies, kind}` in seconds from
-the run's start: the same dicts as `plan["schedule"]["events"]`, so `rlgraph.timeline` draws
+the run's start: the same dicts as `plan["schedule"]["events"]`, so `rlgraph.report.timeline` draws
 predicted and measured side by side and `rlgraph compile --calibrate` reads node costs
 from them. Spans are taken inside the actors around the worker's own work, so whatever the
 runtime adds (dispatch, moving batches, waiting on the driver) shows up as gaps.
@@ -50,7 +50,7 @@ class Tracer:
     def write(self, path: Path, title: str, groups: list[str], kinds: dict[str, str],
               other: dict[str, Any] | None = None) -> Path:
         """trace.json: the spans as a Chrome trace (Perfetto / chrome://tracing)."""
-        from rlgraph.chrome_trace import chrome_trace
+        from rlgraph.report.chrome_trace import chrome_trace
 
         trace = chrome_trace(sorted(self.events, key=lambda e: (e["start"], e["node"])),
                              title, groups=groups, kinds=kinds)
@@ -63,7 +63,7 @@ class Tracer:
 
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The event dicts of an earlier trace.json (a resumed run keeps them)."""
-    from rlgraph.chrome_trace import events_from_trace
+    from rlgraph.report.chrome_trace import events_from_trace
 
     if not path.exists():
         return []

@@ -32,10 +32,10 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.weights import WeightSyncError, bucket_names, digest
+from rlgraph.weights.buckets import WeightSyncError, bucket_names, digest
 
 if TYPE_CHECKING:
-    from rlgraph.workspace import Workspace
+    from rlgraph.worker.workspace import Workspace
 
 SYNC = "sync"  # the Ray concurrency group of the receiving halves (beside generate)
 SERVE = "serve"  # the sender's group that hands bucket references out (one thread per
@@ -248,7 +248,7 @@ class NcclEnd:
 def join_group(workspace: Workspace, rank: int, world: int, addr: str, port: int, backend: str,
                produce_mb: float, consume_mb: float) -> NcclEnd:
     """Join the route's group: rank 0 sends the policy, ranks 1.. receive into staging."""
-    from rlgraph.runtime import nccl_sync
+    from rlgraph.weights import nccl as nccl_sync
 
     device = None if backend == "gloo" else workspace.device
     if device == "cuda":

@@ -1,0 +1,236 @@
+"""`rlgraph run`: load and compile the graph, print the plan, run it with a progress bar.
+
+Writes the run dir (default `runs/<name>-<YYYYmmdd-HHMMSS>/`, claimed atomically and locked
+for the run: runtime.run_dir): plan.json and the predicted timeline first (so they exist even
+if the run fails), then metrics.jsonl, TensorBoard events, ledger.jsonl and trace.json as it
+goes, a checkpoint every `--checkpoint-every` steps, and at the end (or on Ctrl-C / SIGTERM,
+or a failure that leaves the trainer intact) a checkpoint and timeline.html / .png with
+predicted and measured side by side. The first Ctrl-C or SIGTERM stops cleanly with a
+checkpoint (exit 130 / 143); a second one aborts at once. `--resume DIR` runs the graph given
+on the command line, refused when it differs from the run's (see runtime.run_dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlgraph.config.load import load_spec
+from rlgraph.config.schema import Spec
+from rlgraph.runtime import run_dir
+from rlgraph.runtime.run_dir import RunDirError, default_run_dir
+from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
+
+__all__ = ["RunDirError", "default_run_dir", "prepare", "run_main"]
+
+
+class RunProgress:
+    """A progress line per step: a rich bar on a terminal, a plain line every 10% otherwise."""
+
+    def __init__(self, total: int, first: int, enabled: bool = True) -> None:
+        self.total, self.first, self.count = total, first, 0
+        self.started = time.time()
+        self.bar = None
+        self.terminal = enabled and sys.stdout.isatty()
+        if self.terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TextColumn("ETA"),
+                                TimeRemainingColumn())
+            self.task = self.bar.add_task("run", total=total, completed=first, info="")
+            self.bar.start()
+        self.enabled = enabled
+
+    @staticmethod
+    def describe(row: dict[str, Any]) -> str:
+        """`reward 0.41  lag 1 (max 1)  9.3 samples/s`."""
+        return (f"reward {row.get('reward/mean', math.nan):.3f}  lag {row.get('lag/mean', 0):.2f}"
+                f" (max {row.get('lag/max', 0):g})  "
+                f"{row.get('throughput/samples_per_s', 0):.1f} samples/s")
+
+    def update(self, row: dict[str, Any]) -> None:
+        """Show the step just trained."""
+        self.count += 1
+        done = row["step"] + 1
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, info=self.describe(row))
+        elif self.enabled:
+            every = max(1, (self.total - self.first) // 10)
+            if self.count % every == 0 or done == self.total:
+                rate = (time.time() - self.started) / self.count
+                eta = rate * (self.total - done)
+                print(f"step {done}/{self.total}  {self.describe(row)}  ETA {eta:.0f}s",
+                      flush=True)
+
+    def close(self) -> None:
+        """Stop redrawing."""
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def prepare(args: argparse.Namespace) -> tuple[Spec, dict[str, Any], Path]:
+    """Spec with overrides and --steps, the compiled plan, and the run dir. A resumed run
+    takes the graph on the command line (refused if it differs from the run's in anything
+    but the step count) and the run's step count, unless told. A fresh default run dir is
+    claimed here."""
+    from rlgraph.cli.main import compile_spec
+
+    overrides = list(getattr(args, "overrides", None) or [])
+    steps = getattr(args, "steps", None)
+    if steps is not None and steps < 1:
+        raise RunDirError(f"--steps {steps}: give a positive number of train steps")
+    every = getattr(args, "checkpoint_every", None)
+    if every is not None and every < 0:
+        raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
+    spec = load_spec(args.graph, overrides)
+    if getattr(args, "resume", None):
+        out = Path(args.resume)
+        meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))
+        args.resumed_step = int(meta["step"])
+        steps = steps or meta.get("steps")
+    elif getattr(args, "out", None):
+        out = Path(args.out)
+        run_dir.refuse_reuse(out)
+    else:
+        out = None
+    if steps:
+        spec.schedule.steps = int(steps)
+    plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
+    return spec, plan, out or run_dir.claim_default_dir(spec.name)
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """Entry point of `rlgraph run` (called by rlgraph.cli.main); returns the exit status."""
+    from rlgraph.cli.main import write_plan
+    from rlgraph.report.summary import print_summary
+
+    spec, plan, out = prepare(args)
+    resume = bool(getattr(args, "resume", None))
+    steps = spec.schedule.steps
+    if resume and getattr(args, "resumed_step", 0) >= steps:
+        print(f"the run in {out} is already complete: it trained {args.resumed_step} of "
+              f"{steps} steps (give --steps N with N > {args.resumed_step} to train on)")
+        return 0
+    lock = run_dir.hold(out)  # noqa: F841 (held until the process ends)
+    print_summary(plan, footer=f"running {steps} steps into {out}/")
+    write_plan(out, plan)
+    progress: RunProgress | None = None
+
+    def on_ready(runner: Runner) -> None:
+        nonlocal progress
+        for note in runner.notes[printed:]:  # what the actors measured at start-up
+            print(f"note: {note}", file=sys.stderr, flush=True)
+        progress = RunProgress(steps, runner.first_step, enabled=getattr(args, "progress", True))
+
+    def on_step(row: dict[str, Any]) -> None:
+        if progress is not None:
+            progress.update(row)
+
+    every = getattr(args, "checkpoint_every", None)
+    verify = getattr(args, "verify_weights", None)
+    options = RunOptions(out_dir=out, steps=steps, address=getattr(args, "address", None),
+                         resume=resume, on_step=on_step, on_ready=on_ready,
+                         checkpoint_every=int(every or 0),
+                         checkpoint_every_s=CHECKPOINT_EVERY_S if every is None else 0.0,
+                         verify_weights=bool(verify))
+    runner = Runner(spec, plan, options)
+    for note in runner.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    printed = len(runner.notes)
+    previous = _install_sigint(runner)
+    terminated = _install_sigterm(runner)
+    try:
+        result = runner.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, terminated.pop("previous"))
+        if progress is not None:
+            progress.close()
+    status = finish(out, plan, result, args)
+    if terminated.get("signal") and result.stopped:
+        print(f"terminated by SIGTERM: checkpoint at step {result.next_step} in "
+              f"{out}/checkpoint", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    return status
+
+
+def _install_sigint(runner: Runner) -> Any:
+    """First Ctrl-C: stop cleanly with a checkpoint; a second one: abort."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        print("\nstopping after the running tasks (Ctrl-C again to abort) ...",
+              file=sys.stderr, flush=True)
+        runner.request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: no handler, Ctrl-C is the caller's business
+        return previous
+    return previous
+
+
+def _install_sigterm(runner: Runner) -> dict[str, Any]:
+    """SIGTERM (a scheduler, `kill`, a container stop): stop cleanly with a checkpoint, as
+    the first Ctrl-C does; a second SIGTERM ends the process at once."""
+    state: dict[str, Any] = {"previous": signal.getsignal(signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        print("\nSIGTERM: stopping after the running tasks with a checkpoint ...",
+              file=sys.stderr, flush=True)
+        state["signal"] = signum
+        runner.request_stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        signal.signal(signal.SIGTERM, handler)
+    return state
+
+
+def finish(out: Path, plan: dict[str, Any], result: RunResult, args: argparse.Namespace) -> int:
+    """Timeline files with predicted and measured, and the closing lines."""
+    from rlgraph.report.timeline import write_timeline
+
+    write_timeline(out, plan, measured=result.events)
+    rows = result.rows
+    if rows:
+        head = [r["reward/mean"] for r in rows[:10]]
+        tail = [r["reward/mean"] for r in rows[-10:]]
+        lag_max = max(r["lag/max"] for r in rows)
+        print(f"trained steps {result.first_step}..{result.next_step - 1}: reward/mean "
+              f"{sum(head) / len(head):.3f} (first {len(head)}) -> {sum(tail) / len(tail):.3f} "
+              f"(last {len(tail)}); lag/max {lag_max:g} <= bound "
+              f"{plan['lag']['max_policy_lag']}; {result.wall_s:.1f}s running + "
+              f"{result.startup_s:.1f}s start-up")
+    if rows and "val/accuracy" in rows[-1]:
+        last = rows[-1]
+        print(f"final validation (policy version {last['val/policy_version']:g}): accuracy "
+              f"{last['val/accuracy']:.3f} (exact match), reward/mean "
+              f"{last['val/reward/mean']:.3f} on {last['val/samples']:g} held-out prompts")
+    if result.lag_violations:
+        print(f"WARNING: {result.lag_violations} steps trained on tokens older than the proven "
+              f"bound {plan['lag']['max_policy_lag']} (a runtime bug; see metrics.jsonl)",
+              file=sys.stderr)
+    print(f"wrote {out}/: plan.json metrics.jsonl trace.json timeline.html timeline.png "
+          f"checkpoint/ tensorboard/")
+    if result.stopped:
+        graph = getattr(args, "graph", "graph.yaml")
+        print(f"stopped at step {result.next_step}; continue with: rlgraph run {graph} "
+              f"--resume {out}", file=sys.stderr)
+        return 130
+    return 0

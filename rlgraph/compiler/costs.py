@@ -1,0 +1,174 @@
+"""Cost pass: seconds per step of every node, dispatched to its kind's cost model.
+
+Order of precedence: a measured calibration (source "calibrated"), then the node's
+`cost: {seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"),
+then the kind's analytic model (`rlgraph/nodes/<kind>.py`, constants in `rlgraph/presets/costs.py`;
+source "model"). Where the plan prices verl's hybrid engine (a generate node on engine
+sglang, `nodes.rollout_cost.hybrid_engine_priced`), a group that holds both a train and a
+generate node pays the colocation switch on its generate node every step: train states and
+rollout weights go to host memory and come back over PCIe, and the weights are resharded
+into the engine at the measured resharding rate. rlgraph's own runtime (engine native)
+decodes with the training weights and pays no switch; local CPU clusters pay none either.
+A generate node that receives weights from another group pays the dual-buffer switch instead
+(`nodes.param_update.switch_cost`): param_update stages the new version beside generation
+and holds only the sender's group, so the copy into the live weights is all generate waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from rlgraph.compiler.placement import Placement
+from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.schema import Spec
+from rlgraph.errors import SpecError
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.base import CostContext
+from rlgraph.nodes.param_update import switch_cost
+from rlgraph.nodes.pricing import hybrid_engine_priced
+from rlgraph.presets.costs import COSTS
+from rlgraph.presets.models import ModelShape
+
+
+@dataclass
+class NodeCost:
+    """Seconds one step of a node takes, where the figure comes from, and how it was made."""
+
+    seconds: float
+    source: str  # "model" | "override" | "calibrated"
+    detail: str
+    modelled: float  # what the analytic model (or the override) says, before calibration
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's `costs[node]` entry."""
+        return {"seconds": self.seconds, "source": self.source, "detail": self.detail}
+
+
+def switch_seconds(spec: Spec, placement: Placement, group: str, shape: ModelShape) -> float:
+    """Per-step switch of a colocated group between training and rollout, as verl's hybrid
+    engine pays it (0 where the plan prices rlgraph's runtime, or on a local CPU cluster):
+    train states offloaded to host and reloaded, the engine's weights put to sleep and woken
+    (both over PCIe), and the training weights resharded into the engine at the measured
+    resharding rate (COSTS.reshard_bytes_per_s)."""
+    return sum(switch_terms(spec, placement, group, shape).values())
+
+
+def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
+                 ) -> dict[str, float]:
+    """The switch's terms in seconds: offload/reload, sleep/wake, reshard."""
+    if placement.local or not hybrid_engine_priced(spec):
+        return {}
+    gpus = placement.gpus_of(group)
+    tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
+    tp = max((getattr(n, "tp", 1) for n in tasks if n.kind == "generate"), default=1)
+    host = placement.preset.host_bytes_per_s
+    return {
+        "offload": 2 * COSTS.train_state_bytes_per_param * shape.params / gpus / host,
+        "sleep_wake": 2 * 2 * shape.params / tp / host,
+        "reshard": 2 * shape.params / COSTS.reshard_bytes_per_s,
+    }
+
+
+def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:
+    """generate node -> its group, for groups that also hold a train node (one per group)."""
+    out = {}
+    for name, group in placement.groups.items():
+        kinds = {spec.nodes[t].kind: t for t in reversed(group.tasks)}
+        if "train" in kinds and "generate" in kinds:
+            out[kinds["generate"]] = name
+    return out
+
+
+def _fed_by_other_group(graph: nx.DiGraph) -> set[str]:
+    """Nodes that receive weights from a weight sync whose sender is in another group."""
+    out = set()
+    for src, dst in graph.edges():
+        if KINDS[graph.nodes[src]["kind"]].carries_weights:
+            sender = graph.nodes[src]["spec"].src
+            if sender in graph and graph.nodes[sender]["group"] != graph.nodes[dst]["group"]:
+                out.add(dst)
+    return out
+
+
+def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
+             shape: ModelShape, kinds: dict[str, frozenset[str]]) -> CostContext:
+    attrs = graph.nodes[name]
+    occupies = attrs["occupies"]
+    home = attrs["group"] or (occupies[0] if occupies else None)
+    colocated = kinds.get(home, frozenset())
+    ends = occupies
+    if KINDS[attrs["kind"]].carries_weights:  # the link spans sender and receiver groups
+        node = attrs["spec"]
+        ends = tuple(dict.fromkeys(graph.nodes[n]["group"] for n in (node.src, node.dst)
+                                   if n in graph and graph.nodes[n]["group"]))
+    hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
+    replicas = placement.groups[home].replicas if home in placement.groups else 1
+    extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
+             "replicas": replicas}
+    return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
+                       gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
+
+
+def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
+               calibration: dict[str, float] | None = None,
+               scale: dict[str, float] | None = None) -> tuple[dict[str, NodeCost], list[str]]:
+    """Seconds per step of every node and advice; `scale` multiplies modelled costs (used to
+    carry a calibration over to the synchronous baseline)."""
+    shape = shape_of(spec)
+    switches = _colocated_switch_groups(spec, placement)
+    fed = _fed_by_other_group(graph)
+    kinds = {g: frozenset(spec.nodes[t].kind for t in group.tasks)
+             for g, group in placement.groups.items()}
+    costs: dict[str, NodeCost] = {}
+    messages: list[str] = []
+    for name in graph:
+        node = spec.nodes[name]
+        ctx = _context(spec, graph, placement, name, shape, kinds)
+        if node.cost is not None and node.cost.seconds is not None:
+            seconds, source = node.cost.seconds, "override"
+            detail = f"cost.seconds {seconds:g}"
+        elif node.cost is not None:
+            seconds, source = node.cost.gpu_seconds / ctx.gpus, "override"
+            detail = f"cost.gpu_seconds {node.cost.gpu_seconds:g} / {ctx.gpus} GPUs"
+        else:
+            seconds, source = float(KINDS[node.kind].cost(node, ctx)), "model"
+            detail = str(ctx.extra.get("detail") or KINDS[node.kind].doc)
+            if ctx.extra.get("note"):
+                messages.append(str(ctx.extra["note"]))
+            if name in switches and switch_terms(spec, placement, switches[name], shape):
+                terms = switch_terms(spec, placement, switches[name], shape)
+                switch = sum(terms.values())
+                seconds += switch
+                detail += (f" + colocation switch {switch:.3g} s (verl hybrid engine: "
+                           + ", ".join(f"{k} {v:.3g} s" for k, v in terms.items()) + ")")
+            elif name in fed:
+                switch = switch_cost(node, shape, placement.preset, placement.local)
+                seconds += switch
+                detail += f" + dual-buffer switch {switch:.3g} s"
+        if not math.isfinite(seconds) or seconds < 0:
+            raise SpecError(f"the cost of '{name}' is not a finite time ({seconds})",
+                            ("nodes", name), hint="give cost: {seconds: S}")
+        modelled = seconds
+        if calibration and name in calibration:
+            seconds, source = float(calibration[name]), "calibrated"
+            detail = f"measured median {seconds:.4g} s per step (model: {modelled:.4g} s)"
+        elif scale and name in scale:
+            seconds, source = seconds * scale[name], "calibrated"
+            detail = f"model {modelled:.4g} s x measured/model ratio {scale[name]:.3g}"
+        costs[name] = NodeCost(seconds, source, detail, modelled)
+    if calibration:
+        unknown = sorted(set(calibration) - set(graph))
+        if unknown:
+            messages.append(f"calibration: the trace has nodes this graph does not: "
+                            f"{', '.join(unknown)} (ignored)")
+    return costs, messages
+
+
+def calibration_scale(costs: dict[str, NodeCost]) -> dict[str, float]:
+    """measured / modelled per calibrated node, to carry a calibration to another plan."""
+    return {n: c.seconds / c.modelled for n, c in costs.items()
+            if c.source == "calibrated" and c.modelled > 0}

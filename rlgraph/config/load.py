@@ -1,0 +1,221 @@
+"""Load a graph.yaml: read it safely, apply `key=value` overrides, validate it into a `Spec`.
+
+`load_spec(path, overrides)` returns a validated `Spec` whose `source` maps every key to
+its line; any problem raises `SpecError` that renders as `graph.yaml:LINE:COL: ...`. The
+file and the overrides are read by `rlgraph.config.safe_yaml` (limits on size, depth, aliases).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+
+from rlgraph.config.safe_yaml import MAX_DEPTH, parse_value, read_graph, shown
+from rlgraph.config.safe_yaml import located as _located
+from rlgraph.config.schema import Spec
+from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
+from rlgraph.nodes import KINDS
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: SourceMap) -> None:
+    """Apply verl-style `a.b.c=value` overrides (value parsed as YAML) in place."""
+    for text in overrides:
+        if "=" not in text:
+            raise _located(SpecError(f"override '{text}' has no '='",
+                                     hint="write key.path=value, e.g. schedule.max_lag=2"),
+                           f"<override {text}>")
+        dotted, _, raw = text.partition("=")
+        keys = [k for k in dotted.lstrip("+").split(".") if k]
+        if len(keys) > MAX_DEPTH:
+            raise _located(SpecError(f"override '{shown(dotted)}' names {len(keys)} levels of "
+                                     f"keys, more than {MAX_DEPTH}"), f"<override {shown(text)}>")
+        if not keys:
+            raise _located(SpecError(f"override '{text}' names no key",
+                                     hint="e.g. schedule.max_lag=2"), f"<override {text}>")
+        value = parse_value(raw, f"<override {shown(text)}>")
+        target = data
+        for i, key in enumerate(keys[:-1]):
+            nxt = target.setdefault(key, {})
+            if not isinstance(nxt, dict):
+                raise SpecError(
+                    f"override '{text}': '{'.'.join(keys[: i + 1])}' is not a mapping",
+                    tuple(keys[: i + 1]),
+                )
+            target = nxt
+        target[keys[-1]] = value
+        source.overrides[tuple(keys)] = text
+        for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
+            del source.positions[stale]  # the file's lines under it no longer hold its value
+
+
+# ---------------------------------------------------------------- validation errors
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional / Annotated down to the class or container inside."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else annotation
+    return annotation
+
+
+def _model_at(path: Key, raw: Any) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at `path` (for key hints)."""
+    cls: Any = Spec
+    node: Any = raw
+    keys = list(path)
+    while keys:
+        key = keys.pop(0)
+        node = node.get(key) if isinstance(node, dict) else None
+        field = cls.model_fields.get(key) if isinstance(cls, type) else None
+        if field is None:
+            return None
+        ann = _unwrap(field.annotation)
+        if typing.get_origin(ann) is dict:
+            if not keys:
+                return None
+            item_key = keys.pop(0)
+            node = node.get(item_key) if isinstance(node, dict) else None
+            ann = _unwrap(typing.get_args(ann)[1])
+            if typing.get_origin(ann) in (Union, types.UnionType):
+                kind = node.get("kind") if isinstance(node, dict) else None
+                ann = KINDS[kind].spec if kind in KINDS else None
+        cls = ann
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> Key:
+    """Drop the tag pydantic inserts for discriminated unions: nodes.gen.generate.tp."""
+    loc = tuple(loc)
+    if len(loc) >= 3 and loc[0] == "nodes" and loc[2] in KINDS:
+        loc = loc[:2] + loc[3:]
+    return tuple(k for k in loc if not (isinstance(k, str) and k.startswith("function-")))
+
+
+# Words of the seed systems' configs (verl, dots.rl async-rl, AReaL) and their rlgraph key.
+SEED_WORDS: dict[str, str] = {
+    "generate_ahead_steps": "schedule.max_lag",
+    "staleness_threshold": "schedule.max_lag",
+    "max_head_offpolicyness": "schedule.max_lag",
+    "sperated_node_tasks": "groups.<name>.tasks",
+    "sperated_node_ratios": "groups.<name>.share",
+    "hybrid_engine": "one group holding every task with share 1",
+    "param_update_preduce_bucket_size_mb": "bucket_mb.produce of the param_update node",
+    "param_update_consume_bucket_size_mb": "bucket_mb.consume of the param_update node",
+    "train_batch_size": "data.prompts_per_step",
+    "n": "data.samples_per_prompt",
+    "max_prompt_length": "data.prompt_len",
+    "max_response_length": "data.response_len.max",
+    "tensor_model_parallel_size": "tp of the node",
+    "pipeline_model_parallel_size": "pp of the node",
+    "expert_model_parallel_size": "ep of the node",
+    "n_gpus_per_node": "cluster.gpus_per_node",
+    "nnodes": "cluster.nodes",
+    "partial_rollout": "schedule.partial_rollout",
+}
+
+
+def _unknown_key_hint(key: Key, raw: dict[str, Any]) -> str | None:
+    """did-you-mean among the keys allowed there, the seed vocabulary, or the allowed keys."""
+    model = _model_at(key[:-1], raw)
+    allowed = list(model.model_fields) if model else []
+    word = str(key[-1])
+    if word in SEED_WORDS and SEED_WORDS[word] not in allowed:
+        return f"in rlgraph, {word} is {SEED_WORDS[word]}"
+    return did_you_mean(word, allowed) or (
+        f"allowed here: {', '.join(allowed)}" if allowed else None)
+
+
+def _you_wrote(value: Any) -> str | None:
+    """`you wrote 'half'` for a scalar the user typed (None for mappings and lists)."""
+    if isinstance(value, dict | list) or value is None:
+        return None
+    text = repr(value)
+    return f"you wrote {text if len(text) <= 80 else text[:77] + '...'}"
+
+
+def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
+    """The first pydantic error as a SpecError with a key and a hint.
+
+    An unknown key goes first: a misspelt key also makes its real key look missing.
+    """
+    errors = exc.errors(include_url=False)
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    key = _clean_loc(err["loc"])
+    kind, msg = err["type"], err["msg"]
+    hint = None
+    if kind == "extra_forbidden":
+        hint = _unknown_key_hint(key, raw)
+        msg = f"unknown key '{key[-1]}'"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        tag = err.get("ctx", {}).get("tag", "")
+        hint = did_you_mean(tag, KINDS) or f"kinds: {', '.join(KINDS)}"
+        msg = f"unknown node kind '{tag}'" if tag else "node has no 'kind'"
+        key = (*key, "kind")
+    elif kind == "missing":
+        msg = f"required key '{key[-1]}' is missing"
+    elif kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    elif kind == "dict_type":
+        hint = "write a mapping (name: value, one per line), not a list or a scalar"
+    else:
+        hint = _you_wrote(err.get("input"))
+    return SpecError(msg, key, hint)
+
+
+def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
+    """Plain data -> Spec, or the first problem as a located SpecError."""
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        err = _first_error(exc, data)
+        err.source = source
+        raise err from None
+    spec._source = source
+    return spec
+
+
+def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Spec:
+    """Read, override and validate a graph.yaml."""
+    data, source = read_graph(path)
+    try:
+        apply_overrides(data, overrides, source)
+    except SpecError as err:
+        err.source = source
+        raise
+    spec = validate_spec(data, source)
+    if spec.model.path is not None:
+        try:
+            spec.model.path = resolve_model_path(spec.model.path, Path(path).parent)
+        except SpecError as err:
+            err.source = source
+            raise
+    return spec
+
+
+def resolve_model_path(path: str, graph_dir: Path) -> str:
+    """`model.path` as an absolute folder: a relative one resolves against the graph's folder
+    (like data and reward files), else the working directory; a folder without config.json
+    is the user's error."""
+    given = Path(path).expanduser()
+    tries = [given] if given.is_absolute() else [graph_dir / given, given]
+    for folder in tries:
+        if (folder / "config.json").is_file():
+            return str(folder.resolve())
+    where = "" if given.is_absolute() else \
+        f"; a relative path resolves against the graph's folder {graph_dir.resolve()}"
+    raise SpecError(f"no Hugging Face model folder at '{path}' (no config.json there{where})",
+                    ("model", "path"), hint="point model.path at a Hugging Face model folder "
+                    "with config.json, weights and tokenizer files")

@@ -1,0 +1,239 @@
+"""graph.yaml as pydantic models: the sections, their bounds, and the whole `Spec`.
+
+Node sections are validated by their kind's own model from `rlgraph.nodes.KINDS`; reading a
+file, overrides and error text live in `rlgraph.config.load`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from rlgraph.errors import SourceMap, did_you_mean
+from rlgraph.nodes import KINDS
+from rlgraph.nodes.base import (
+    MAX_COUNT,
+    MAX_PARALLEL,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+    StrictModel,
+)
+from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.presets.models import MODEL_PRESETS
+
+MAX_LAG = 256  # policy versions; the seeds use 1 to 8
+MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
+
+
+class ClusterSpec(StrictModel):
+    """`{nodes, gpus_per_node, gpu}` for GPUs, or `{local: true}` for CPU cores as slots."""
+
+    local: bool = False
+    nodes: int = Field(default=1, ge=1, le=4096)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
+    gpu: str = "H200"
+    cpus: int | None = Field(default=None, ge=1, le=4096,
+                             description="local slots; default: all cores")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str) -> str:
+        if gpu not in GPU_PRESETS:
+            hint = did_you_mean(gpu, GPU_PRESETS) or f"known: {', '.join(GPU_PRESETS)}"
+            raise ValueError(f"unknown GPU '{gpu}' ({hint})")
+        return gpu
+
+    def slots(self) -> int:
+        """GPUs of the cluster, or CPU slots of a local one."""
+        if self.local:
+            return self.cpus or os.cpu_count() or 1
+        return self.nodes * self.gpus_per_node
+
+
+class WarmStartSpec(StrictModel):
+    """Supervised steps on the training prompts' answers before RL; the result is version 0."""
+
+    steps: int = Field(default=0, ge=0, le=MAX_STEPS, description="0: RL from the initial "
+                       "weights")
+    lr: float = Field(default=1e-3, ge=1e-12, le=10, description="constant AdamW learning rate")
+    batch_size: int = Field(default=64, ge=1, le=MAX_COUNT)
+
+
+class ModelSpec(StrictModel):
+    """The policy: a named preset, an inline Hugging Face config, or a local path."""
+
+    preset: str | None = None
+    hf_config: dict[str, Any] | None = None
+    path: str | None = None
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [k for k in ("preset", "hf_config", "path") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of preset, hf_config or path, not {' and '.join(given)}")
+        if not given:
+            self.preset = "tiny"
+        if self.preset is not None and self.preset not in MODEL_PRESETS:
+            hint = did_you_mean(self.preset, MODEL_PRESETS) or f"known: {', '.join(MODEL_PRESETS)}"
+            raise ValueError(f"unknown model preset '{self.preset}' ({hint})")
+        return self
+
+
+class ResponseLength(StrictModel):
+    """Response length in tokens: the mean decides throughput, the max a synchronous batch."""
+
+    mean: float = Field(default=256, ge=1, le=MAX_TOKENS)
+    max: int = Field(default=512, ge=1, le=MAX_TOKENS)
+    dist: Literal["lognormal", "pareto"] = Field(
+        default="lognormal", description="length distribution of the longtail task's targets: "
+        "mean as above, clipped at max (which lowers the realized mean, a pareto's most)")
+    sigma: float = Field(default=1.0, ge=1e-3, le=10, description="lognormal: std of log length")
+    alpha: float = Field(default=1.5, gt=1, le=100, description="pareto: tail index (smaller: "
+                         "heavier tail)")
+
+    @model_validator(mode="after")
+    def _mean_below_max(self) -> ResponseLength:
+        if self.mean > self.max:
+            raise ValueError(f"mean ({self.mean}) is larger than max ({self.max})")
+        return self
+
+
+class DataSpec(StrictModel):
+    """Batch shape per train step and where prompts come from."""
+
+    prompts_per_step: int = Field(default=8, ge=1, le=MAX_COUNT)
+    samples_per_prompt: int = Field(default=4, ge=1, le=4096)
+    prompt_len: int = Field(default=16, ge=1, le=MAX_TOKENS)
+    response_len: ResponseLength = Field(default_factory=ResponseLength)
+    task: str = Field(default="arithmetic", description="built-in task when no files are given")
+    train_files: list[str] | None = None
+    val_files: list[str] | None = None
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from rlgraph.presets.tasks import TASKS
+
+        if task not in TASKS:
+            hint = did_you_mean(task, TASKS) or (f"tasks: {', '.join(TASKS)}; or give "
+                                                 "data.train_files")
+            raise ValueError(f"unknown task '{task}' ({hint})")
+        return task
+
+    @field_validator("response_len", mode="before")
+    @classmethod
+    def _scalar_length(cls, value: Any) -> Any:
+        return {"mean": value, "max": value} if isinstance(value, int | float) else value
+
+    def samples_per_step(self) -> int:
+        """Sequences trained on per step."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+class AlgorithmSpec(StrictModel):
+    """The RL objective (verl: algorithm.* and actor.*_loss settings)."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    kl_coef: float = Field(default=0.001, ge=0, le=100)
+    kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
+    clip: float = Field(default=0.2, ge=1e-4, le=10)
+    is_truncation: float = Field(default=2.0, ge=1e-3, le=1e6,
+                                 description="decoupled-PPO weight cap")
+    norm_adv_by_std: bool = Field(default=True, description="GRPO: divide by the group's std")
+
+
+class GroupSpec(StrictModel):
+    """Tasks that share the group's GPUs in time, and the group's share of the cluster."""
+
+    share: float = Field(gt=0, le=1)  # and at least MIN_SHARE (_not_a_sliver)
+    tasks: list[str] = Field(min_length=1)
+    replicas: int | None = Field(default=None, ge=1, le=MAX_PARALLEL,
+                                 description="data-parallel processes the "
+                                 "group's work is split over; default one per GPU, one on a "
+                                 "local CPU cluster (its slots are then its threads)")
+
+
+    @field_validator("share")
+    @classmethod
+    def _not_a_sliver(cls, share: float) -> float:
+        if share < MIN_SHARE:
+            raise ValueError(f"share {share:g} is less than {MIN_SHARE:g} of the cluster (it "
+                             f"would still get a whole GPU or CPU slot); give at least "
+                             f"{MIN_SHARE:g}")
+        return share
+
+
+class ScheduleSpec(StrictModel):
+    """Lag bound, partial rollout and run length (seeds: generate_ahead_steps = max_lag)."""
+
+    max_lag: int = Field(default=1, ge=0, le=MAX_LAG)
+    partial_rollout: bool = False
+    steps: int = Field(default=100, ge=1, le=MAX_STEPS)
+
+
+def _node_union() -> Any:
+    specs = tuple(kind.spec for kind in KINDS.values())
+    return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007
+
+
+NodeSpecs = _node_union()
+
+
+class Spec(StrictModel):
+    """A whole graph.yaml."""
+
+    name: str = "rlgraph"
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    groups: dict[str, GroupSpec] = Field(default_factory=dict)
+    nodes: dict[str, NodeSpecs] = Field(min_length=1)  # type: ignore[valid-type]
+    edges: list[str] | None = None
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+
+    _source: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _kind_defaults_to_name(cls, nodes: Any) -> Any:
+        """`logp: {}` means `logp: {kind: logp}`."""
+        if not isinstance(nodes, dict):
+            return nodes
+        filled = {}
+        for name, node in nodes.items():
+            node = {} if node is None else node
+            if isinstance(node, dict) and "kind" not in node and name in KINDS:
+                node = {"kind": name, **node}
+            filled[name] = node
+        return filled
+
+    @property
+    def source(self) -> SourceMap:
+        """Where each key was written (file, line, column) or which override set it."""
+        return self._source
+
+    def group_of(self, task: str) -> str | None:
+        """The group a task belongs to, or None."""
+        return next((g for g, spec in self.groups.items() if task in spec.tasks), None)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The spec as plain data, defaults included, ready for yaml.safe_dump."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of graph.yaml, for editors' YAML completion."""
+    schema = Spec.model_json_schema()
+    schema["title"] = "rlgraph graph.yaml"
+    return schema

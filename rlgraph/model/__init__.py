@@ -1,0 +1,1 @@
+"""Models and tokenizers built from a preset, a config or a local Hugging Face folder."""

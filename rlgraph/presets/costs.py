@@ -1,0 +1,128 @@
+"""The cost model's efficiency factors and overheads, each with the measurement or paper it
+comes from (`COST_SOURCES`). The compiler applies them to a GPU preset's peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlgraph.presets.gpus import GB
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Efficiency factors and overheads the analytic cost models apply to a preset's peaks.
+
+    Every field has its source in `COST_SOURCES`; `rlgraph compile --calibrate` replaces the
+    modelled time of each node with a measured one when these assumptions do not fit a machine.
+    """
+
+    train_mfu: float = 0.40
+    forward_mfu: float = 0.50
+    prefill_mfu: float = 0.50
+    gemm_efficiency: float = 0.80
+    reference_mfu: float = 0.52
+    reference_ridge_flop_per_byte: float = 312e12 / 2.039e12
+    decode_hbm_efficiency: float = 0.70
+    native_decode_overhead_per_layer_s: float = 0.68e-3
+    graph_decode_floor_per_layer_s: float = 47e-6
+    tp_allreduce_latency_s: float = 10e-6
+    reshard_bytes_per_s: float = 32 * GB / 175
+    local_extra_replica_efficiency: float = 0.34
+    reward_seconds_per_sample: float = 50e-6
+    bucket_overhead_s: float = 2e-3
+    nccl_chunk_overhead_s: float = 60e-6
+    object_store_bytes_per_s: float = 0.76 * GB
+    train_state_bytes_per_param: float = 16.0
+    usable_memory_fraction: float = 0.90
+
+
+COSTS = CostConstants()
+
+
+def pass_efficiency(bf16_flops: float, hbm_bytes_per_s: float) -> float:
+    """Fraction of a GPU's dense peak a large-batch transformer pass (forward or forward +
+    backward) sustains, from its roofline: the GEMMs run at COSTS.gemm_efficiency and the
+    memory-bound rest (norms, activations, residuals, softmax, optimizer) moves a fixed number
+    of bytes per FLOP at HBM speed. That byte count is fixed by the reference measurement
+    (COSTS.reference_mfu at COSTS.reference_ridge_flop_per_byte), so a GPU with a low ridge
+    point (H20: 37 FLOP/byte) sustains more of its peak than one with a high ridge (H100: 295).
+    """
+    memory_per_flop = ((1 / COSTS.reference_mfu - 1 / COSTS.gemm_efficiency)
+                       / COSTS.reference_ridge_flop_per_byte)
+    ridge = bf16_flops / hbm_bytes_per_s
+    return 1 / (1 / COSTS.gemm_efficiency + ridge * memory_per_flop)
+
+COST_SOURCES: dict[str, str] = {
+    "train_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): the tiny quickstart "
+                 "measured 46 GFLOP/s in train on one core (cpu preset, 2026-11-22): 40% of "
+                 "the ~96 GFLOP/s fp32 peak",
+    "forward_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): a forward without "
+                   "backward or optimizer step: 50% of the fp32 peak assumed",
+    "prefill_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): prefill is a "
+                   "large-batch forward like logp",
+    "gemm_efficiency": "/work/.library/device/README.md (this workplace's lent H200): 'bf16 "
+                       "matrix work at about 790 TFLOP/s' = 80% of the 989 TFLOP/s datasheet "
+                       "peak; the GEMM share of a pass runs at it",
+    "reference_mfu": "Megatron-LM sustains 52% of peak on A100 for large dense GPTs "
+                     "(Narayanan et al., SC21): with GEMMs at 80%, the memory-bound rest "
+                     "takes 0.67x the ideal compute time there, i.e. 0.0044 bytes per FLOP "
+                     "at HBM speed; `pass_efficiency` carries that to other GPUs (H100 39%, "
+                     "H200 46%, H20 71%)",
+    "reference_ridge_flop_per_byte": "A100 80GB SXM datasheet: 312 TFLOP/s dense bf16 over "
+                                     "2.039 TB/s HBM = 153 FLOP/byte, the GPU of the "
+                                     "reference_mfu measurement",
+    "decode_hbm_efficiency": "memory-bound decode (GEMV + paged attention) sustains 60-80% of "
+                             "peak HBM bandwidth: 70% assumed",
+    "native_decode_overhead_per_layer_s": "docs/measurements.md (2026-11-22): transformers "
+                                          "generate of a "
+                                          "24-layer 374M Llama on H200 took 16.8 ms per decode "
+                                          "step (dynamic cache) against a 0.35 ms roofline: "
+                                          "0.68 ms of host overhead per layer and step",
+    "graph_decode_floor_per_layer_s": "bench/results/gpu-decode.json (H200, llama-374m, "
+                                      "static engine, compile + CUDA graphs + fused): 1.43 ms "
+                                      "per decode step at batch 64 against a 0.30 ms HBM "
+                                      "roofline = 47 us of fixed cost per layer and step, "
+                                      "the floor of a CUDA-graph decode (SGLang replays "
+                                      "graphs the same way; published README, 'Decode on a "
+                                      "lent H200')",
+    "tp_allreduce_latency_s": "a tensor-parallel decode step all-reduces twice per layer "
+                              "(attention and MLP outputs, a few KB per row); NCCL's "
+                              "small-message all-reduce within an NVLink node takes ~10-15 us "
+                              "in nccl-tests all_reduce_perf (8 B - 64 KB, latency-bound); "
+                              "the engines' custom one-shot all-reduce is faster: 10 us "
+                              "assumed, not measured by us (this session lent no multi-GPU "
+                              "machine); its weight: 2 x layers x 10 us per decode step, "
+                              "0.56 ms for a 28-layer model at tp 2",
+    "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
+                           "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
+                           "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "
+                           "(verl issue 2419): 0.19 GB/s; the same table's 16B MoE (~200 s) "
+                           "and the one-step-off table's gen - generate_sequences (74 s "
+                           "FSDP2 / 45 s Megatron for 7B) are of the same order",
+    "local_extra_replica_efficiency": "bench/results/async_vs_sync.json (2-core host, "
+                                      "longtail graph, side by side): the colocated plan "
+                                      "took 0.741 s a step in one one-thread process and "
+                                      "0.555 s as two (replicas: 2): a second process adds "
+                                      "34% of a core; two torch threads in one process took "
+                                      "1.02 s (no gain), as they did on the quickstart "
+                                      "(issue 14 README)",
+    "reward_seconds_per_sample": "a rule-based verifier (parse + exact match of the final "
+                                 "answer) in Python: ~50 us per sample on one core",
+    "bucket_overhead_s": "fixed cost per weight bucket (Python call, NCCL launch, engine "
+                         "load_weights); verl PR #2231 reports Qwen2.5-3B weight sync mostly "
+                         "under 300 ms on A100s: 2 ms per bucket assumed",
+    "nccl_chunk_overhead_s": "bench/results/gpu4-nccl.json (`rlgraph run` on 4x H200): "
+                             "1.01 GB per param_update in 3.4-3.5 ms with 128 MB chunks, and "
+                             "0.72 GB in 2.3-2.5 ms on 2x H200 (the note this constant moved "
+                             "from, nodes/param_update.py): about 60 us per consume chunk (one "
+                             "broadcast launch and its copy plan) on top of 352 GB/s",
+    "object_store_bytes_per_s": "docs/measurements.md (2026-11-22): 1 GiB through the "
+                                "Ray object store "
+                                "between two actors took 1.41 s (0.76 GB/s)",
+    "train_state_bytes_per_param": "mixed-precision Adam: bf16 weights (2) + bf16 grads (2) + "
+                                   "fp32 master weights, momentum and variance (12) = 16 B per "
+                                   "parameter (ZeRO, Rajbhandari et al. 2020)",
+    "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
+                              "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
+}

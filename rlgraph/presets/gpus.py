@@ -1,0 +1,62 @@
+"""GPU presets: the peak figures of each accelerator a cluster may name, each with its source.
+
+Plain data only (no torch) so `rlgraph compile` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """Peak figures of one accelerator (or of the local CPU, for the default cluster)."""
+
+    name: str
+    bf16_flops: float  # dense bf16 FLOP/s
+    hbm_bytes_per_s: float
+    memory_bytes: float
+    nvlink_bytes_per_s: float  # per GPU, one direction, achievable broadcast
+    network_bytes_per_s: float  # per GPU, across nodes
+    source: str
+    host_bytes_per_s: float = 50e9  # per GPU, GPU <-> host memory (PCIe): offload and reload
+
+
+GB = 1e9
+GIB = 2**30
+
+GPU_PRESETS: dict[str, GPUPreset] = {
+    "H200": GPUPreset(
+        "H200", 989e12, 4.8e12, 141 * GB, 352 * GB, 50 * GB,
+        "NVIDIA H200 SXM datasheet (989 TFLOP/s dense bf16, 4.8 TB/s, 141 GB); NVLink: NCCL "
+        "broadcast measured 352 GB/s with 128 MB buckets on 2x H200 (docs/measurements.md); "
+        "network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s achieved",
+        host_bytes_per_s=50 * GB,
+    ),
+    "H100": GPUPreset(
+        "H100", 989e12, 3.35e12, 80 * GB, 340 * GB, 50 * GB,
+        "NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16, 3.35 TB/s, 80 GB); NVLink 4 "
+        "like H200; network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s",
+        host_bytes_per_s=50 * GB,
+    ),
+    "A100": GPUPreset(
+        "A100", 312e12, 2.039e12, 80 * GB, 230 * GB, 25 * GB,
+        "NVIDIA A100 80GB SXM datasheet (312 TFLOP/s dense bf16, 2.04 TB/s); NVLink 3 "
+        "600 GB/s bidirectional; network: 200 Gb/s HDR per GPU; host: PCIe Gen4 x16, "
+        "~25 GB/s achieved",
+        host_bytes_per_s=25 * GB,
+    ),
+    "H20": GPUPreset(
+        "H20", 148e12, 4.0e12, 96 * GB, 340 * GB, 50 * GB,
+        "NVIDIA H20 datasheet (148 TFLOP/s dense bf16, 4.0 TB/s, 96 GB); NVLink 900 GB/s "
+        "bidirectional; network: 400 Gb/s per GPU; host: PCIe Gen5 x16, ~50 GB/s",
+        host_bytes_per_s=50 * GB,
+    ),
+    "cpu": GPUPreset(
+        "cpu", 1e11, 1e10, 4 * GB, 2 * GB, 1 * GB,
+        "one x86 core running fp32 torch: 2 AVX2 FMA units x 8 lanes x 2 FLOP x ~3 GHz "
+        "= ~96 GFLOP/s peak (the tiny quickstart measured 46 GFLOP/s in train, 2026-11-22; "
+        "calibrate with `rlgraph compile --calibrate RUN/trace.json`); memory copies ~10 GB/s",
+        host_bytes_per_s=10 * GB,
+    ),
+}

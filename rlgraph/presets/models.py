@@ -1,0 +1,106 @@
+"""Model presets (shapes in Hugging Face config keys) and the `ModelShape` the cost model reads.
+
+Plain data only (no torch, no transformers): the runtime turns a preset into a transformers
+config; the compiler reads its shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Shapes in Hugging Face config keys. Sources: each model's config.json on its hub page;
+# red-moe-16b is approximated by DeepSeek-MoE-16B's published shape (same size class).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        model_type="llama", vocab_size=64, hidden_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
+        max_position_embeddings=512, tie_word_embeddings=True,
+    ),
+    "llama-374m": dict(
+        model_type="llama", vocab_size=32000, hidden_size=1024, num_hidden_layers=24,
+        num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+        max_position_embeddings=32768, tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+        max_position_embeddings=32768, tie_word_embeddings=True,
+    ),
+    "qwen2.5-3b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=2048, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, intermediate_size=11008,
+        max_position_embeddings=32768, tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+        max_position_embeddings=32768, tie_word_embeddings=False,
+    ),
+    "qwen2.5-32b": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, intermediate_size=27648,
+        max_position_embeddings=32768, tie_word_embeddings=False,
+    ),
+    "qwen3-4b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2560, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+        max_position_embeddings=40960, tie_word_embeddings=True,
+    ),
+    "red-moe-16b": dict(
+        model_type="deepseek_v2-like", vocab_size=102400, hidden_size=2048,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=64,
+        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a model: sizes in parameters and bytes per token."""
+
+    params: float  # all parameters (memory, weight sync)
+    active_params: float  # parameters touched per token (FLOPs)
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> float:
+        """KV-cache bytes one token occupies across all layers (K and V)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
+
+
+def model_shape(config: dict[str, Any]) -> ModelShape:
+    """Parameter counts and KV geometry of a Hugging Face style config dict."""
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    vocab = int(config["vocab_size"])
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    dense_mlp = 3 * hidden * int(config["intermediate_size"])
+    experts = int(config.get("n_routed_experts", 0))
+    if experts:
+        expert_mlp = 3 * hidden * int(config["moe_intermediate_size"])
+        shared = int(config.get("n_shared_experts", 0)) * expert_mlp
+        dense_layers = int(config.get("first_k_dense_replace", 0))
+        moe_layers = layers - dense_layers
+        top_k = int(config["num_experts_per_tok"])
+        total_mlp = dense_layers * dense_mlp + moe_layers * (experts * expert_mlp + shared)
+        active_mlp = dense_layers * dense_mlp + moe_layers * (top_k * expert_mlp + shared)
+    else:
+        total_mlp = active_mlp = layers * dense_mlp
+    embed = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    params = layers * attn + total_mlp + embed
+    active = layers * attn + active_mlp + embed
+    return ModelShape(float(params), float(active), layers, hidden, kv_heads, head_dim, vocab)

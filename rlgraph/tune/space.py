@@ -1,0 +1,432 @@
+"""The space `rlgraph tune` searches, and the evaluation of one plan in it.
+
+A candidate plan is a `Candidate`: a partition of the grouped tasks into colocated groups
+(`blocks`), whole GPUs per group (`sizes`), `max_lag`, `partial_rollout` and generate's `tp`.
+
+- Partitions: every set partition of the tasks the user put in groups (Bell(n) of them; one
+  block is the colocated plan).
+- Sizes respect machine boundaries: a group smaller than a machine packs inside one machine,
+  a larger one takes whole machines. Per group, a size is kept only if the placement pass
+  accepts the group alone (tp / pp / ep divide it, the batch splits over its data-parallel
+  replicas, the model fits), so its checks are reused, not copied. A size vector is kept only
+  if no group could take a larger accepted size with the rest unchanged: in the cost models a
+  group with more GPUs is never slower, so a vector leaving such GPUs unused cannot win.
+- `max_lag` runs over 0..the user's bound; partial rollout is tried only where the user turned
+  it on (it changes what a sample is: tokens of several versions), and only with max_lag >= 1.
+- generate's tp runs over the choices given (`tune(..., tp_choices=...)`), else stays as written.
+
+`Evaluator.lower_bound` is a cheap valid lower bound of a candidate's period from per-group
+cost tables (each group's node costs depend on that group's tasks and GPUs only):
+max(group loads, any single node, the longest generate -> ... -> param_update path over
+max_lag + 1). `Evaluator.evaluate` is exact and is what the compiler would say: it builds the
+candidate's Spec, runs `place` (strict), `node_costs`, `schedule_bound` and, only when the
+bound can still beat `cutoff`, the steady-state simulation. Results are cached by candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import networkx as nx
+
+from rlgraph.compiler import MAX_SIMULATED_LAG
+from rlgraph.compiler.costs import node_costs
+from rlgraph.compiler.period_bound import Bound, schedule_bound
+from rlgraph.compiler.placement import GroupPlacement, Placement, place
+from rlgraph.compiler.schedule import steady_state, utilization
+from rlgraph.compiler.timed_graph import TimedGraph, timed_graph
+from rlgraph.config.schema import GroupSpec, Spec
+from rlgraph.errors import SpecError
+from rlgraph.graph import build_graph, data_edges
+from rlgraph.nodes import KINDS
+
+Block = tuple[str, ...]
+PRUNE_TOLERANCE = 1e-7  # a bound above cutoff * (1 + this) cannot win (float noise aside)
+COLOCATED = "colocated"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan of the search space."""
+
+    blocks: tuple[Block, ...]
+    sizes: tuple[int, ...]
+    max_lag: int
+    partial_rollout: bool
+    tp: int | None = None  # generate's tp; None keeps the graph's
+
+    @property
+    def layout(self) -> tuple:
+        """Everything but the lag: candidates sharing it share placement and costs."""
+        return (self.blocks, self.sizes, self.partial_rollout, self.tp)
+
+
+@dataclass
+class Evaluation:
+    """What the compiler says of a candidate: period (None if pruned by its bound) and more."""
+
+    candidate: Candidate
+    spec: Spec | None
+    bound_s: float
+    period_s: float | None = None
+    idle_gpus: float = 0.0
+    tg: TimedGraph | None = None
+    bound: Bound | None = None
+    error: str | None = None  # why the placement pass refused it
+
+    @property
+    def feasible(self) -> bool:
+        """Placed without error and simulated."""
+        return self.error is None and self.period_s is not None
+
+
+def set_partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
+    """Every partition of `items` into non-empty blocks, each exactly once."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+
+
+def bell(n: int) -> int:
+    """Number of partitions of n items."""
+    row = [1]
+    for _ in range(n):
+        nxt = [row[-1]]
+        for value in row:
+            nxt.append(nxt[-1] + value)
+        row = nxt
+    return row[0]
+
+
+class SearchSpace:
+    """Choices of one graph: tasks, machine-aligned sizes, lags, partial rollout, tp."""
+
+    def __init__(self, spec: Spec, tp_choices: Sequence[int] | None = None):
+        self.spec = spec
+        self.tasks: tuple[str, ...] = tuple(t for g in spec.groups.values() for t in g.tasks)
+        cluster = spec.cluster
+        self.slots = cluster.slots()
+        self.per_node = self.slots if cluster.local else cluster.gpus_per_node
+        self.machines = 1 if cluster.local else cluster.nodes
+        self.sizes = tuple(range(1, self.per_node + 1)) + tuple(
+            self.per_node * k for k in range(2, self.machines + 1))
+        # lags beyond what compile simulates are not searched (compile time stays bounded)
+        self.lags = tuple(range(min(spec.schedule.max_lag, MAX_SIMULATED_LAG) + 1))
+        self.partials = (False, True) if spec.schedule.partial_rollout else (False,)
+        has_generate = any(node.kind == "generate" for node in spec.nodes.values())
+        self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) \
+            if tp_choices and has_generate else (None,)
+        self.user_blocks = {name: tuple(g.tasks) for name, g in spec.groups.items()}
+        self._packs: dict[tuple[int, ...], bool] = {}
+
+    def canonical(self, blocks: Sequence[Sequence[str]]) -> tuple[Block, ...]:
+        """Blocks in the order of their first task, tasks in the user's order."""
+        order = {t: i for i, t in enumerate(self.tasks)}
+        sorted_blocks = [tuple(sorted(b, key=order.__getitem__)) for b in blocks]
+        return tuple(sorted(sorted_blocks, key=lambda b: order[b[0]]))
+
+    def partitions(self) -> list[tuple[Block, ...]]:
+        """Every partition (canonical), fewest groups first."""
+        order = {t: i for i, t in enumerate(self.tasks)}
+        out = [self.canonical(part) for part in set_partitions(list(self.tasks))
+               if all(self.holds_policy(block) for block in part)]
+        return sorted(out, key=lambda p: (len(p), [[order[t] for t in b] for b in p]))
+
+    def holds_policy(self, block: Sequence[str]) -> bool:
+        """A block that needs the policy gets it: logp runs beside train or generate (which
+        param_update feeds) or a param_update delivers to it; validate shares generate's
+        engine, so it stays beside a generate."""
+        nodes = self.spec.nodes
+        fed = {getattr(n, "dst", None) for n in nodes.values() if n.kind == "param_update"}
+        kinds = {nodes[t].kind for t in block}
+        if "validate" in kinds and "generate" not in kinds:
+            return False
+        return "logp" not in kinds or bool(kinds & {"train", "generate"} or fed & set(block))
+
+    def lags_for(self, partial: bool) -> tuple[int, ...]:
+        """max_lag values allowed with this partial-rollout setting (partial needs >= 1)."""
+        return tuple(lag for lag in self.lags if lag >= 1) if partial else self.lags
+
+    def names(self, blocks: Sequence[Block]) -> list[str]:
+        """Group names: the user's where the tasks match, 'colocated' for all, else tasks."""
+        out: list[str] = []
+        for block in blocks:
+            name = next((n for n, b in self.user_blocks.items() if set(b) == set(block)), None)
+            if name is None:
+                name = COLOCATED if len(block) == len(self.tasks) else "-".join(block)
+            base, k = name, 2
+            while name in out:
+                name, k = f"{base}-{k}", k + 1
+            out.append(name)
+        return out
+
+    def spec_for(self, cand: Candidate) -> Spec:
+        """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`."""
+        groups = {name: GroupSpec(share=size / self.slots, tasks=list(block))
+                  for name, block, size in zip(self.names(cand.blocks), cand.blocks, cand.sizes)}
+        return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp)
+
+    def variant(self, groups: dict[str, GroupSpec], lag: int, partial: bool,
+                tp: int | None) -> Spec:
+        """The user's spec with other groups, lag, partial rollout and generate tp."""
+        spec = self.spec
+        schedule = spec.schedule.model_copy(update={"max_lag": lag, "partial_rollout": partial})
+        nodes = spec.nodes if tp is None else {
+            n: node.model_copy(update={"tp": tp}) if node.kind == "generate" else node
+            for n, node in spec.nodes.items()}
+        return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
+
+    def packs(self, sizes: Sequence[int]) -> bool:
+        """Whole-machine groups take free machines; smaller ones best-fit inside machines."""
+        if sum(sizes) > self.slots:
+            return False
+        key = tuple(sorted(sizes))
+        if key not in self._packs:
+            self._packs[key] = self._best_fit(key)
+        return self._packs[key]
+
+    def _best_fit(self, sizes: Sequence[int]) -> bool:
+        whole = sum(s // self.per_node for s in sizes if s >= self.per_node)
+        if whole > self.machines:
+            return False
+        free = [self.per_node] * (self.machines - whole)
+        for s in sorted((s for s in sizes if s < self.per_node), reverse=True):
+            fits = [i for i, room in enumerate(free) if room >= s]
+            if not fits:
+                return False
+            best = min(fits, key=lambda i: (free[i], i))
+            free[best] -= s
+        return True
+
+    def size_vectors(self, choices: Sequence[Sequence[int]], valid: Sequence[Sequence[int]]
+                     ) -> Iterator[tuple[int, ...]]:
+        """Packable size vectors, one of `choices[i]` per block, that leave no block room to
+        take its next larger accepted size (`valid[i]`)."""
+        k = len(choices)
+        if any(not c for c in choices):
+            return
+        rest = [sum(min(c) for c in choices[i + 1:]) for i in range(k)]
+        bigger = [{s: next((v for v in valid[i] if v > s), None) for s in choices[i]}
+                  for i in range(k)]
+
+        def rec(i: int, prefix: tuple[int, ...], used: int) -> Iterator[tuple[int, ...]]:
+            if i == k:
+                yield prefix
+                return
+            for s in choices[i]:
+                if used + s + rest[i] <= self.slots:
+                    yield from rec(i + 1, (*prefix, s), used + s)
+
+        for sizes in rec(0, (), 0):
+            if not self.packs(sizes):
+                continue
+            if not any(bigger[i][s] is not None
+                       and self.packs((*sizes[:i], bigger[i][s], *sizes[i + 1:]))
+                       for i, s in enumerate(sizes)):
+                yield sizes
+
+    def aligned(self, placement: Placement) -> bool:
+        """Every group inside one machine, or on whole machines."""
+        for group in placement.groups.values():
+            if group.gpus <= self.per_node and len(group.nodes()) > 1:
+                return False
+        return True
+
+
+class Evaluator:
+    """Cost tables, lower bounds and exact (cached) evaluations of candidates of one space."""
+
+    def __init__(self, space: SearchSpace, scale: Mapping[str, float] | None = None):
+        self.space = space
+        self.scale = dict(scale or {})
+        spec = space.spec
+        self.weight_nodes = [n for n, node in spec.nodes.items()
+                             if KINDS[node.kind].carries_weights]
+        self.free_nodes = [n for n, node in spec.nodes.items()
+                           if n not in space.tasks and n not in self.weight_nodes]
+        graph = build_graph(spec)
+        self.dag = nx.DiGraph(data_edges(graph))
+        self.dag.add_nodes_from(graph)
+        self.topo = list(nx.topological_sort(self.dag))
+        self.back = [(u, v) for u, v, d in graph.edges(data="distance") if d]
+        self._valid: dict[tuple, bool] = {}
+        self._tables: dict[tuple, dict[str, float]] = {}
+        self._loads: dict[tuple, float] = {}
+        self._graphs: dict[tuple[Block, ...], Any] = {}
+        self._layouts: dict[tuple, Any] = {}
+        self.cache: dict[Candidate, Evaluation] = {}
+        self.stats = {"lower_bounded": 0, "placed": 0, "bounded": 0, "simulated": 0,
+                      "refused": 0}
+
+    # ------------------------------------------------------------ per-group tables
+
+    def valid_sizes(self, block: Block, tp: int | None) -> list[int]:
+        """Sizes the placement pass accepts for this block as a group on its own."""
+        out = []
+        for size in self.space.sizes:
+            key = (block, size, tp)
+            if key not in self._valid:
+                probe = self.space.variant(
+                    {"probe": GroupSpec(share=size / self.space.slots, tasks=list(block))},
+                    0, False, tp)
+                try:
+                    place(probe)
+                    self._valid[key] = True
+                except SpecError:
+                    self._valid[key] = False
+            if self._valid[key]:
+                out.append(size)
+        return out
+
+    def _graph(self, blocks: tuple[Block, ...]) -> Any:
+        if blocks not in self._graphs:
+            names = self.space.names(blocks)
+            groups = {n: GroupSpec(share=1.0 / len(blocks), tasks=list(b))
+                      for n, b in zip(names, blocks)}
+            graph = build_graph(self.space.variant(groups, 0, False, None))
+            self._graphs[blocks] = (graph, names)
+        return self._graphs[blocks]
+
+    def table(self, block: Block, size: int, partial: bool, tp: int | None) -> dict[str, float]:
+        """Seconds of the block's tasks on `size` GPUs, of the weight nodes homed in it (the
+        smaller of within / across machines) and of nodes in no group."""
+        key = (block, size, partial, tp)
+        if key in self._tables:
+            return self._tables[key]
+        space = self.space
+        rest = tuple(t for t in space.tasks if t not in block)
+        blocks = (block, rest) if rest else (block,)
+        graph, names = self._graph(blocks)
+        spec = space.variant({n: GroupSpec(share=0.5, tasks=list(b))
+                              for n, b in zip(names, blocks)}, 0, partial, tp)
+        span = max(1, math.ceil(size / space.per_node))
+        out: dict[str, float] = {}
+        for across in (False, True) if space.machines > 1 else (False,):
+            groups = {names[0]: GroupPlacement(names[0], list(block), 0.5, size,
+                                               [(m, 0) for m in range(span)])}
+            if rest:
+                machine = span if across and space.machines > span else 0
+                groups[names[1]] = GroupPlacement(names[1], list(rest), 0.5, 1,
+                                                  [(machine, space.per_node - 1)])
+            placement = Placement(spec.cluster.local, space.slots,
+                                  "cpu" if spec.cluster.local else spec.cluster.gpu, groups)
+            costs, _ = node_costs(spec, graph, placement, scale=self.scale)
+            for name, cost in costs.items():
+                home = graph.nodes[name]["occupies"]
+                if name in block or name in self.free_nodes:
+                    out[name] = cost.seconds
+                elif name in self.weight_nodes and home and home[0] == names[0]:
+                    out[name] = min(out.get(name, math.inf), cost.seconds)
+        self._tables[key] = out
+        return out
+
+    def block_load(self, block: Block, size: int, partial: bool, tp: int | None) -> float:
+        """Seconds of the block's own tasks per step on `size` GPUs (a lower bound of its
+        group's load: weight transfers come on top)."""
+        key = (block, size, partial, tp)
+        if key not in self._loads:
+            table = self.table(block, size, partial, tp)
+            self._loads[key] = sum(table[t] for t in block)
+        return self._loads[key]
+
+    def lower_bound(self, blocks: tuple[Block, ...], sizes: tuple[int, ...], partial: bool,
+                    tp: int | None) -> tuple[float, float]:
+        """(load part, path part): the period of any lag is >= max(load, path / (lag + 1))."""
+        self.stats["lower_bounded"] += 1
+        seconds: dict[str, float] = {}
+        owner: dict[str, int] = {}
+        for i, (block, size) in enumerate(zip(blocks, sizes)):
+            seconds.update(self.table(block, size, partial, tp))
+            owner.update(dict.fromkeys(block, i))
+        loads = [0.0] * len(blocks)
+        for name in seconds:
+            if name in owner:
+                loads[owner[name]] += seconds[name]
+        for name in self.weight_nodes:  # a weight sync holds its sender's group only
+            node = self.space.spec.nodes[name]
+            sender = node.src if node.src in owner else node.dst
+            if sender in owner:
+                loads[owner[sender]] += seconds.get(name, 0.0)
+        load = max([*loads, *seconds.values()])
+        path = 0.0
+        for u, v in self.back:  # the data path v -> ... -> u plus the back edge u -> v
+            path = max(path, self._path(v, u, seconds))
+        return load, path
+
+    def _path(self, src: str, dst: str, seconds: Mapping[str, float]) -> float:
+        best: dict[str, float] = {src: seconds.get(src, 0.0)}
+        for name in self.topo:
+            if name not in best:
+                continue
+            for succ in self.dag.successors(name):
+                value = best[name] + seconds.get(succ, 0.0)
+                if value > best.get(succ, -math.inf):
+                    best[succ] = value
+        return best.get(dst, 0.0)
+
+    # ------------------------------------------------------------ exact evaluation
+
+    def _layout(self, cand: Candidate) -> Any:
+        """(spec, placement, TimedGraph) of the candidate's layout, or an error. Costs do
+        not depend on the lag except that max_lag 0 may prove the logp forward redundant
+        (rlgraph.nodes.logp), so a layout is priced once at lag 0 and once at lag 1."""
+        key = (cand.layout, min(cand.max_lag, 1))
+        if key not in self._layouts:
+            self.stats["placed"] += 1
+            spec = self.space.spec_for(replace(cand, max_lag=min(cand.max_lag, 1)))
+            try:
+                placement = place(spec)
+            except SpecError as err:
+                self._layouts[key] = str(err.message)
+                return self._layouts[key]
+            if not self.space.aligned(placement):
+                self._layouts[key] = "a group smaller than a machine is split across machines"
+                return self._layouts[key]
+            graph, _ = self._graph(cand.blocks)
+            costs, _ = node_costs(spec, graph, placement, scale=self.scale)
+            tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
+                             list(placement.groups))
+            self._layouts[key] = (spec, placement, tg)
+        return self._layouts[key]
+
+    def evaluate(self, cand: Candidate, cutoff: float = math.inf) -> Evaluation:
+        """The candidate's bound, and its simulated period unless the bound exceeds `cutoff`
+        (a cached pruned evaluation is simulated later if asked with a higher cutoff)."""
+        done = self.cache.get(cand)
+        if done is not None and (done.period_s is not None or done.error is not None
+                                 or done.bound_s > cutoff * (1 + PRUNE_TOLERANCE)):
+            return done
+        layout = self._layout(cand)
+        if isinstance(layout, str):
+            self.stats["refused"] += 1
+            done = Evaluation(cand, None, math.inf, error=layout)
+            self.cache[cand] = done
+            return done
+        spec, placement, tg0 = layout
+        tg = tg0.with_lag(cand.max_lag)
+        if done is None:
+            self.stats["bounded"] += 1
+            bound = schedule_bound(tg)
+            done = Evaluation(cand, spec.model_copy(update={"schedule": spec.schedule.model_copy(
+                update={"max_lag": cand.max_lag})}), bound.seconds, tg=tg, bound=bound)
+            self.cache[cand] = done
+        if done.bound_s <= cutoff * (1 + PRUNE_TOLERANCE):
+            self.stats["simulated"] += 1
+            done.period_s = steady_state(tg).period
+            done.idle_gpus = idle_gpus(tg, done.period_s, placement, self.space.slots)
+        return done
+
+
+def idle_gpus(tg: TimedGraph, period: float, placement: Placement, slots: int) -> float:
+    """GPUs idle on average in steady state: unassigned ones plus each group's idle share."""
+    util = utilization(tg, period)
+    busy = sum(placement.groups[g].gpus * u for g, u in util.items())
+    return max(0.0, slots - busy)

@@ -1,0 +1,343 @@
+"""Cost models: the properties that make async pay, overrides, the switch, calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlgraph.compiler import compile_plan, sync_spec
+from rlgraph.compiler.calibrate import (
+    CalibrationError,
+    calibration_from_events,
+    load_calibration,
+)
+from rlgraph.compiler.costs import node_costs, switch_seconds
+from rlgraph.compiler.placement import place
+from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.load import validate_spec
+from rlgraph.errors import SourceMap
+from rlgraph.graph import build_graph
+from rlgraph.nodes.lengths import LengthModel, expected_max, moments
+from rlgraph.nodes.param_update import switch_cost
+from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
+from rlgraph.presets.gpus import GPU_PRESETS
+
+NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
+
+
+def spec_of(groups: dict[str, Any] | None = None, nodes: dict[str, Any] | None = None,
+            **top: Any) -> Any:
+    data = {
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
+        "model": {"preset": "qwen2.5-7b"},
+        "data": {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                 "response_len": {"mean": 512, "max": 512}},
+        "groups": groups or {"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                             "rollout": {"share": 0.5, "tasks": ["generate"]}},
+        "nodes": nodes or dict(NODES),
+        **top,
+    }
+    return validate_spec(data, SourceMap())
+
+
+def costs_of(spec: Any) -> dict[str, Any]:
+    return node_costs(spec, build_graph(spec), place(spec))[0]
+
+
+def seconds(spec: Any, node: str) -> float:
+    return costs_of(spec)[node].seconds
+
+
+def test_every_cost_constant_has_a_source() -> None:
+    names = {f.name for f in dataclasses.fields(CostConstants)}
+    assert names == set(COST_SOURCES)
+    assert all(len(COST_SOURCES[n]) > 20 for n in names)
+
+
+def test_decode_is_nearly_flat_in_batch() -> None:
+    small = seconds(spec_of(data={"prompts_per_step": 16, "samples_per_prompt": 4,
+                                  "prompt_len": 64, "response_len": 512}), "generate")
+    large = seconds(spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4,
+                                  "prompt_len": 64, "response_len": 512}), "generate")
+    assert small < large < 1.25 * small  # twice the batch, far less than twice the time
+
+
+def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:
+    data = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+            "response_len": {"mean": 1024, "max": 8192}}
+    sync = seconds(spec_of(data=data), "generate")
+    partial = seconds(spec_of(data=data, schedule={"partial_rollout": True}), "generate")
+    # ~1024 steps instead of the expected longest of each replica's 32 samples (~5.1k of 8192)
+    assert partial < 0.3 * sync
+    flat = dict(data, response_len={"mean": 1024, "max": 1024})
+    one = dict(NODES, generate={"oversample": 1})
+    same = [seconds(spec_of(data=flat, nodes=one, schedule={"partial_rollout": p}), "generate")
+            for p in (False, True)]
+    assert same[0] == pytest.approx(same[1])  # no tail, no spare rows: nothing to gain
+    # no tail but twice the rows in flight: half the decode steps (decode is flat in batch)
+    spare = seconds(spec_of(data=flat, schedule={"partial_rollout": True}), "generate")
+    assert 0.45 * same[0] < spare < 0.75 * same[0]
+
+
+def floor(spec: Any, passes: int) -> float:
+    """The eager host floor of one pass over the step's batch (one micro-batch)."""
+    return passes * shape_of(spec).layers * COSTS.native_decode_overhead_per_layer_s
+
+
+def test_forward_and_train_are_compute_bound_and_scale_with_gpus() -> None:
+    # compute scales with GPUs; the host floor per pass and layer does not (issue 14)
+    four = costs_of(spec_of())
+    eight = costs_of(spec_of(cluster={"nodes": 2, "gpus_per_node": 8, "gpu": "H100"}))
+    f1, f3 = floor(spec_of(), 1), floor(spec_of(), 3)
+    assert four["logp"].seconds - f1 == pytest.approx(2 * (eight["logp"].seconds - f1))
+    ratio = (four["train"].seconds - f3) / (four["logp"].seconds - f1)
+    assert ratio == pytest.approx(3)  # 6N vs 2N at the same roofline efficiency
+    data = spec_of().data
+    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
+    active = shape_of(spec_of()).active_params
+    h100 = GPU_PRESETS["H100"]
+    mfu = pass_efficiency(h100.bf16_flops, h100.hbm_bytes_per_s)
+    expected = 6 * active * tokens / (h100.bf16_flops * mfu * 4)
+    assert four["train"].seconds == pytest.approx(expected + f3)
+
+
+def test_moe_counts_active_parameters_for_flops() -> None:
+    moe = spec_of(model={"preset": "red-moe-16b"})
+    shape = shape_of(moe)
+    assert shape.active_params < 0.3 * shape.params
+    dense = (seconds(spec_of(), "train") - floor(spec_of(), 3)) / shape_of(spec_of()).active_params
+    assert (seconds(moe, "train") - floor(moe, 3)) / shape.active_params == pytest.approx(dense)
+
+
+def test_cost_overrides() -> None:
+    nodes = dict(NODES, train={"cost": {"gpu_seconds": 8.0}}, logp={"cost": {"seconds": 1.5}})
+    costs = costs_of(spec_of(nodes=nodes))
+    assert costs["train"].seconds == pytest.approx(2.0)  # 8 GPU-seconds over 4 GPUs
+    assert costs["train"].source == "override" and "/ 4 GPUs" in costs["train"].detail
+    assert costs["logp"].seconds == 1.5 and costs["logp"].source == "override"
+    assert costs["generate"].source == "model"
+
+
+def test_param_update_link_and_buckets() -> None:
+    def pu(**kw: Any) -> float:
+        nodes = dict(NODES, param_update=kw)
+        return seconds(spec_of(nodes=nodes, model={"preset": "qwen2.5-7b"}), "param_update")
+
+    nvlink = pu()
+    store = pu(transport="object_store")
+    assert store > 50 * nvlink  # 0.76 GB/s against 340 GB/s
+    weights = 2 * shape_of(spec_of()).params
+    assert nvlink > weights / GPU_PRESETS["H100"].nvlink_bytes_per_s
+    tiny_buckets = pu(bucket_mb={"produce": 16, "consume": 16})
+    assert tiny_buckets > nvlink  # a fixed overhead per bucket
+    across = seconds(spec_of(cluster={"nodes": 2, "gpus_per_node": 4, "gpu": "H100"}),
+                     "param_update")
+    h100 = GPU_PRESETS["H100"]
+    slower = weights / h100.network_bytes_per_s - weights / h100.nvlink_bytes_per_s
+    assert across == pytest.approx(nvlink + slower)  # the network, not NVLink
+
+
+def test_colocating_train_with_generate_pays_the_switch() -> None:
+    sglang = dict(NODES, generate={"engine": "sglang"})
+    apart = spec_of(groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                            "rollout": {"share": 0.5, "tasks": ["generate"]}}, nodes=sglang)
+    hybrid = {"hybrid": {"share": 0.5, "tasks": ["generate", "logp", "train"]}}
+    together = spec_of(groups=hybrid, nodes=sglang)
+    shape = shape_of(together)
+    switch = switch_seconds(together, place(together), "hybrid", shape)
+    # verl's hybrid engine: offload + sleep/wake over PCIe, and the reshard at its measured rate
+    assert switch > 2 * shape.params / COSTS.reshard_bytes_per_s
+    generate = costs_of(together)["generate"]
+    # apart, generate pays only the dual-buffer switch (the receive overlaps generation)
+    gpu = GPU_PRESETS[apart.cluster.gpu]
+    dual = switch_cost(apart.nodes["generate"], shape, gpu, local=False)
+    assert 0 < dual < switch / 10 and "dual-buffer switch" in costs_of(apart)["generate"].detail
+    assert dual == pytest.approx(4 * shape.params / gpu.hbm_bytes_per_s)  # bf16 read + write
+    assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds - dual + switch)
+    assert "colocation switch" in generate.detail
+    # rlgraph's own runtime (engine native) decodes with the training weights: no switch
+    native = spec_of(groups=hybrid)
+    assert switch_seconds(native, place(native), "hybrid", shape) == 0.0
+    assert "switch" not in costs_of(native)["generate"].detail
+    local = spec_of(groups={"hybrid": {"share": 1.0, "tasks": ["generate", "logp", "train"]}},
+                    cluster={"local": True, "cpus": 2}, model={"preset": "tiny"})
+    assert switch_seconds(local, place(local), "hybrid", shape_of(local)) == 0.0
+
+
+def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
+    nodes = {"generate": {"engine": "sglang"}, "reward": {}, "train": {}, "param_update": {}}
+    groups = {"trainer": {"share": 0.5, "tasks": ["train"]},
+              "rollout": {"share": 0.5, "tasks": ["generate"]}}
+    spec = spec_of(groups=groups, nodes=nodes)
+    plan = compile_plan(spec)
+    assert plan["pricing"]["runtime"] == "verl hybrid engine"
+    base = sync_spec(spec)  # verl computes old_log_prob in its hybrid engine
+    assert base.nodes["old_log_prob"].kind == "logp"
+    assert "old_log_prob" in base.groups["colocated"].tasks
+    assert "old_log_prob" not in sync_spec(spec_of(groups=groups, nodes=dict(
+        nodes, generate={}))).nodes  # rlgraph's runtime: train recomputes them itself
+    assert any("switch" in line for line in plan["trust"]["assumptions"])
+    without = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={})))
+    assert without["pricing"]["runtime"] == "rlgraph runtime"
+    assert not without["trust"]["calibrated"]
+
+
+def test_long_tails_and_many_ranks_slow_a_step() -> None:
+    flat = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+            "response_len": {"mean": 512, "max": 512}}
+    tail = dict(flat, response_len={"mean": 512, "max": 8192, "sigma": 1.5})
+    assert seconds(spec_of(data=tail), "generate") > 2 * seconds(spec_of(data=flat), "generate")
+    # equal mean, but the slowest data-parallel rank carries more tokens
+    assert seconds(spec_of(data=tail), "train") > 1.1 * seconds(spec_of(data=flat), "train")
+
+
+def trace(spans: list[tuple[str, int, float, float, list[str]]]) -> dict[str, Any]:
+    """A Chrome trace as the runtime writes it; a two-group node appears once per group."""
+    events = []
+    for node, step, start, dur, groups in spans:
+        for pid, group in enumerate(groups or [None]):
+            events.append({"name": node, "cat": node, "ph": "X", "ts": start * 1e6,
+                           "dur": dur * 1e6, "pid": pid, "tid": 0,
+                           "args": {"node": node, "step": step, "group": group,
+                                    "occupies": groups}})
+    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "trainer"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+SPANS = [("generate", s, 10.0 * s, d, ["rollout"]) for s, d in enumerate([9.0, 2.0, 3.0, 4.0])]
+SPANS += [("param_update", s, 10.0 * s + 5, 0.5, ["trainer", "rollout"]) for s in range(4)]
+SPANS += [("reward", 0, 2.0, 0.25, [])]
+
+
+def test_load_calibration_takes_medians_without_warmup(tmp_path: Path) -> None:
+    file = tmp_path / "trace.json"
+    file.write_text(json.dumps(trace(SPANS)))
+    for path in (file, tmp_path):
+        calibration = load_calibration(path)
+        assert calibration["generate"] == pytest.approx(3.0)  # median of 2, 3, 4 (9 dropped)
+        assert calibration["param_update"] == pytest.approx(0.5)  # two lanes, counted once
+        assert calibration["reward"] == pytest.approx(0.25)  # one step: nothing to drop
+    events = [{"node": "x", "step": s, "start": 0.0, "end": d} for s, d in enumerate([5, 1])]
+    assert calibration_from_events(events) == {"x": 3.0}  # two steps: keep both
+
+
+def test_calibration_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="no such file"):
+        load_calibration(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  oops")
+    with pytest.raises(CalibrationError, match=r"bad\.json:2:3: not valid JSON"):
+        load_calibration(bad)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(CalibrationError, match="no node spans"):
+        load_calibration(empty)
+
+
+def test_compile_plan_uses_calibration_and_carries_it_to_the_baseline() -> None:
+    spec = spec_of()
+    plain = compile_plan(spec)
+    measured = {"generate": 2 * plain["costs"]["generate"]["seconds"], "ghost": 1.0}
+    plan = compile_plan(spec, measured)
+    cost = plan["costs"]["generate"]
+    assert cost["source"] == "calibrated" and cost["seconds"] == measured["generate"]
+    assert plan["costs"]["train"]["source"] == "model"
+    assert plan["trust"]["calibrated_nodes"] == ["generate"] and not plain["trust"]["calibrated"]
+    assert any("ghost" in m for m in plan["messages"])
+    assert plan["schedule"]["sync_period_s"] > plain["schedule"]["sync_period_s"]
+    events = [{"node": "generate", "step": 0, "start": 0.0, "end": measured["generate"]}]
+    assert compile_plan(spec, events)["costs"]["generate"]["seconds"] == measured["generate"]
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(mean=st.floats(1, 4000), spread=st.floats(1.0, 20.0), sigma=st.floats(0.1, 2.0),
+       dist=st.sampled_from(["lognormal", "pareto"]), n=st.integers(1, 512))
+def test_length_statistics_respect_the_clip(mean: float, spread: float, sigma: float,
+                                            dist: str, n: int) -> None:
+    model = LengthModel(mean, mean * spread, dist, sigma, 1.5)
+    clipped_mean, second = moments(model)
+    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.rl.data.draw_length)
+    assert clipped_mean <= mean + 1 and second >= clipped_mean ** 2 * (1 - 1e-6)
+    longest = expected_max(model, n)
+    assert longest <= model.max * (1 + 1e-9)
+    assert expected_max(model, n + 1) >= longest - 1e-9  # more samples, a longer tail
+    assert longest >= expected_max(model, 1) - 1e-9
+
+
+def test_pass_efficiency_follows_the_roofline() -> None:
+    # the reference GPU (A100) sustains the cited figure; a lower ridge point (H20) sustains
+    # more of its peak, a higher one (H100) less; never above the GEMM efficiency
+    a100, h100, h20 = (GPU_PRESETS[g] for g in ("A100", "H100", "H20"))
+    assert pass_efficiency(a100.bf16_flops, a100.hbm_bytes_per_s) == pytest.approx(
+        COSTS.reference_mfu, rel=1e-3)
+    effs = [pass_efficiency(g.bf16_flops, g.hbm_bytes_per_s) for g in (h20, a100, h100)]
+    assert effs == sorted(effs, reverse=True)
+    assert all(0 < e < COSTS.gemm_efficiency for e in effs)
+
+
+def test_half_the_gpus_never_trains_more_than_twice_as_slow() -> None:
+    # long-tailed lengths: the slowest rank's share shrinks relative to the mean with fewer
+    # ranks, so halving the GPUs costs at most 2x the compute (the host floor stays)
+    for sigma in (0.3, 1.0, 2.0):
+        data = {"prompts_per_step": 512, "samples_per_prompt": 16, "prompt_len": 256,
+                "response_len": {"mean": 700, "max": 28672, "sigma": sigma}}
+        verl = {**NODES, "generate": {"engine": "sglang"}}  # packed, slowest rank priced
+        many = costs_of(spec_of(data=data, nodes=verl, cluster={
+            "nodes": 4, "gpus_per_node": 8, "gpu": "H20"}))["train"].seconds
+        half = costs_of(spec_of(data=data, nodes=verl, cluster={
+            "nodes": 2, "gpus_per_node": 8, "gpu": "H20"}))["train"].seconds
+        assert many < half <= 2 * many + 1e-9
+
+
+def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
+    # verl checkpoints activations by default: its train does 8N per token, rlgraph's 6N
+    # (a logp node feeds both, so neither adds the proximal forward); megatron does not
+    def train_over_logp(engine: str, backend: str = "torch") -> float:
+        nodes = {**NODES, "generate": {"engine": engine}, "train": {"backend": backend},
+                 "logp": {"backend": backend}}
+        costs = costs_of(spec_of(nodes=nodes))
+        return (costs["train"].seconds - floor(spec_of(), 4 if engine == "sglang"
+                                               and backend == "torch" else 3)) / (
+            costs["logp"].seconds - floor(spec_of(), 1))
+
+    assert train_over_logp("native") == pytest.approx(3, rel=1e-6)
+    assert train_over_logp("sglang") == pytest.approx(4, rel=1e-6)
+    assert train_over_logp("sglang", "megatron") == pytest.approx(3, rel=1e-6)
+
+
+def test_decode_attention_adds_to_compute_bound_gemms() -> None:
+    # on H20 a large batch is compute-bound in its GEMMs; the KV reads of attention run
+    # after them, so longer contexts still cost time (a max() would hide them)
+    from rlgraph.nodes.base import CostContext
+    from rlgraph.nodes.rollout_cost import decode_step_seconds
+
+    spec = spec_of(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H20"})
+    node = spec.nodes["generate"]
+    ctx = CostContext(spec=spec, name="generate", shape=shape_of(spec),
+                      gpu=GPU_PRESETS["H20"], gpus=4, colocated=frozenset(), extra={})
+    rows = 1024
+    gemm = 2 * ctx.shape.active_params * rows / (GPU_PRESETS["H20"].bf16_flops
+                                                  * COSTS.gemm_efficiency)
+    assert gemm > 2 * ctx.shape.params / GPU_PRESETS["H20"].hbm_bytes_per_s  # compute-bound
+    short, long = (decode_step_seconds(rows, c, node, ctx) for c in (256, 4096))
+    kv = rows * (4096 - 256) * ctx.shape.kv_bytes_per_token() / (
+        GPU_PRESETS["H20"].hbm_bytes_per_s * COSTS.decode_hbm_efficiency)
+    assert long - short == pytest.approx(kv, rel=1e-6)
+    assert short > gemm
+
+
+def test_decode_grows_with_the_second_moment_at_a_fixed_mean() -> None:
+    # same mean and max, wider spread: more KV read per step (E[L^2]) and a longer tail
+    def gen(sigma: float) -> float:
+        data = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                "response_len": {"mean": 1000, "max": 16384, "sigma": sigma}}
+        return seconds(spec_of(data=data), "generate")
+
+    narrow, mid, wide = gen(0.3), gen(1.0), gen(1.8)
+    assert narrow < mid < wide
