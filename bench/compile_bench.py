@@ -13,6 +13,7 @@ measured side by side in this run: the CLI process over a bare `python -c pass`,
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -145,6 +146,7 @@ def bench_cli() -> dict[str, Any]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     load_before = os.getloadavg()
     seeds = bench_seeds()
     synthetic = bench_synthetic()

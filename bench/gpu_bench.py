@@ -50,8 +50,8 @@ def sync() -> None:
 def load_rlgraph() -> types.SimpleNamespace:
     """rlgraph's GPU modules, without running package __init__ files (they may import ray or
     pydantic, which the GPU machines lack)."""
-    for pkg in ("rlgraph", "rlgraph.runtime", "rlgraph.engines", "rlgraph.weights",
-                "rlgraph.presets", "rlgraph.model"):
+    for pkg in ("rlgraph", "rlgraph.runtime", "rlgraph.engines",  # rlgraph.weights's own
+                "rlgraph.presets", "rlgraph.model"):  # __init__ runs: it imports nothing
         if pkg not in sys.modules:
             mod = types.ModuleType(pkg)
             mod.__path__ = [str(ROOT / pkg.replace(".", "/"))]
@@ -125,6 +125,7 @@ def _raw_broadcast(group, nbytes: int, moved: int, reps: int = 5) -> list[float]
 def nccl_worker(rank: int, port: int, out_dir: str) -> None:
     rl = load_rlgraph()
     ns = rl.nccl_sync
+    from rlgraph.weights import MIB, BucketMiB
     backend = "gloo" if DRY else "nccl"
     dev = torch.device("cpu") if DRY else torch.device("cuda", rank)
     if not DRY:
@@ -141,7 +142,7 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
                         timeout_s=180, private=False)
         res["group"] = "torch default process group"
     for mb in (128, 512):
-        res["raw"][str(mb)] = _raw_broadcast(group, mb * ns.MB // scale, 8 * 2**30 // scale)
+        res["raw"][str(mb)] = _raw_broadcast(group, mb * MIB // scale, 8 * 2**30 // scale)
         if rank == 1:
             log(f"raw broadcast {mb} MB: {statistics.median(res['raw'][str(mb)]):.1f} GB/s")
     configs = [("qwen2.5-1.5b", 512, 128, False), ("qwen2.5-1.5b", 512, 128, True),
@@ -161,9 +162,10 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
         w = weights[preset]
         total = sum(t.numel() * 2 for t in w.values())
         if rank == 0:
-            side = ns.WeightSender(group, produce_mb=produce / scale, consume_mb=consume / scale)
+            side = ns.WeightSender(group, BucketMiB(produce / scale, consume / scale))
         else:
-            side = ns.WeightReceiver(group, w, consume_mb=consume / scale, dual_buffer=dual)
+            side = ns.WeightReceiver(group, w, BucketMiB(produce / scale, consume / scale),
+                                     dual_buffer=dual)
         times, transfer, host = [], [], []
         for rep in range(7):
             if rank == 1 and rep == 6:  # the last sync lands on zeroed weights: verify it

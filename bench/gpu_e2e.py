@@ -345,7 +345,7 @@ def check_partial(out: Path, name: str, device: str, overrides: list[str]) -> in
                 t.copy_(weights[v][k])
         ws.stage_weights(v, switch_in)
 
-    calls, switch = [0], worker._switch
+    calls, switch = [0], worker._swap
 
     def mid_round() -> int | None:  # the second check of round 1: between decode steps
         calls[0] += 1
@@ -356,7 +356,7 @@ def check_partial(out: Path, name: str, device: str, overrides: list[str]) -> in
     def rounds(w: GenerateWorker, steps: range, tag: str) -> list[dict]:
         batches = []
         for step in steps:
-            w._switch = mid_round if (tag == "static" and step == 1) else switch
+            w._swap = mid_round if (tag == "static" and step == 1) else switch
             if tag == "static" and step >= 2:
                 stage(step)  # the next version arrives before the round (one step off)
             t = time.perf_counter()

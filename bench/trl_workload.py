@@ -165,7 +165,8 @@ def build(folder: Path) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    print(json.dumps(build(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/vs_trl")),
-                     indent=2))
+    parser = argparse.ArgumentParser(description="Build the TRL-comparison workload folder.")
+    parser.add_argument("out", nargs="?", default="/tmp/vs_trl", help="folder to build in")
+    print(json.dumps(build(Path(parser.parse_args().out)), indent=2))

@@ -16,6 +16,7 @@ against the exact enumeration.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -85,6 +86,7 @@ def record(path: Path, overrides: list[str], method: str = "auto") -> dict[str, 
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     """Run everything, print a line per graph, write bench/results/tune.json."""
     seeds = sorted((ROOT / "graphs").glob("*.yaml"))
     runs, runs_64, pruning = [], [], []

@@ -33,13 +33,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
 from bench.common import RESULTS, machine  # noqa: E402
 
 PRODUCE_MB, CONSUME_MB = 16, 4
+NODE = "param_update"  # the quickstart's param_update node: its worker runs in the actors
 
 
 def _switch_s(actor) -> float:
     """On the actor: switch a staged version in; the seconds it took (the generation pause)."""
     ws = actor.workspace
     ws.take_pause_s()
-    assert ws.switch_if_staged() is not None, "nothing staged"
+    assert ws.swap_if_staged() is not None, "nothing staged"
     return ws.take_pause_s()
 
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlgraph.config.load import load_spec
     from rlgraph.runtime import weight_sync
     from rlgraph.runtime.actors import start_actor
+    from rlgraph.weights import BucketMiB
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     hidden = args.hidden
@@ -84,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     trainer = start_actor(spec, ["train"], **opts)
     rollout = start_actor(spec, ["generate"], **opts)
     ray.get([trainer.ready.remote(), rollout.ready.remote()])
-    route = weight_sync.Route("bench", trainer, rollout, PRODUCE_MB, CONSUME_MB, "nccl")
+    bucket_mb = BucketMiB(PRODUCE_MB, CONSUME_MB)
+    route = weight_sync.Route(NODE, trainer, rollout, bucket_mb, "nccl")
     weight_sync.connect_route(route, "gloo")
-    probe = rollout.__ray_call__.options(concurrency_group=weight_sync.SYNC)
+    probe = rollout.__ray_call__.options(concurrency_group=weight_sync.RECEIVE)
 
     def generate(step: int) -> float:
         _, info = ray.get(rollout.run.options(num_returns=2).remote("generate", step, []))
@@ -100,15 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             version += 1
             _new_weights(trainer, version)
             if mode == "queued":
-                key = f"queued:{version}"
-                trainer.export_weights.remote(key, PRODUCE_MB)
-                info = ray.get(rollout.apply_weights.remote(trainer, key, CONSUME_MB))
+                key = f"{NODE}:{version}"  # the receive queued behind generate
+                trainer.export_weights.remote(key, bucket_mb)
+                info = ray.get(rollout.apply_weights.remote(trainer, key, bucket_mb))
                 switch = ray.get(probe.remote(_switch_s))
                 pause = info["end"] - info["recv_start"] + switch
             else:
                 ref = (weight_sync.start_param_update(route, version)[0] if mode == "dual_gloo"
-                       else weight_sync.submit_param_update(trainer, rollout, PRODUCE_MB,
-                                                            CONSUME_MB, step=version))
+                       else weight_sync.submit_param_update(trainer, rollout, NODE, bucket_mb,
+                                                            step=version))
                 info = ray.get(ref)
                 switch = ray.get(probe.remote(_switch_s))
                 pause = switch
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _new_weights(trainer, version)
         gen = rollout.run.options(num_returns=2).remote("generate", 200 + i, [])
         time.sleep(0.05)
-        info = ray.get(weight_sync.submit_param_update(trainer, rollout, PRODUCE_MB, CONSUME_MB,
+        info = ray.get(weight_sync.submit_param_update(trainer, rollout, NODE, bucket_mb,
                                                        step=version))
         _, ginfo = ray.get(gen)
         overlapped.append({"generate_s": ginfo["end"] - ginfo["start"],

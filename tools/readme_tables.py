@@ -71,8 +71,10 @@ MEANINGS: dict[str, str] = {
     "backend": "torch, or megatron (megatron-core) on GPUs",
     "src": "the train node whose weights are sent",
     "dst": "the generate node that receives them",
-    "bucket_mb.produce": "sender bucket, MB (dots.rl: param_update_preduce_bucket_size_mb)",
-    "bucket_mb.consume": "receiver bucket, MB (dots.rl: param_update_consume_bucket_size_mb)",
+    "bucket_mb.produce": "sender bucket, MiB = 2^20 bytes "
+                         "(dots.rl: param_update_preduce_bucket_size_mb)",
+    "bucket_mb.consume": "receiver bucket, MiB = 2^20 bytes "
+                         "(dots.rl: param_update_consume_bucket_size_mb)",
     "transport": "auto, nccl (GPUs) or object_store (Ray)",
     "lr": "AdamW learning rate (verl: actor.optim.lr)",
     "grad_clip": "gradient-norm clip",

@@ -251,15 +251,13 @@ def _gather_tp(local: dict[str, torch.Tensor], tp: int) -> list[dict[str, torch.
     return shards
 
 
-MODEL_KINDS = ("logp", "ref_logp", "train")
-
-
 def for_group(model: torch.nn.Module, spec: Any, tasks: list[str],
               device: str | torch.device) -> torch.nn.Module:
     """`model` as the group's model nodes run it: unchanged for `backend: torch`, converted
     to a MegatronPolicy when they say `backend: megatron` (then they must agree on tp, pp and
     ep, and the group must not generate: the native engine needs the transformers model)."""
-    nodes = {t: spec.nodes[t] for t in tasks if spec.nodes[t].kind in MODEL_KINDS}
+    # the model nodes are those with a `backend` field (rlgraph.nodes.parallel)
+    nodes = {t: spec.nodes[t] for t in tasks if hasattr(spec.nodes[t], "backend")}
     chosen = {t: n for t, n in nodes.items() if n.backend == "megatron"}
     if not chosen:
         return model
@@ -271,7 +269,9 @@ def for_group(model: torch.nn.Module, spec: Any, tasks: list[str],
                             "its backend / tp / pp / ep", ("nodes", other),
                             hint=f"give it backend: megatron, tp: {first.tp}, pp: {first.pp}, "
                             f"ep: {first.ep}")
-    generate = [t for t in tasks if spec.nodes[t].kind == "generate"]
+    # a task that holds the policy but cannot run it through a backend (generate: the native
+    # engine needs the transformers model)
+    generate = [t for t in tasks if "policy" in spec.kind_of(t).models and t not in nodes]
     if generate:
         raise SpecError(f"backend megatron cannot share a group with '{generate[0]}'",
                         ("nodes", name, "backend"),

@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from rlgraph.errors import SourceMap, did_you_mean
-from rlgraph.nodes import KINDS
+from rlgraph.nodes import KINDS, NodeKind
 from rlgraph.nodes.base import (
     MAX_COUNT,
     MAX_PARALLEL,
@@ -226,6 +226,11 @@ class Spec(StrictModel):
     def group_of(self, task: str) -> str | None:
         """The group a task belongs to, or None."""
         return next((g for g, spec in self.groups.items() if task in spec.tasks), None)
+
+    def kind_of(self, task: str) -> NodeKind:
+        """The registered kind of node `task`: its spec model, cost, worker and the hooks
+        the runtime asks (so nothing outside `rlgraph/nodes/` compares kind names)."""
+        return KINDS[self.nodes[task].kind]
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The spec as plain data, defaults included, ready for yaml.safe_dump."""

@@ -30,7 +30,7 @@ position in the synchronous order, step * prompts_per_step); running totals.
    forced length, generate's benchmark mode) minus its prefix; the round stops once
    `prompts_per_step` groups are complete (and, with `stale: finish`, the groups that must
    be trained now; checked every step,
-   or every `sync_every` steps on the static engine). Between steps `switch()` may adopt
+   or every `sync_every` steps on the static engine). Between steps `swap()` may adopt
    newly staged weights: the live rows are re-encoded and continue, so a sample's tokens
    then carry both versions;
 4. emit the first `prompts_per_step` complete groups in admission order (always a full
@@ -205,7 +205,7 @@ def _complete_groups(finished: torch.Tensor, row_group: torch.Tensor, groups: in
 
 
 def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
-           switch: Callable[[], int | None], engine: Any = None,
+           swap: Callable[[], int | None], engine: Any = None,
            **sampling: Any) -> dict[str, float]:
     """Step 3 of the round: decode the unfinished samples until `prompts_per_step` groups are
     complete, adopting staged weights between steps; appends the new tokens to the samples.
@@ -225,7 +225,7 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
     if not rows or enough({i for i, g in enumerate(cache.groups) if g.complete}):
         return stats
     if engine is not None:
-        return {**stats, **_decode_static(cache, step, engine, version, switch, rows, enough,
+        return {**stats, **_decode_static(cache, step, engine, version, swap, rows, enough,
                                           **sampling)}
     from rlgraph.engines.cpu_decode import Decoder
 
@@ -242,7 +242,7 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
         complete = _complete_groups(decoder.finished, row_group, len(cache.groups))
         if enough(complete) or decoder.done:
             break
-        new = switch()
+        new = swap()
         if new is not None:  # weights changed: recompute every row's KV under them
             version = new
             decoder.reencode()
@@ -259,7 +259,7 @@ def decode(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
 
 
 def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
-                   switch: Callable[[], int | None], rows: list[tuple[int, Sample]],
+                   swap: Callable[[], int | None], rows: list[tuple[int, Sample]],
                    enough: Callable[[set[int]], bool], temperature: float,
                    generator: torch.Generator, top_p: float = 1.0,
                    **_: Any) -> dict[str, float]:
@@ -279,7 +279,7 @@ def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
         return enough(groups - {i for r, (i, _) in enumerate(rows) if r not in finished})
 
     done, metrics = engine.resume(requests, policy_version=version,
-                                  seed=generator.initial_seed(), switch=switch,
+                                  seed=generator.initial_seed(), swap=swap,
                                   enough=enough_rows)
     for (_, sample), c in zip(rows, done):
         if c.tokens and not sample.tokens:
@@ -290,14 +290,14 @@ def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
 
 
 def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
-                   switch: Callable[[], int | None], engine: Any = None, **sampling: Any
+                   swap: Callable[[], int | None], engine: Any = None, **sampling: Any
                    ) -> tuple[list[PromptGroup], dict[str, float]]:
     """generate(step) with the cache: evict, refill, decode, emit (see the module docstring).
     Returns the emitted groups and the round's `rollout/*` metrics (and, on the static
     engine, its `generate/*` ones)."""
     dropped, restarted = cache.evict(step)
     cache.refill(step, version)
-    stats = decode(cache, step, model, version, switch, engine, **sampling)
+    stats = decode(cache, step, model, version, swap, engine, **sampling)
     groups = cache.take()
     spans = [s.versions[-1] - s.versions[0] for g in groups for s in g.samples if s.versions]
     metrics = {

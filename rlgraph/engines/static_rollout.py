@@ -6,7 +6,7 @@ prompt_len + response_len.max), and samples a batch into the `Rollout` layout of
 `rlgraph.engines.cpu_decode.sample`: prompts left-padded, responses right-padded to the longest, the
 behaviour log-prob log_softmax(logits / temperature) of every sampled token (top-p
 truncation not part of it), the policy version of every token, and pad / 0 / -1 after a
-row's eos or length stop. Weights change in place (dual-buffer switch, checkpoint
+row's eos or length stop. Weights change in place (dual-buffer swap, checkpoint
 load, a colocated optimizer step), so the captured CUDA graphs read the new values with no
 rebuild. `resume` is partial rollout's decode on this engine (partial_rollout.decode).
 Projections are not fused: an NCCL weight receiver holds the parameters' storage from
@@ -67,7 +67,7 @@ class StaticRollout:
                             temperature=temperature, top_p=top_p, request_id=i,
                             ignore_eos=lengths is not None) for i, p in enumerate(prompts)]
         rows, metrics = self.resume(requests, policy_version=policy_version, seed=seed,
-                                    switch=lambda: None, enough=lambda finished: False)
+                                    swap=lambda: None, enough=lambda finished: False)
         rollout = pack(prompts, [c.tokens for c in rows], [c.logprobs for c in rows],
                        [c.versions for c in rows], pad_id)
         metrics["generate/decode_steps"] = metrics.pop("decode_steps")
@@ -75,11 +75,11 @@ class StaticRollout:
         return rollout, metrics
 
     def resume(self, rows: list[Request], *, policy_version: int, seed: int,
-               switch: Callable[[], int | None], enough: Callable[[set[int]], bool]
+               swap: Callable[[], int | None], enough: Callable[[set[int]], bool]
                ) -> tuple[list[Completion], dict[str, float]]:
         """Partial rollout's decode: continue every row (request_id: its index; prompt and
         earlier tokens re-encoded under the current weights) until `enough(ids of the finished
-        rows)` or all finish, checked every `sync_every` decode steps; in between `switch()`
+        rows)` or all finish, checked every `sync_every` decode steps; in between `swap()`
         may adopt staged weights, and the live rows are then re-encoded under them. One
         completion per row, in order (the unfinished ones interrupted), and the metrics."""
         eng = self.engine
@@ -97,7 +97,7 @@ class StaticRollout:
             done += eng.step()
             if enough({c.request.request_id for c in done}):
                 break
-            new = switch()
+            new = swap()
             if new is not None:  # KV from the old weights is dropped: re-prefill the live rows
                 stopped = eng.interrupt()
                 eng.set_policy_version(new)
@@ -105,7 +105,7 @@ class StaticRollout:
                 done += [c for c in stopped if c.finished]
                 switches += 1
         done += eng.interrupt()
-        while eng.queue:  # resubmitted after a switch, not admitted again
+        while eng.queue:  # resubmitted after a swap, not admitted again
             r = eng.queue.popleft()
             done.append(Completion(r, r.tokens, r.logprobs, r.versions, "interrupted"))
         by_id = {c.request.request_id: c for c in done}

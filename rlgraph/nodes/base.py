@@ -102,6 +102,19 @@ class NodeKind:
     carries_weights: bool = False  # out-edges are back edges of distance max_lag + 1
     worker: str | None = None  # "module:attr" of the runtime worker, imported lazily
     doc: str = ""
+    # --- what a task of this kind needs from the Workspace of its group (kinds helper) ------
+    # The worker side asks these instead of comparing kind names. `models`: "policy" (the
+    # group's trainable policy, shared by its tasks) and/or "reference" (a frozen copy of the
+    # initial policy). `optimizer(node, policy)`: the optimizer this kind steps over the
+    # policy's parameters (a group holds one: its first such task's).
+    models: frozenset[str] = frozenset()
+    optimizer: Callable[[NodeSpec, Any], Any] | None = None
+
+    @property
+    def runs_on_batches(self) -> bool:
+        """Whether a task of this kind runs on a step's batches (its worker's `run`); a kind
+        that carries weights (param_update) runs its worker's transfer halves instead."""
+        return self.worker is not None and not self.carries_weights
 
 
 def inputs_from_kinds(*kinds: str) -> Callable[[str, NodeSpec, Mapping[str, NodeSpec]], EdgeList]:

@@ -61,6 +61,7 @@ KIND = NodeKind(
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
     doc="sample responses with the current policy",
+    models=frozenset({"policy"}),
 )
 
 
@@ -151,9 +152,18 @@ class GenerateWorker:
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
 
-    def _switch(self) -> int | None:
+    def _swap(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
-        return self.ws.switch_if_staged()
+        return self.ws.swap_if_staged()
+
+    def summary(self, out: Batch) -> dict[str, Any]:
+        """What the driver reads of a rollout beside its metrics: the policy version that
+        sampled it, its response tokens, and how long swaps paused generation since the last."""
+        summary: dict[str, Any] = {"policy_version": int(out.get("policy_version", 0)),
+                                   "metrics": {"generate/pause_s": self.ws.take_pause_s()}}
+        if "response_mask" in out:
+            summary["response_tokens"] = int(out["response_mask"].sum())
+        return summary
 
     def run(self, step: int, inputs: dict[str, Batch] | None = None) -> Batch:
         """Sample the batch of train step `step` (prompts deterministic in (seed, step), or in
@@ -175,7 +185,7 @@ class GenerateWorker:
         metrics = None
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
-            self._switch()
+            self._swap()
             version = self.ws.policy_version
             generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
             if engine is not None:
@@ -205,10 +215,10 @@ class GenerateWorker:
         tok = self.ws.tokenizer
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
-            self._switch()
+            self._swap()
             version = self.ws.policy_version
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, self._switch, engine,
+                self.cache, step, self.ws.policy, version, self._swap, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))

@@ -75,6 +75,7 @@ KIND = NodeKind(
     default_edges=inputs_from_kinds("generate"),
     worker="rlgraph.nodes.logp:LogpWorker",
     doc="proximal-policy log-probs of the sampled tokens",
+    models=frozenset({"policy"}),
 )
 
 

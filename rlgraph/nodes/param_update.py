@@ -1,22 +1,37 @@
-"""`param_update`: move the new weights from `train` to `generate`, in buckets."""
+"""`param_update`: move the new weights from `train` to `generate`, in buckets.
+
+Its spec (`bucket_mb` in MiB, `transport`), its cost model, and its worker: the halves of
+a weight transfer that run inside the sender's and the receiver's actors (torch only; the Ray
+half, routes and actor calls, is `rlgraph.runtime.weight_sync`).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Literal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from rlgraph.nodes.base import CostContext, EdgeList, NodeKind, NodeSpec, StrictModel
 from rlgraph.presets.costs import COSTS
+from rlgraph.weights import MIB, BucketMiB
+
+if TYPE_CHECKING:
+    from rlgraph.worker.workspace import Workspace
 
 
 class BucketSizes(StrictModel):
-    """Sender and receiver granularity (dots.rl: param_update_preduce/consume_bucket_size_mb)."""
+    """Sender and receiver granularity in MiB (dots.rl: param_update_*_bucket_size_mb)."""
 
     produce: float = Field(default=512, ge=0.01, le=1e6)
     consume: float = Field(default=128, ge=0.01, le=1e6)
+
+    def as_mib(self) -> BucketMiB:
+        """The sizes as the weights package carries them."""
+        return BucketMiB(self.produce, self.consume)
 
 
 class ParamUpdateSpec(NodeSpec):
@@ -39,7 +54,8 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     gather, one consume bucket to load, and COSTS.bucket_overhead_s per bucket of either
     size. The receiver stages the version in its second buffer while generation runs, so
     generate pays only `switch_cost`. Reads ctx.extra["local"] and ctx.extra["cross_node"].
-    Within one group nothing moves (`rlgraph.runtime.weight_sync.local_sync`): 0 s."""
+    Within one group nothing moves (`ParamUpdateWorker.local`): 0 s. Bucket sizes are MiB
+    (2^20 bytes), as the runtime cuts them (`rlgraph.weights.MIB`)."""
     gpu = ctx.gpu
     weight_bytes = 2 * ctx.shape.params
     home = ctx.spec.group_of(node.src)
@@ -57,8 +73,8 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
         link, via = gpu.network_bytes_per_s, "network (NCCL)"
     else:
         link, via = gpu.nvlink_bytes_per_s, "NVLink (NCCL)"
-    produce = min(node.bucket_mb.produce * 1e6, weight_bytes)
-    consume = min(node.bucket_mb.consume * 1e6, weight_bytes)
+    produce = min(node.bucket_mb.produce * MIB, weight_bytes)
+    consume = min(node.bucket_mb.consume * MIB, weight_bytes)
     if local or node.transport == "object_store":
         buckets = math.ceil(weight_bytes / produce) + math.ceil(weight_bytes / consume)
         gather = gpu.host_bytes_per_s if local else gpu.nvlink_bytes_per_s
@@ -74,7 +90,7 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
 
 
 def switch_cost(node: NodeSpec, shape: object, gpu: object, local: bool) -> float:
-    """The dual-buffer switch generate pays per step: the staged weights copied into the live
+    """The dual-buffer swap generate pays per step: the staged weights copied into the live
     ones in place (read + write of a replica's bf16 weights at HBM speed; a memory copy on a
     local CPU cluster)."""
     weights = 2 * shape.params / getattr(node, "tp", 1)
@@ -95,5 +111,145 @@ KIND = NodeKind(
     uses_gpu=False,
     default_edges=param_update_edges,
     carries_weights=True,
+    worker="rlgraph.nodes.param_update:ParamUpdateWorker",
     doc="versioned weight transfer from train to generate",
 )
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+@dataclass
+class NcclEnd:
+    """One actor's side of a route's torch.distributed group."""
+
+    group: Any
+    bucket_mb: BucketMiB
+    sender: Any = None
+    receiver: Any = None
+    transfers: int = 0  # so far: names the store key that starts the next one
+
+
+class ParamUpdateWorker:
+    """The halves of one param_update node's transfer that run in an actor, on the workspace
+    of its group: the sender's (the train group) and the receiver's (the generate group).
+    Each returns the transfer's span and size; `rlgraph.runtime.weight_sync` moves the data
+    between actors and reads nothing else."""
+
+    def __init__(self, name: str, node: ParamUpdateSpec, workspace: Workspace):
+        self.name, self.node, self.ws = name, node, workspace
+        self.nccl: NcclEnd | None = None  # this actor's side of the nccl route, once joined
+
+    def local(self) -> dict[str, Any]:
+        """A transfer inside one workspace (train and generate colocated): the policy is
+        already the trained one, nothing moves, the current version is live."""
+        now = time.time()
+        return {"start": now, "end": now, "version": self.ws.policy_version, "bytes": 0,
+                "buckets": 0}
+
+    # ------------------------------------------------------------ object store
+
+    def export(self, bucket_mb: BucketMiB, put: Callable[[dict], None],
+               verify: bool = False) -> dict[str, Any]:
+        """Sender: cut the policy into buckets of `bucket_mb.produce` MiB, one at a time, and
+        `put` each (tensors as numpy arrays); with `verify`, the SHA-256 of what was sent."""
+        from rlgraph.weights.buckets import bucket_names, digest, to_arrays
+
+        start, nbytes = time.time(), 0
+        with self.ws.lock:
+            state = self.ws.policy.state_dict()
+            version = self.ws.policy_version
+            groups = bucket_names(state, bucket_mb)
+            for index, names in enumerate(groups):
+                tensors = {n: state[n] for n in names}
+                nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
+                put(to_arrays({"version": version, "index": index, "total": len(groups),
+                               "tensors": tensors}))
+            sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
+                    "buckets": len(groups)}
+            if verify:
+                sent["digest"] = digest(state)
+        return sent
+
+    def receive(self, stored: dict, bucket_mb: BucketMiB | None) -> None:
+        """Receiver: one bucket (as `export` put it) into the second buffer,
+        `bucket_mb.consume` MiB at a time."""
+        from rlgraph.weights.buckets import from_arrays
+
+        self.ws.receive_bucket(from_arrays(stored), bucket_mb)
+
+    def staged(self, sent: dict[str, Any], where: str) -> tuple[int, int]:
+        """Receiver: every bucket of `sent` arrived; stage the version whole (checked against
+        the sender's digest when it sent one). Returns (copies made, bytes of the largest)."""
+        self.ws.stage_weights(sent["version"])
+        if sent.get("digest"):
+            self.check_digest(sent, where)
+        return self.ws.staging_pieces()
+
+    def check_digest(self, sent: dict[str, Any], where: str) -> None:
+        """The staged weights hash to what the sender sent, or a WeightSyncError naming
+        `where` (the node and step) and the version."""
+        from rlgraph.weights.buckets import WeightSyncError
+
+        got = self.ws.staged_digest()
+        if got != sent["digest"]:
+            raise WeightSyncError(
+                f"{where}: the weights of version {sent['version']} arrived changed "
+                f"(sender SHA-256 {sent['digest'][:12]}..., receiver {got[:12]}...); the "
+                f"transfer corrupted them, so the run stops before generate uses them")
+
+    # ------------------------------------------------------------ nccl / gloo
+
+    def join(self, rank: int, world: int, addr: str, port: int, backend: str,
+             bucket_mb: BucketMiB) -> None:
+        """Join the route's group: rank 0 sends the policy, ranks 1.. receive into staging."""
+        from rlgraph.weights import nccl
+
+        device = None if backend == "gloo" else self.ws.device
+        if device == "cuda":
+            device = None  # the actor's one visible GPU
+        group = nccl.init(rank, world, addr, port, backend=backend, device=device)
+        if rank == 0:
+            self.nccl = NcclEnd(group, bucket_mb, sender=nccl.WeightSender(group, bucket_mb))
+            return
+        receiver = nccl.WeightReceiver(group, self.ws.policy.state_dict(), bucket_mb,
+                                       dual_buffer=True, version=self.ws.policy_version)
+        self.nccl = NcclEnd(group, bucket_mb, receiver=receiver)
+
+    def send(self) -> dict[str, Any]:
+        """Sender: broadcast the policy as its current version (produce buckets, consume
+        chunks, gather overlapped with the send on GPUs)."""
+        end = self._joined()
+        start = time.time()
+        with self.ws.lock:
+            version = self.ws.policy_version
+            end.transfers += 1
+            end.group.store.set(f"go/{end.transfers}", str(version))  # the receiver may enter
+            stats = end.sender.send(self.ws.policy.state_dict().items(), version)
+        return {"start": start, "end": time.time(), "version": version, "bytes": stats.bytes,
+                "buckets": stats.produce_buckets}
+
+    def receive_broadcast(self, timeout_s: float) -> dict[str, Any]:
+        """Receiver: the next version into the staging buffer, then staged whole."""
+        import datetime
+
+        end = self._joined()
+        end.transfers += 1
+        # wait on the host for the sender to start: a collective entered early would spin on
+        # the GPU beside generation (and run into the communicator's timeout) while train runs
+        end.group.store.wait([f"go/{end.transfers}"], datetime.timedelta(seconds=timeout_s))
+        self.ws.swap_if_staged()  # staging is about to be overwritten
+        stats = end.receiver.receive()
+        finish = time.time()
+        self.ws.stage_weights(stats.version, end.receiver.commit)
+        return {"start": finish - stats.seconds, "end": finish, "version": stats.version,
+                "bytes": stats.bytes,
+                "buckets": -(-stats.bytes // end.bucket_mb.produce_bytes),
+                "recv_start": finish - stats.seconds, "pieces": stats.chunks}
+
+    def _joined(self) -> NcclEnd:
+        from rlgraph.weights.buckets import WeightSyncError
+
+        if self.nccl is None:
+            raise WeightSyncError(f"{self.name}: this actor never joined the route's group")
+        return self.nccl

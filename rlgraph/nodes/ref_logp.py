@@ -23,6 +23,7 @@ KIND = NodeKind(
     default_edges=inputs_from_kinds("generate"),
     worker="rlgraph.nodes.ref_logp:RefLogpWorker",
     doc="reference-model log-probs for the KL penalty",
+    models=frozenset({"reference"}),
 )
 
 

@@ -88,3 +88,8 @@ class RewardWorker:
                                batch["extra_info"], batch["prompt_uid"], step=step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
         return batch
+
+    @staticmethod
+    def summary(out: Batch) -> dict[str, Any]:
+        """The step's mean reward, for the driver's ledger."""
+        return {"reward/mean": float(out["rewards"].float().mean())} if "rewards" in out else {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -65,6 +65,14 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     return seconds
 
 
+def adamw(node: NodeSpec, policy: Any) -> Any:
+    """The optimizer train steps: AdamW over the policy's parameters, `lr` and
+    `weight_decay` as the node says."""
+    import torch
+
+    return torch.optim.AdamW(policy.parameters(), lr=node.lr, weight_decay=node.weight_decay)
+
+
 KIND = NodeKind(
     name="train",
     spec=TrainSpec,
@@ -73,6 +81,8 @@ KIND = NodeKind(
     default_edges=inputs_from_kinds("reward|logp|ref_logp", "generate"),
     worker="rlgraph.nodes.train:TrainWorker",
     doc="one optimizer step of the policy",
+    models=frozenset({"policy"}),
+    optimizer=adamw,
 )
 
 
@@ -193,6 +203,14 @@ class TrainWorker:
 
         a, b = shard_bounds(hi - lo, self.ws.replicas.dp_rank, self.ws.replicas.dp_world)
         return slice(lo + a, lo + b)
+
+    @staticmethod
+    def summary(out: Batch) -> dict[str, Any]:
+        """What the driver reads of a step: its figures, the samples it trained on (the
+        ledger) and the policy version it made."""
+        return {"metrics": dict(out.get("metrics", {})),
+                "trained_uids": list(out.get("trained_uids", [])),
+                "policy_version": int(out.get("policy_version", 0))}
 
     @staticmethod
     def combine(outs: list[Batch]) -> Batch:

@@ -3,9 +3,9 @@
 An actor runs one task at a time in its default concurrency group (max concurrency 1, tasks
 in submission order), which is what "tasks of one group never overlap" means; the driver
 submits a group's next task only when the group is free, in the plan's order. The receiving
-half of a weight sync runs in the `sync` concurrency group (one at a time too), beside the
-running task, staging the new version in the workspace's second buffer; every task of the
-default group first switches in a version staged whole (`Workspace.switch_if_staged`).
+half of a param_update runs in the `receive` concurrency group (one at a time too), beside
+the running task, staging the new version in the workspace's second buffer; every task of
+the default group first swaps in a version staged whole (`Workspace.swap_if_staged`).
 Batches travel between actors as object references (the driver never touches them); each
 call returns the output batch and, separately, a small `info` dict (span and scalar
 summary) that is all the driver reads.
@@ -15,7 +15,7 @@ rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLE
 task's worker: "rows", the default, cuts the input batch at GRPO groups; "whole" gives every
 replica the whole batch and the worker takes its part; "leader" runs on rank 0 alone), runs
 its own share meanwhile and joins the results (`combine` of the worker, or the rows
-concatenated). Weight-sync receives, checkpoint loads and rollout caches fan out the same way.
+concatenated). param_update receives, checkpoint loads and rollout caches fan out the same way.
 
 The class is plain Python and wrapped by `ray.remote` in `start_actor`, so a unit test can
 also call it in-process.
@@ -31,25 +31,24 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.rl.batch import Batch, concat_rows, group_rows, merge, take_rows
 from rlgraph.runtime import weight_sync as ws_sync
+from rlgraph.weights import BucketMiB
 
 KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
 
 
-def summarize(kind: str, out: Batch) -> dict[str, Any]:
-    """The few scalars the driver needs from a node's output (metrics, ledger, versions)."""
-    if kind == "train":
-        return {"metrics": dict(out.get("metrics", {})),
-                "trained_uids": list(out.get("trained_uids", [])),
-                "policy_version": int(out.get("policy_version", 0))}
+def summarize(worker: Any, out: Batch) -> dict[str, Any]:
+    """The few scalars the driver needs from a node's output: its `metrics`, and what the
+    kind's worker adds through its `summary(out)` (ledger, versions; its metrics merged)."""
     summary: dict[str, Any] = {}
     if isinstance(out.get("metrics"), dict):  # e.g. rollout/* of generate, val/* of validate
         summary["metrics"] = dict(out["metrics"])
-    if kind == "generate":
-        summary["policy_version"] = int(out.get("policy_version", 0))
-        if "response_mask" in out:
-            summary["response_tokens"] = int(out["response_mask"].sum())
-    if kind == "reward" and "rewards" in out:
-        summary["reward/mean"] = float(out["rewards"].float().mean())
+    hook = getattr(worker, "summary", None)
+    if hook is not None:
+        extra = dict(hook(out))
+        metrics = {**summary.get("metrics", {}), **extra.pop("metrics", {})}
+        summary.update(extra)
+        if metrics or "metrics" in summary:
+            summary["metrics"] = metrics
     return summary
 
 
@@ -83,14 +82,12 @@ class GroupActor:
 
         self.spec, self.device, self.tasks, self.seed = spec, device, list(tasks), seed
         self.followers: list[Any] = []  # the other replicas of the group (on the leader)
-        self.kinds = {t: spec.nodes[t].kind for t in tasks}
         self.replicas = Replicas(rank, world, model_parallel_of(spec, tasks))
         self.build_error: RLGraphError | None = None  # raised by ready(), where Ray keeps it
         self.workspace: Any = None
         self.workers: dict[str, Any] = {}
         self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
-        self.outbox = ws_sync.Outbox()  # object-store sync: buckets produced, not yet pulled
-        self.sync_ends: dict[str, ws_sync.NcclEnd] = {}  # nccl sync: route -> this side
+        self.outbox = ws_sync.Outbox()  # object-store param_update: buckets not yet pulled
         if world == 1:
             self._build()
 
@@ -155,13 +152,10 @@ class GroupActor:
         out = self._run_shared(node, step, inputs, shared) if self.followers else (
             self.run_replica(node, step, inputs))
         end = time.time()
-        info = {"start": start, "end": end, "summary": summarize(self.kinds[node], out)}
+        info = {"start": start, "end": end, "summary": summarize(self.workers[node], out)}
         if shared:
             info["summary"].setdefault("metrics", {}).update(
                 {f"replicas/{key}/{node}": value for key, value in shared.items()})
-        if self.kinds[node] == "generate":
-            metrics = info["summary"].setdefault("metrics", {})
-            metrics["generate/pause_s"] = self.workspace.take_pause_s()
         if keep:
             self.kept[(node, step)] = [out, keep]
             return {KEPT: (node, step)}, info
@@ -176,7 +170,7 @@ class GroupActor:
         """This replica's share of `node` at `step` (all of it when the group has one)."""
         import torch
 
-        self.workspace.switch_if_staged()  # no task of this group runs now: a free switch
+        self.workspace.swap_if_staged()  # no task of this group runs now: a free switch
         try:
             out = self.workers[node].run(step, inputs)
         except torch.OutOfMemoryError as exc:
@@ -193,9 +187,8 @@ class GroupActor:
 
     def _out_of_memory(self, node: str, step: int, exc: BaseException) -> SpecError:
         """A GPU out of memory as the user's error: which node, which key to change."""
-        kind = self.kinds[node]
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
-        if kind == "train":
+        if "micro_batch" in type(self.spec.nodes[node]).model_fields:  # the node can split
             key, hint = ("nodes", node, "micro_batch"), ("set micro_batch (sequences per "
                                                          "forward/backward), or give the group "
                                                          "more GPUs (share)")
@@ -297,67 +290,74 @@ class GroupActor:
         refs = self._fan_out("weights_digest", False)  # all at once: a tp model gathers
         return [self.weights_digest(False), *ray.get(refs)]
 
-    # ------------------------------------------------------------ weight sync
+    # ------------------------------------------------------------ param_update
+    # Ray calls land on actor methods, so each half of a transfer has one here; each only
+    # adds what replicas need (a sender's tp peers join the gather; a receiving leader fans
+    # the call out to its followers) and hands over to the node's worker
+    # (rlgraph.nodes.param_update.ParamUpdateWorker) through rlgraph.runtime.weight_sync.
 
-    def export_weights(self, key: str, bucket_mb: float, receivers: int = 1,
+    def _param_update(self, node: str) -> Any:
+        """The worker of param_update `node` on this actor's workspace."""
+        return self.workspace.worker(node)
+
+    def export_weights(self, key: str, bucket_mb: BucketMiB, receivers: int = 1,
                        verify: bool = False) -> dict:
         """Sender half of an object-store param_update (default group: holds the group)."""
+        worker = self._param_update(key.rpartition(":")[0])
         return self._with_model_peers(lambda: ws_sync.export_to_store(
-            self.workspace, self.outbox, key, bucket_mb, receivers, verify))
+            worker, self.outbox, key, bucket_mb, receivers, verify))
 
     def next_bucket(self, key: str) -> dict:
-        """The next bucket reference of sync `key` for its receiver (`serve` group)."""
+        """The next bucket reference of transfer `key` for its receiver (`serve` group)."""
         return self.outbox.take(key)
 
-    def apply_weights(self, src_actor: Any, key: str, consume_mb: float | None,
+    def apply_weights(self, src_actor: Any, key: str, bucket_mb: BucketMiB | None,
                       rank: int = 0) -> dict:
-        """Receiver half of an object-store param_update (`sync` group: beside generate);
+        """Receiver half of an object-store param_update (`receive` group: beside generate);
         the leader's call starts its followers' too."""
         import ray
 
-        refs = self._fan_out("apply_weights", group=ws_sync.SYNC,
-                             per_rank=lambda r: (src_actor, key, consume_mb, r))
-        info = ws_sync.apply_from_store(self.workspace, src_actor,
-                                        ws_sync.receiver_key(key, rank), consume_mb)
+        refs = self._fan_out("apply_weights", group=ws_sync.RECEIVE,
+                             per_rank=lambda r: (src_actor, key, bucket_mb, r))
+        info = ws_sync.apply_from_store(self._param_update(key.rpartition(":")[0]), src_actor,
+                                        ws_sync.receiver_key(key, rank), bucket_mb)
         ray.get(refs)
         return info
 
     def free_address(self) -> tuple[str, int]:
-        """IP and free port for a rendezvous hosted by this actor (a weight-sync group, or
+        """IP and free port for a rendezvous hosted by this actor (a transfer's group, or
         the replicas' process group)."""
         return ws_sync.free_address()
 
-    def join_sync(self, route: str, rank: int, world: int, addr: str, port: int, backend: str,
-                  produce_mb: float, consume_mb: float) -> int:
+    def join_route(self, route: str, rank: int, world: int, addr: str, port: int, backend: str,
+                   bucket_mb: BucketMiB) -> int:
         """Join route's torch.distributed group (rank 0 sends; ranks 1.. receive: a receiving
         leader brings its followers in as the ranks after its own)."""
         import ray
 
         refs = [] if rank == 0 else self._fan_out(
-            "join_sync", group=ws_sync.SYNC, per_rank=lambda r: (
-                route, rank + r, world, addr, port, backend, produce_mb, consume_mb))
-        self.sync_ends[route] = ws_sync.join_group(self.workspace, rank, world, addr, port,
-                                                   backend, produce_mb, consume_mb)
+            "join_route", group=ws_sync.RECEIVE, per_rank=lambda r: (
+                route, rank + r, world, addr, port, backend, bucket_mb))
+        self._param_update(route).join(rank, world, addr, port, backend, bucket_mb)
         ray.get(refs)
         return rank
 
     def send_weights(self, route: str) -> dict:
         """Sender half of an nccl param_update (default group)."""
-        return self._with_model_peers(lambda: ws_sync.send_nccl(self.workspace,
-                                                                self.sync_ends[route]))
+        return self._with_model_peers(self._param_update(route).send)
 
     def receive_weights(self, route: str) -> dict:
-        """Receiver half of an nccl param_update (`sync` group), followers' receives too."""
+        """Receiver half of an nccl param_update (`receive` group), followers' receives too."""
         import ray
 
-        refs = self._fan_out("receive_weights", route, group=ws_sync.SYNC)
-        info = ws_sync.receive_nccl(self.workspace, self.sync_ends[route])
+        refs = self._fan_out("receive_weights", route, group=ws_sync.RECEIVE)
+        info = ws_sync.receive_nccl(self._param_update(route))
         ray.get(refs)
         return info
 
-    def local_sync(self) -> dict:
+    def local_param_update(self) -> dict:
         """param_update within this workspace (train and generate colocated)."""
-        return ws_sync.local_sync(self.workspace)
+        return ws_sync.local_update_info(self.workspace.policy_version)
 
     # ------------------------------------------------------------ checkpoints and checks
 
@@ -389,13 +389,13 @@ class GroupActor:
 
     def policy_version(self) -> int:
         """The version of the policy this actor holds (a staged one is switched in first)."""
-        self.workspace.switch_if_staged()
+        self.workspace.swap_if_staged()
         return self.workspace.policy_version
 
     def weights_digest(self, with_peers: bool = True) -> str:
         """Hash of the policy weights (sender and receiver agree after a sync); without
         peers when the other ranks of its model call it at the same time."""
-        self.workspace.switch_if_staged()
+        self.workspace.swap_if_staged()
         if not with_peers:
             return self.workspace.weights_digest()
         return self._with_model_peers(self.workspace.weights_digest)
@@ -405,7 +405,7 @@ class GroupActor:
         hold no GPU)."""
         import ray
 
-        self.workspace.switch_if_staged()
+        self.workspace.swap_if_staged()
         state = self._with_model_peers(self.workspace.state_for_checkpoint)
         if self.replicas.model_parallel > 1:  # each tp shard has its own optimizer state
             peers = self.followers[:self.replicas.model_parallel - 1]
@@ -437,7 +437,7 @@ def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device
     """A `GroupActor` (replica `rank` of `world`) as a Ray actor with the given resources."""
     import ray
 
-    groups = {ws_sync.SYNC: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS}
+    groups = {ws_sync.RECEIVE: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS}
     cls = ray.remote(concurrency_groups=groups)(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
         spec, tasks, seed, threads, device, os.getcwd(), rank, world)

@@ -194,8 +194,7 @@ class Runner:
                 nspec = self.spec.nodes[node]
                 dst = self.actors[nspec.dst]
                 receivers = next(len(r) for r in self.replicas.values() if r[0] is dst)
-                route = Route(node, self.actors[nspec.src], dst,
-                              float(nspec.bucket_mb.produce), float(nspec.bucket_mb.consume),
+                route = Route(node, self.actors[nspec.src], dst, nspec.bucket_mb.as_mib(),
                               self._transport(node), receivers, self.options.verify_weights)
                 if route.transport == "nccl" and route.src_actor is not route.dst_actor:
                     connect_route(route, backend_for("cpu" if self.local else "cuda"))

@@ -36,12 +36,12 @@ def build_workspaces(spec: Spec, seed: int = 0) -> dict[str, Workspace]:
     """node name -> the Workspace that runs it (shared within a group)."""
     out: dict[str, Workspace] = {}
     for group in spec.groups.values():
-        tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].worker]
+        tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].runs_on_batches]
         if tasks:
             ws = Workspace(spec, tasks, seed=seed)
             out.update(dict.fromkeys(tasks, ws))
     for name, node in spec.nodes.items():
-        if name not in out and KINDS[node.kind].worker:
+        if name not in out and KINDS[node.kind].runs_on_batches:
             out[name] = Workspace(spec, [name], seed=seed)
     return out
 
@@ -55,7 +55,7 @@ def run_serial(spec: Spec, steps: int | None = None, seed: int = 0,
     preds: dict[str, list[str]] = {n: [] for n in graph}
     for src, dst in data_edges(graph):
         preds[dst].append(src)
-    order = [n for n in step_order(graph) if KINDS[spec.nodes[n].kind].worker]
+    order = [n for n in step_order(graph) if KINDS[spec.nodes[n].kind].runs_on_batches]
     generators = [n for n in order if spec.nodes[n].kind == "generate"]
     syncs = [node for node in spec.nodes.values() if node.kind == "param_update"]
     start = time.perf_counter()

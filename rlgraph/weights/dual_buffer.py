@@ -1,9 +1,9 @@
 """The receiver's second copy of the policy: buckets land in it while generation runs.
 
 Buckets of one version are copied into `staging` (tensors shaped like the live state dict,
-on the live weights' device) in pieces of at most `consume` bytes, the receiver's
+on the live weights' device) in pieces of at most `bucket_mb.consume` MiB, the receiver's
 granularity (dots.rl `param_update_consume_bucket_size_mb`: a bounded copy at a time, so a
-GPU never holds a whole produce bucket twice). Once every bucket arrived, `switch` copies
+GPU never holds a whole produce bucket twice). Once every bucket arrived, `swap` copies
 staging into the live tensors in place (their addresses, and CUDA graphs captured on them,
 stay valid): that copy is all a generation pause costs.
 """
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rlgraph.weights import BucketMiB
 from rlgraph.weights.buckets import WeightSyncError
 
 
@@ -24,7 +25,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class DualBuffer:
-    """Stages the buckets of one version beside `model`'s live weights; `switch` applies them."""
+    """Stages the buckets of one version beside `model`'s live weights; `swap` applies them."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -33,7 +34,7 @@ class DualBuffer:
         self.total = 0
         self.received: set[int] = set()
         self.names: set[str] = set()
-        self.pieces = 0  # consume-sized copies made for the version being staged
+        self.pieces = 0  # bucket_mb.consume-sized copies made for the version being staged
         self.largest_piece = 0  # bytes of the largest of them
         self._stream = (torch.cuda.Stream() if next(model.parameters()).is_cuda else None)
 
@@ -44,9 +45,9 @@ class DualBuffer:
         if not self.staging:
             self.staging = {name: torch.empty_like(t) for name, t in self._live().items()}
 
-    def receive(self, bucket: dict, consume_bytes: int | None = None) -> None:
-        """Copy one bucket into staging in pieces of <= `consume_bytes` (None: whole tensors);
-        a bucket of a newer version discards an unfinished older one."""
+    def receive(self, bucket: dict, bucket_mb: BucketMiB | None = None) -> None:
+        """Copy one bucket into staging in pieces of <= `bucket_mb.consume` MiB (None: whole
+        tensors); a bucket of a newer version discards an unfinished older one."""
         version, index, total = bucket["version"], bucket["index"], bucket["total"]
         if self.version is None or version > self.version:
             self.version, self.total, self.received, self.names = version, total, set(), set()
@@ -67,6 +68,7 @@ class DualBuffer:
                 raise WeightSyncError(f"{name}: {src.dtype}{list(src.shape)} != "
                                       f"{dst.dtype}{list(dst.shape)}")
         with self._on_stream():
+            consume_bytes = None if bucket_mb is None else bucket_mb.consume_bytes
             for copies in self._pieces(bucket["tensors"], consume_bytes):
                 for d, s in copies:
                     d.copy_(s, non_blocking=self._stream is not None)
@@ -110,7 +112,7 @@ class DualBuffer:
         return self.version == version and len(self.received) == self.total
 
     def check(self, version: int) -> None:
-        """Refuse an incomplete or mismatched version before it may be switched in."""
+        """Refuse an incomplete or mismatched version before it may be swapped in."""
         if not self.complete(version):
             have = f"{len(self.received)}/{self.total} buckets of version {self.version}"
             raise WeightSyncError(f"cannot commit version {version}: staged {have}")
@@ -120,7 +122,7 @@ class DualBuffer:
                                   f"missing {missing[:3]}")
 
     @torch.no_grad()
-    def switch(self) -> None:
+    def swap(self) -> None:
         """Copy the staged version into the live tensors, in place; staging is free again."""
         live = self._live()
         names = list(live)

@@ -8,8 +8,9 @@ Design (the dots.rl nccl-sync recipe, expressed once):
   broadcast `[magic, version, layout hash, total bytes, chunk bytes]`, so a receiver whose
   model differs fails loudly instead of loading garbage.
 - **Produce / consume buckets.** The sender gathers the stream into two flat buffers of
-  `bucket_mb.produce` bytes (produce buckets) and broadcasts them in chunks of
-  `bucket_mb.consume` bytes (the receiver's granularity). A tensor larger than a bucket simply
+  `bucket_mb.produce` MiB (produce buckets) and broadcasts them in chunks of
+  `bucket_mb.consume` MiB (the receiver's granularity; both in bytes: `produce_bytes`,
+  `consume_bytes`). A tensor larger than a bucket simply
   spans several buckets; many small tensors share one.
 - **Overlap.** On CUDA the sender gathers on a side stream, chunk by chunk: chunk j+1 is packed
   while NCCL broadcasts chunk j, and a produce buffer is refilled only after the broadcasts
@@ -31,8 +32,9 @@ Design (the dots.rl nccl-sync recipe, expressed once):
 The group is a private torch.distributed backend over a TCPStore (rank 0 sends, ranks 1.. receive),
 so actors that already own a default process group (FSDP, megatron) are not disturbed. `backend`
 "nccl" needs CUDA; "gloo" runs the same protocol on CPU tensors (tests, CI). The runtime uses it
-for `param_update.transport: nccl` (rlgraph.runtime.weight_sync): one group per route, the
-receive in the generate actor's `sync` concurrency group, dual buffer, switch on request.
+for `param_update.transport: nccl` (rlgraph.runtime.weight_sync, the actor halves in
+rlgraph.nodes.param_update): one group per route, the receive in the generate actor's `receive`
+concurrency group, dual buffer, swap on request.
 Through `rlgraph run` on 2x H200 (Ray actors, one GPU each, NCCL P2P/CUMEM over NVLink) a
 716 MB bf16 policy synced in 2.3-2.5 ms (282-305 GB/s) and generate paused ~1 ms per switch.
 """
@@ -49,6 +51,7 @@ from typing import Any
 import torch
 
 from rlgraph.errors import MissingDependencyError
+from rlgraph.weights import MIB, BucketMiB
 from rlgraph.weights.layout import (
     ALIGN,
     CopyPlan,
@@ -58,7 +61,7 @@ from rlgraph.weights.layout import (
     bytes_view,
 )
 
-MB = 1 << 20
+DEFAULT_BUCKET_MB = BucketMiB(512, 128)  # param_update's defaults (rlgraph.nodes.param_update)
 MAGIC = 0x726C6772  # "rlgr"
 _STORE_PREFIX = "rlgraph/weight_sync/"
 
@@ -213,11 +216,17 @@ class _Streams:
             torch.cuda.current_stream().wait_event(ev)
 
 
-def _mb_to_bytes(mb: float, what: str) -> int:
-    n = int(mb * MB)
+def _aligned_bytes(mb: float, what: str) -> int:
+    """`bucket_mb.<what>` MiB in bytes, rounded up to the layout's alignment."""
+    n = int(mb * MIB)
     if n <= 0:
         raise WeightSyncError(f"bucket_mb.{what} must be positive, got {mb}")
     return -(-n // ALIGN) * ALIGN
+
+
+def _consume_mb(bucket_mb: BucketMiB) -> float:
+    """The broadcast chunk: `bucket_mb.consume`, or whole produce buckets when it is None."""
+    return bucket_mb.produce if bucket_mb.consume is None else bucket_mb.consume
 
 
 # ----------------------------------------------------------------------------- sender
@@ -226,15 +235,17 @@ def _mb_to_bytes(mb: float, what: str) -> int:
 class WeightSender:
     """Rank 0: gathers weights into produce buckets and broadcasts them in consume chunks."""
 
-    def __init__(self, group: SyncGroup, produce_mb: float = 512, consume_mb: float = 128):
+    def __init__(self, group: SyncGroup, bucket_mb: BucketMiB | float = DEFAULT_BUCKET_MB):
+        bucket_mb = BucketMiB.of(bucket_mb)
         self.group = group
-        self.chunk = _mb_to_bytes(consume_mb, "consume")
-        produce = _mb_to_bytes(produce_mb, "produce")
-        if produce < self.chunk or produce % self.chunk:
+        self.consume_bytes = _aligned_bytes(_consume_mb(bucket_mb), "consume")
+        produce = _aligned_bytes(bucket_mb.produce, "produce")
+        if produce < self.consume_bytes or produce % self.consume_bytes:
             raise WeightSyncError(
-                f"bucket_mb.produce ({produce_mb}) must be a multiple of bucket_mb.consume "
-                f"({consume_mb}): the sender cuts each produce bucket into consume chunks")
-        self.produce = produce
+                f"bucket_mb.produce ({bucket_mb.produce}) must be a multiple of "
+                f"bucket_mb.consume ({bucket_mb.consume}): the sender cuts each produce "
+                "bucket into consume chunks")
+        self.produce_bytes = produce
         self._bufs: list[torch.Tensor] = []
         self._layouts: dict[tuple, Layout] = {}
         self._published: set[int] = set()
@@ -256,15 +267,16 @@ class WeightSender:
         key = (layout.key, tuple(t.data_ptr() for t in tensors))
         if key == self._plan_key:
             return self._plan
-        size = min(self.produce, -(-layout.total // ALIGN) * ALIGN) or ALIGN
+        size = min(self.produce_bytes, -(-layout.total // ALIGN) * ALIGN) or ALIGN
         if not self._bufs or self._bufs[0].numel() < size:
             self._bufs = [torch.empty(size, dtype=torch.uint8, device=self.group.device)
                           for _ in range(2)]
         srcs = [as_bytes(t) for t in tensors]  # a non-contiguous tensor is copied here
         plan = []
-        for c in range(0, layout.total, self.chunk):
-            k = c // self.produce
-            base, buf, hi = k * self.produce, self._bufs[k % 2], min(c + self.chunk, layout.total)
+        for c in range(0, layout.total, self.consume_bytes):
+            k = c // self.produce_bytes
+            base, buf = k * self.produce_bytes, self._bufs[k % 2]
+            hi = min(c + self.consume_bytes, layout.total)
             copies = layout.copies(
                 c, hi,
                 lambda i, a, b, buf=buf, base=base: buf[layout.slots[i].offset + a - base:
@@ -288,7 +300,7 @@ class WeightSender:
         if layout.key not in self._published:
             self.group.store.set(f"layout/{layout.key}", layout.json)
             self._published.add(layout.key)
-        header = torch.tensor([MAGIC, version, layout.key, layout.total, self.chunk],
+        header = torch.tensor([MAGIC, version, layout.key, layout.total, self.consume_bytes],
                               dtype=torch.int64, device=dev)
         st = self._streams
         st.wait_current("pack")  # the optimizer's writes to the weights come first
@@ -311,7 +323,7 @@ class WeightSender:
         host = time.perf_counter() - start
         if wait and self.group.is_cuda:
             torch.cuda.current_stream().synchronize()
-        n_buckets = -(-layout.total // self.produce)
+        n_buckets = -(-layout.total // self.produce_bytes)
         return SyncStats(version, layout.total, time.perf_counter() - start, n_buckets, len(plan),
                          host)
 
@@ -327,13 +339,13 @@ class WeightReceiver:
     """
 
     def __init__(self, group: SyncGroup, targets: Mapping[str, torch.Tensor] | torch.nn.Module,
-                 consume_mb: float = 128, dual_buffer: bool = True, strict: bool = True,
-                 version: int = 0):
+                 bucket_mb: BucketMiB | float = DEFAULT_BUCKET_MB, dual_buffer: bool = True,
+                 strict: bool = True, version: int = 0):
         if isinstance(targets, torch.nn.Module):
             targets = dict(targets.named_parameters())
         self.group = group
         self.targets = dict(targets)
-        self.chunk = _mb_to_bytes(consume_mb, "consume")
+        self.consume_bytes = _aligned_bytes(_consume_mb(BucketMiB.of(bucket_mb)), "consume")
         self.dual_buffer = dual_buffer
         self.strict = strict
         self.version = version  # the version the live tensors hold
@@ -353,7 +365,7 @@ class WeightReceiver:
             return self._plans[key]
         layout = Layout.from_json(self.group.store.get(f"layout/{key}"))
         dsts = [bytes_view(t) for t in layout.match(self.targets, self.strict)]
-        dev, total, step = self.group.device, layout.total, self.chunk
+        dev, total, step = self.group.device, layout.total, self.consume_bytes
         ranges = [(c, min(c + step, total)) for c in range(0, total, step)]
         commit = None
         if self.dual_buffer:
@@ -388,9 +400,10 @@ class WeightReceiver:
         if magic != MAGIC:
             raise WeightSyncError(f"bad weight-sync header {header.tolist()}: the ranks are out "
                                   "of step (every send needs exactly one receive)")
-        if chunk != self.chunk:
+        if chunk != self.consume_bytes:
             raise WeightSyncError(
-                f"the sender broadcasts {chunk} B chunks, this receiver expects {self.chunk} B: "
+                f"the sender broadcasts {chunk} B chunks, this receiver expects "
+                f"{self.consume_bytes} B: "
                 "give both sides the same bucket_mb.consume")
         layout, chunks, _ = self._plan(key)
         if self.dual_buffer:

@@ -222,7 +222,6 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path, spec, policy, monkeyp
 def test_corrupted_sync_is_caught_by_the_digest():
     from rl_support import make_spec
 
-    from rlgraph.runtime.weight_sync import check_digest
     from rlgraph.weights.buckets import WeightSyncError, digest
     from rlgraph.worker.workspace import Workspace
 
@@ -231,10 +230,11 @@ def test_corrupted_sync_is_caught_by_the_digest():
     sent = {"version": 1, "digest": digest(sender.policy.state_dict())}
     for bucket in sender.export_weights(bucket_mb=0.01):
         receiver.receive_bucket(bucket)
-    check_digest(receiver, "param_update:0#0", sent)  # intact: passes
+    param_update = receiver.worker("param_update")
+    param_update.check_digest(sent, "param_update at step 0")  # intact: passes
     next(iter(receiver._buffer.staging.values())).view(-1)[0] += 1.0
     with pytest.raises(WeightSyncError, match="param_update at step 0: the weights of version 1"):
-        check_digest(receiver, "param_update:0#0", sent)
+        param_update.check_digest(sent, "param_update at step 0")
 
 
 def test_join_failures_name_the_cause():

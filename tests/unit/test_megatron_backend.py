@@ -224,7 +224,7 @@ def test_weights_reach_a_transformers_receiver_and_copies_are_independent(world,
     for bucket in export_buckets(mg.state_dict(), 1, bucket_mb=0.01):
         receiver.receive(bucket)
     assert receiver.complete(1)
-    receiver.switch()
+    receiver.swap()
     assert digest(live.state_dict()) == digest(mg.state_dict())
     assert digest(ref.state_dict()) == digest(tiny.state_dict()) != digest(mg.state_dict())
     ref.load_state_dict(live.state_dict())

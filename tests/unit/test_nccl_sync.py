@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlgraph.errors import MissingDependencyError
+from rlgraph.weights import BucketMiB
 from rlgraph.weights import nccl as nccl_sync
 from rlgraph.weights.nccl import ALIGN, Layout, WeightSyncError
 
@@ -45,7 +46,7 @@ def _run(rank: int, port: int) -> None:
     group = nccl_sync.init(rank, 2, "127.0.0.1", port, backend="gloo", timeout_s=60)
     v1, v2 = _weights(1), _weights(2)
     if rank == 0:
-        sender = nccl_sync.WeightSender(group, produce_mb=PRODUCE_MB, consume_mb=CONSUME_MB)
+        sender = nccl_sync.WeightSender(group, BucketMiB(PRODUCE_MB, CONSUME_MB))
         stats = sender.send(v1.items(), version=1)
         total = Layout.of(v1.items()).total
         assert stats.bytes == total
@@ -59,7 +60,8 @@ def _run(rank: int, port: int) -> None:
         return
     live = {name: torch.zeros_like(t) for name, t in v1.items()}
     before = {name: t.clone() for name, t in live.items()}
-    staged = nccl_sync.WeightReceiver(group, live, consume_mb=CONSUME_MB, dual_buffer=True)
+    staged = nccl_sync.WeightReceiver(group, live, BucketMiB(PRODUCE_MB, CONSUME_MB),
+                                      dual_buffer=True)
     stats = staged.receive()
     assert stats.version == 1 and staged.pending_version == 1
     # staged, not committed: generation still sees the old weights, all of them
@@ -69,7 +71,8 @@ def _run(rank: int, port: int) -> None:
     assert staged.commit() == 1 and staged.version == 1 and staged.pending_version is None
     assert all(_same_bits(live[n], v1[n]) for n in live), "v1 differs after commit"
     ptrs = {n: t.data_ptr() for n, t in live.items()}
-    direct = nccl_sync.WeightReceiver(group, live, consume_mb=CONSUME_MB, dual_buffer=False,
+    direct = nccl_sync.WeightReceiver(group, live, BucketMiB(PRODUCE_MB, CONSUME_MB),
+                                      dual_buffer=False,
                                       version=1)
     assert direct.receive().version == 2 and direct.version == 2
     assert all(_same_bits(live[n], v2[n]) for n in live), "v2 differs after direct load"
@@ -121,9 +124,9 @@ def test_layout_mismatch_is_a_clear_error() -> None:
 def test_bucket_sizes_checked() -> None:
     group = nccl_sync.SyncGroup(0, 1, "gloo", torch.device("cpu"), None, None, True)
     with pytest.raises(WeightSyncError, match=r"multiple of bucket_mb\.consume"):
-        nccl_sync.WeightSender(group, produce_mb=100, consume_mb=64)
+        nccl_sync.WeightSender(group, BucketMiB(100, 64))
     with pytest.raises(WeightSyncError, match="positive"):
-        nccl_sync.WeightSender(group, produce_mb=0, consume_mb=0)
+        nccl_sync.WeightSender(group, BucketMiB(0, 0))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")

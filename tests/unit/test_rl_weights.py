@@ -95,14 +95,14 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     from rlgraph.weights.dual_buffer import DualBuffer
 
     switching = threading.Event()
-    plain_switch = DualBuffer.switch
+    plain_switch = DualBuffer.swap
 
     def slow_switch(self: DualBuffer) -> None:
         switching.set()
         time.sleep(0.2)  # the receiver's thread runs now
         plain_switch(self)
 
-    monkeypatch.setattr(DualBuffer, "switch", slow_switch)
+    monkeypatch.setattr(DualBuffer, "swap", slow_switch)
     spec = make_spec(train={"lr": 1e-2})
     sender, receiver = Workspace(spec, ["train"], seed=0), Workspace(spec, ["generate"], seed=0)
     _train_once(sender)
@@ -112,7 +112,7 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     v1 = sender.weights_digest()
     _train_once(sender)
     v2 = sender.export_weights(bucket_mb=0.005)
-    switcher = threading.Thread(target=receiver.switch_if_staged)
+    switcher = threading.Thread(target=receiver.swap_if_staged)
     switcher.start()
     assert switching.wait(5)
     for bucket in v2:
@@ -121,3 +121,32 @@ def test_a_bucket_never_lands_while_another_thread_switches(
     assert receiver.policy_version == 1 and receiver.weights_digest() == v1
     receiver.commit_weights(2)
     assert receiver.weights_digest() == sender.weights_digest()
+
+
+def test_bucket_mb_is_mib_in_the_runtime_and_the_cost_model() -> None:
+    """`bucket_mb: 1` is 2^20 bytes everywhere: the runtime cuts 3 MiB of weights into 3
+    buckets of exactly 2^20 bytes (10^6 would make 4), and the cost model prices the same 3
+    (not 4) for the same bytes."""
+    from types import SimpleNamespace
+
+    from rlgraph.nodes.base import CostContext
+    from rlgraph.nodes.param_update import ParamUpdateSpec, param_update_cost
+    from rlgraph.presets.gpus import GPU_PRESETS
+    from rlgraph.weights import MIB, BucketMiB
+    from rlgraph.weights.buckets import bucket_names
+    from rlgraph.weights.nccl import WeightSender
+
+    assert MIB == 2**20 and BucketMiB(1, 0.5).produce_bytes == 2**20
+    state = {f"w{i}": torch.zeros(2**16) for i in range(12)}  # 12 x 2^18 bytes = 3 MiB
+    sizes = [sum(state[n].numel() * 4 for n in names) for names in bucket_names(state, 1)]
+    assert sizes == [2**20] * 3
+    group = SimpleNamespace(device=torch.device("cpu"), is_cuda=False)
+    sender = WeightSender(group, BucketMiB(2, 1))
+    assert (sender.produce_bytes, sender.consume_bytes) == (2 * 2**20, 2**20)
+
+    node = ParamUpdateSpec(bucket_mb={"produce": 1, "consume": 1}, transport="nccl")
+    spec = SimpleNamespace(group_of=lambda task: {"train": "a", "generate": "b"}[task])
+    shape = SimpleNamespace(params=3 * 2**20 / 2)  # bf16: 3 MiB of weights
+    ctx = CostContext(spec, "param_update", shape, GPU_PRESETS["H100"], 1)
+    param_update_cost(node, ctx)
+    assert "+ 3 buckets" in ctx.extra["detail"]

@@ -21,8 +21,7 @@ from rlgraph.runtime.checkpoint import (
 )
 from rlgraph.runtime.metrics import REQUIRED_KEYS, MetricsWriter, read_rows, step_row
 from rlgraph.runtime.tracing import critical_path
-from rlgraph.runtime.weight_sync import _from_store, _to_store
-from rlgraph.weights.buckets import digest
+from rlgraph.weights.buckets import digest, from_arrays, to_arrays
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "graphs" / "quickstart.yaml"
 
@@ -34,10 +33,10 @@ def test_buckets_survive_the_object_store_format_bit_for_bit():
                "i": torch.arange(6, dtype=torch.int64).view(2, 3),
                "half": torch.randn(3, generator=gen).half()}
     bucket = {"version": 7, "index": 0, "total": 1, "tensors": tensors}
-    stored = _to_store(bucket)
+    stored = to_arrays(bucket)
     assert all(hasattr(a, "dtype") and not isinstance(a, torch.Tensor)
                for a in stored["arrays"].values()), "numpy arrays, not pickled tensors"
-    back = _from_store(stored)
+    back = from_arrays(stored)
     assert back["version"] == 7 and back["index"] == 0 and back["total"] == 1
     assert digest(back["tensors"]) == digest(tensors)
     assert back["tensors"]["h"].dtype == torch.bfloat16

@@ -141,7 +141,7 @@ def _partial_run(static: bool, monkeypatch) -> tuple[list[dict], dict[int, dict]
     def stage(v: int) -> None:
         ws.stage_weights(v, lambda: ws.policy.load_state_dict(weights[v]))
 
-    calls, switch = [0], worker._switch
+    calls, switch = [0], worker._swap
 
     def mid_round() -> int | None:  # the second switch check of a round: between steps
         calls[0] += 1
@@ -153,9 +153,9 @@ def _partial_run(static: bool, monkeypatch) -> tuple[list[dict], dict[int, dict]
     for step in range(4):
         calls[0] = 0
         if step == 1:
-            worker._switch = mid_round
+            worker._swap = mid_round
         if step == 2:
-            worker._switch = switch
+            worker._swap = switch
             stage(2)
         batches.append(worker.run(step))
     return batches, weights

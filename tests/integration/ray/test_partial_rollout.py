@@ -3,7 +3,7 @@ multi-version samples, checkpoints of the cache, and one `rlgraph run` with it o
 
 The policy is the micro Llama of rl_support with its eos logit raised (`EosBias`), so
 response lengths vary and some samples outlive a round. Weight versions are real weight
-sets switched into the live model, the way `Workspace.switch_if_staged` does.
+sets switched into the live model, the way `Workspace.swap_if_staged` does.
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def test_param_update_moves_the_weights_bit_for_bit_in_buckets(cluster):
         ray.get(trainer.load_checkpoint.remote(state))
         before = ray.get(rollout.weights_digest.remote())
         assert before != ray.get(trainer.weights_digest.remote())
-        info = ray.get(submit_param_update(trainer, rollout, bucket_mb=0.5))
+        info = ray.get(submit_param_update(trainer, rollout, "param_update", bucket_mb=0.5))
         assert info["version"] == 5 and info["buckets"] > 1 and info["bytes"] > 0
         assert ray.get(rollout.weights_digest.remote()) == ray.get(
             trainer.weights_digest.remote())

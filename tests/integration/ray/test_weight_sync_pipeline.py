@@ -1,6 +1,6 @@
-"""The overlapped weight sync: the receive lands beside a running generate (Ray `sync`
+"""The overlapped weight sync: the receive lands beside a running generate (Ray `receive`
 concurrency group), into the second buffer, in consume-sized pieces, and the new version
-goes live only at `Workspace.switch_if_staged`; the object-store and gloo transports move
+goes live only at `Workspace.swap_if_staged`; the object-store and gloo transports move
 the weights bit for bit; a run with `transport: nccl` (gloo on CPU) writes the sync metrics.
 """
 
@@ -25,6 +25,7 @@ from rlgraph.runtime.actors import start_actor  # noqa: E402
 from rlgraph.runtime.metrics import read_rows  # noqa: E402
 from rlgraph.runtime.pipeline import Pipeline  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
+from rlgraph.weights import BucketMiB  # noqa: E402
 from rlgraph.weights.buckets import WeightSyncError  # noqa: E402
 from rlgraph.worker.workspace import Workspace  # noqa: E402
 
@@ -36,6 +37,7 @@ SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
 LONG = ["data.prompts_per_step=8", "data.samples_per_prompt=8",
         "data.response_len={mean: 300, max: 400}", "model.warm_start.steps=0"]
 PRODUCE_MB, CONSUME_MB = 0.25, 1 / 32  # 256 KiB buckets loaded 32 KiB at a time
+BUCKET_MB = BucketMiB(PRODUCE_MB, CONSUME_MB)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # probes run in the actors
 
 
@@ -66,7 +68,7 @@ def _new_version(trainer, version: int, seed: int) -> str:
 
 def _probe(actor, fn):
     """Run `fn(actor)` in the actor's `sync` group: beside a task of its default group."""
-    return ray.get(actor.__ray_call__.options(concurrency_group=weight_sync.SYNC).remote(fn))
+    return ray.get(actor.__ray_call__.options(concurrency_group=weight_sync.RECEIVE).remote(fn))
 
 
 def _generating(actor) -> bool:
@@ -111,7 +113,7 @@ def _live_probe(actor) -> tuple:
 
 
 def _switch(actor) -> int | None:
-    return actor.workspace.switch_if_staged()
+    return actor.workspace.swap_if_staged()
 
 
 def test_object_store_sync_lands_beside_generate_and_switches_only_on_request(actors):
@@ -120,7 +122,7 @@ def test_object_store_sync_lands_beside_generate_and_switches_only_on_request(ac
     consume = int(CONSUME_MB * 2**20)
     _, _, info = _sync_under_generation(
         trainer, rollout,
-        lambda: weight_sync.submit_param_update(trainer, rollout, PRODUCE_MB, CONSUME_MB))
+        lambda: weight_sync.submit_param_update(trainer, rollout, "param_update", BUCKET_MB))
     assert info["version"] == 7 and info["buckets"] > 2
     # every byte went through consume-sized pieces (tensors cut, small ones batched)
     assert info["largest_piece"] == consume
@@ -138,7 +140,7 @@ def test_object_store_sync_lands_beside_generate_and_switches_only_on_request(ac
 
 def test_gloo_transport_between_two_actors(actors):
     trainer, rollout = actors
-    route = weight_sync.Route("pu_gloo", trainer, rollout, PRODUCE_MB, CONSUME_MB, "nccl")
+    route = weight_sync.Route("param_update", trainer, rollout, BUCKET_MB, "nccl")
     weight_sync.connect_route(route, "gloo")
     for version, seed in ((9, 2), (10, 3)):  # a second sync reuses the group and buffers
         target = _new_version(trainer, version, seed)
@@ -189,20 +191,20 @@ def test_workspace_dual_buffer_rules() -> None:
     spec = load_spec(QUICKSTART, SMALL)
     sender, receiver = Workspace(spec, ["train"], seed=0), Workspace(spec, ["generate"], seed=0)
     before = receiver.weights_digest()
-    assert receiver.switch_if_staged() is None
+    assert receiver.swap_if_staged() is None
     for version in (1, 2):
         with torch.no_grad():
             for p in sender.policy.parameters():
                 p.add_(0.01)
         sender.policy_version = version
         for bucket in sender.export_weights(bucket_mb=0.1):
-            receiver.receive_bucket(bucket, consume_mb=CONSUME_MB)
+            receiver.receive_bucket(bucket, BucketMiB(0.1, CONSUME_MB))
         receiver.stage_weights(version)
         if version == 1:
             assert receiver.weights_digest() == before and receiver.policy_version == 0
     # version 2's buckets overwrote staging: version 1 was switched in first, not lost
     assert receiver.policy_version == 1 and receiver.staged[0] == 2
-    assert receiver.switch_if_staged() == 2
+    assert receiver.swap_if_staged() == 2
     assert receiver.weights_digest() == sender.weights_digest()
     assert receiver.take_pause_s() > 0 and receiver.take_pause_s() == 0
     with pytest.raises(WeightSyncError, match="staged"):
