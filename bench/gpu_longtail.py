@@ -1,8 +1,9 @@
 """Asynchrony where it pays, on one GPU: synchronous colocated vs partial rollout colocated on
 a long-tailed workload (issue 15), side by side in one process.
 
-  PYTHONUNBUFFERED=1 python bench/gpu_longtail.py [--parts throughput,decode,learning]
-      [--modes sync,partial-lag1,partial-lag2] [--steps 5] [--out DIR] [--name NAME]
+  PYTHONUNBUFFERED=1 python bench/gpu_longtail.py
+      [--parts throughput,decode,sweep,trainshapes,learning] [--repeats 1]
+      [--modes sync,partial-lag1,partial-lag2,partial-lag3] [--steps 5] [--out DIR] [--name NAME]
       [--cpu] [key=value ...]
   python bench/gpu_longtail.py --plot bench/results/gpu-longtail-1gpu.json \\
       --png docs/gpu-longtail-1gpu.png
@@ -11,15 +12,17 @@ throughput: bench/graphs_gpu/longtail-1gpu.yaml (the qwen2.5-0.5b shape in bf16,
 step, every task on one GPU) in BENCHMARK MODE: generate.forced_lengths draws each sample's
 response length from data.response_len (lognormal, mean 512, sigma 1, clipped at 8192;
 `data.response_len.sigma=1.5` for the heavier tail) and ignores eos until it. Each mode runs
-`--steps` train steps (the first is warm-up: CUDA, graph capture); per mode: samples/s and
-step time (median after warm-up, spread), every step's node spans (the timeline), decode steps
+`--steps` train steps (the first is warm-up: CUDA, graph capture), no periodic checkpoints;
+`--repeats` alternates the modes that many rounds. Per mode: samples/s (steps after the first
+over their summed time, and the median), step times, every step's node spans (the timeline),
+train time per 1k tokens with new pass shapes and allocator counters, decode steps
 per call, device ms per decode step, tokens carried / dropped / restarted, version span, lag,
 the response lengths trained on against those started (mean, p90, p99: forced lengths are
 known per data position, the run's ledger says which positions were trained), and the
 compiler's uncalibrated prediction (`rlgraph compile`'s period_s) beside the measured period.
-decode: ms per decode step of the static engine at the widths the runs use against the HBM
-roofline (weights + live K/V over the copy bandwidth measured here), and the finished-row
-check interval (`sync_every` 1..64) on a forced-length synchronous batch: wall time per call.
+decode, sweep, trainshapes: the engine-level measurements of bench/longtail_engine.py (slot
+compaction by live rows against the HBM roofline; one step per kernel, width and length; the
+cost of a new train pass shape with and without cuDNN's SDPA).
 learning: the correctness check, bench/graphs_gpu/longtail-colocated.yaml (tiny preset after
 its warm start, the countdown task, lengths chosen by the model) on one GPU, synchronous vs
 partial rollout: reward, lag, lengths.
@@ -46,12 +49,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import device_info, machine, run_figures  # noqa: E402
+from bench.longtail_engine import (  # noqa: E402
+    decode_part,
+    step_sweep_part,
+    train_shapes_part,
+)
 
 GRAPHS = ROOT / "bench" / "graphs_gpu"
 MODES = {  # name -> overrides of the throughput graph
     "sync": ["schedule.max_lag=0"],
     "partial-lag1": ["schedule.partial_rollout=true", "schedule.max_lag=1"],
     "partial-lag2": ["schedule.partial_rollout=true", "schedule.max_lag=2"],
+    "partial-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3"],
 }
 CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",
@@ -113,8 +122,8 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps,
-                                           tensorboard=False)).run()
+    result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
+                                           checkpoint_every_s=0)).run()  # no periodic ones
     rows = result.rows
     steady = [r["time/step_s"] for r in rows[1:]] or [r["time/step_s"] for r in rows]
     step_s = statistics.median(steady)
@@ -123,8 +132,14 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     node_steps: dict[str, list[float]] = {}
     for e in sorted(result.events, key=lambda e: e["step"]):
         node_steps.setdefault(e["node"], []).append(round(e["end"] - e["start"], 4))
+    steady_wall = sum(r["time/step_s"] for r in rows[1:])
     res = {
         "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
+        # steps after the first over their summed time: partial rollout's steps alternate
+        # between short rounds and rounds that must finish the tail, so a median misleads
+        "samples_per_s_steady": round(spec.data.prompts_per_step * spec.data.samples_per_prompt
+                                      * len(rows[1:]) / steady_wall, 3) if rows[1:] else None,
+        "step_s_steady_mean": round(steady_wall / len(rows[1:]), 3) if rows[1:] else None,
         "partial_rollout": spec.schedule.partial_rollout,
         "forced_lengths": forced, "response_len": spec.data.response_len.model_dump(),
         "oversample": spec.nodes["generate"].oversample, "stale": spec.nodes["generate"].stale,
@@ -135,95 +150,26 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
         "node_s_per_step": node_steps,
         "per_step": {k: per_step(rows, k) for k in (
             "generate/decode_steps", "rollout/decode_steps", "generate/decode_ms_per_step",
+            "generate/mean_width", "generate/live_share",
             "generate/engine_s", "rollout/carried", "rollout/dropped", "rollout/restarted",
             "rollout/version_span", "rollout/cached", "lag/max", "lag/mean", "reward/mean",
-            "response/length_mean")},
+            "response/length_mean", "tokens", "train/new_pass_shapes", "train/alloc_retries",
+            "train/device_mallocs", "train/device_frees")},
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),
     }
+    train_s = node_steps.get("train", [])
+    tokens = res["per_step"]["tokens"]
+    res["train_s_per_step"] = train_s
+    res["train_ms_per_1k_tokens"] = [round(t * 1e6 / n, 2) if n else None
+                                     for t, n in zip(train_s, tokens)]
+    late = train_s[2:]
+    res["train_flat_from_step3_max_over_min"] = round(max(late) / min(late), 3) if late else None
     if forced:
         res["lengths"] = forced_lengths(spec, run_dir, rows)
     shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of GB size
     return res
-
-
-def decode_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
-    """Static engine: ms per decode step against the HBM roofline at the runs' widths, and the
-    wall time of a forced-length synchronous batch per finished-row check interval."""
-    import random
-
-    import torch
-
-    from bench.gpu_bench import copy_bandwidth
-    from rlgraph.config.load import load_spec
-    from rlgraph.engines.static_decode import Request, StaticDecoder
-    from rlgraph.presets.tasks import draw_length
-    from rlgraph.worker.workspace import Workspace
-
-    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
-    device = "cpu" if cpu else "cuda"
-    ws = Workspace(spec, ["generate"], seed=0, device=device)
-    model = ws.policy
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
-    rng = random.Random(0)
-    out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "weights_bytes": weights,
-                           "kv_bytes_per_token": kv, "roofline": [], "sync_every": []}
-    widths = [8, 16] if cpu else [512, 768]
-    contexts = [16, 48] if cpu else [512, 2048]
-    new = 8 if cpu else 64
-    for width in widths:
-        for ctx in contexts:
-            dec = StaticDecoder(model, max_batch=width, max_len=ctx + new + 8, timing=True,
-                                attn_block=128, sync_every=16)
-            reqs = [Request([rng.randrange(3, cfg.vocab_size) for _ in range(ctx)], new,
-                            ignore_eos=True) for _ in range(width)]
-            dec.run(reqs)  # capture
-            for k in dec.stats:
-                dec.stats[k] = 0
-            t = time.perf_counter()
-            dec.run(reqs)
-            wall = time.perf_counter() - t
-            ms = dec.stats["decode_ms"] / max(1, dec.stats["decode_steps"]) or wall * 1e3 / new
-            live = weights + width * (ctx + new / 2) * kv
-            out["roofline"].append({
-                "width": width, "context": ctx, "ms_per_step": round(ms, 3),
-                "roofline_ms": round(live / bw * 1e3, 3),
-                "over_roofline": round(ms / (live / bw * 1e3), 2)})
-            del dec
-            if not cpu:
-                torch.cuda.empty_cache()
-    rows = 16 if cpu else 256
-    lengths = [draw_length(rng, spec.data.response_len.model_copy(
-        update={"max": 64 if cpu else 2048}), limit=10**9) for _ in range(rows)]
-    for every in (1, 4, 8, 16, 32, 64):
-        dec = StaticDecoder(model, max_batch=rows, max_len=8 + max(lengths) + 1, timing=True,
-                            attn_block=128, sync_every=every)
-        reqs = [Request([5, 6, 7, 8], n, ignore_eos=True) for n in lengths]
-        dec.run(reqs)
-        if not cpu:
-            torch.cuda.synchronize()
-        for k in dec.stats:
-            dec.stats[k] = 0
-        t = time.perf_counter()
-        dec.run(reqs)
-        if not cpu:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t
-        out["sync_every"].append({
-            "sync_every": every, "wall_s": round(wall, 4),
-            "decode_steps": int(dec.stats["decode_steps"]), "longest": max(lengths),
-            "device_ms_per_step": round(dec.stats["decode_ms"] / dec.stats["decode_steps"], 4)
-            if dec.stats["decode_ms"] else None,
-            "wall_ms_per_needed_step": round(wall * 1e3 / max(lengths), 4)})
-        del dec
-    best = min(out["sync_every"], key=lambda r: r["wall_s"])
-    out["sync_every_fastest"] = best["sync_every"]
-    return out
 
 
 def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
@@ -249,6 +195,33 @@ def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
     return out
 
 
+def summarize(runs: dict[str, dict]) -> dict[str, Any]:
+    """Per mode over its repeats: samples/s and step-time medians with their spread, the
+    step medians pooled, and samples/s over sync's (repeat by repeat, and of the medians)."""
+    by_mode: dict[str, list[dict]] = {}
+    for key, r in runs.items():
+        if "samples_per_s" in r:
+            by_mode.setdefault(key.split("@")[0], []).append(r)
+    out: dict[str, Any] = {}
+    for mode, rs in by_mode.items():
+        steps = [s for r in rs for s in r["step_s_all"][1:]]
+        out[mode] = {"repeats": len(rs),
+                     "samples_per_s": [r["samples_per_s_steady"] for r in rs],
+                     "samples_per_s_median": round(statistics.median(
+                         r["samples_per_s_steady"] for r in rs), 3),
+                     "step_s_pooled_median": round(statistics.median(steps), 3),
+                     "step_s_pooled_spread": [round(min(steps), 3), round(max(steps), 3)],
+                     "predicted_period_s": rs[0]["predicted_period_s"]}
+    sync = out.get("sync")
+    for mode, o in out.items():
+        if sync and mode != "sync":
+            o["over_sync_samples_per_s"] = round(
+                o["samples_per_s_median"] / sync["samples_per_s_median"], 3)
+            o["over_sync_by_repeat"] = [round(a / b, 3) for a, b in zip(
+                o["samples_per_s"], sync["samples_per_s"])]
+    return out
+
+
 def plot(path: Path, png: Path) -> None:
     """Both timelines (node spans per step) one above the other."""
     import matplotlib
@@ -257,12 +230,17 @@ def plot(path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     res = json.loads(path.read_text())
-    modes = {k: v for k, v in res["throughput"].items() if "events" in v}
+    modes = {}  # (section, mode) -> run: every throughput section of the file, first repeats
+    sections = [v for k, v in res.items() if k.startswith("throughput") and isinstance(v, dict)]
+    for section, runs in enumerate(sections):
+        for k, v in runs.items():
+            if "events" in v and "@" not in k:
+                modes[(section, k)] = v
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 1.9 * len(modes) + 0.6), sharex=True)
     axes = [axes] if len(modes) == 1 else axes
     colors = {"generate": "tab:blue", "logp": "tab:orange", "train": "tab:green",
               "reward": "tab:red", "ref_logp": "tab:purple", "param_update": "tab:gray"}
-    for ax, (name, r) in zip(axes, modes.items()):
+    for ax, ((_, name), r) in zip(axes, modes.items()):
         nodes = [n for n in colors if any(e["node"] == n for e in r["events"])]
         for e in r["events"]:
             y = nodes.index(e["node"])
@@ -271,11 +249,13 @@ def plot(path: Path, png: Path) -> None:
             if e["node"] == "generate":
                 ax.text(e["start"], y, str(e["step"]), va="center", fontsize=6)
         ax.set_yticks(range(len(nodes)), nodes)
-        ax.set_title(f"{name}: {r['samples_per_s']} samples/s, step {r['step_s_median']} s "
-                     f"(predicted {r['predicted_period_s']} s), lag max {r['lag_max']:g}",
-                     fontsize=9)
+        sigma = r["response_len"]["sigma"]
+        steps = r["step_s_all"][1:]
+        ax.set_title(f"sigma {sigma:g}, {name}: steps after the first "
+                     f"{', '.join(f'{x:.1f}' for x in steps)} s (predicted "
+                     f"{r['predicted_period_s']:.1f} s), lag max {r['lag_max']:g}", fontsize=9)
     axes[-1].set_xlabel("seconds since the first task")
-    fig.suptitle(f"{res['device']['name']}: {res['workload']}", fontsize=9)
+    fig.suptitle(f"{res['device']['name']}: {res['workload'][:110]}", fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -285,8 +265,11 @@ def main() -> int:
     """Run the parts, print a table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="throughput,decode,learning")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default="sync,partial-lag1,partial-lag2")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of alternated modes")
+    parser.add_argument("--decode-rows", type=int, help="rows of the decode part's batch")
+    parser.add_argument("--decode-max", type=int, help="longest response of the decode part")
     parser.add_argument("--learning-steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-longtail-1gpu")
@@ -319,25 +302,32 @@ def main() -> int:
     def save() -> None:
         path.write_text(json.dumps(res, indent=1, default=str) + "\n")
 
+    if "trainshapes" in parts:
+        res["train_shapes"] = train_shapes_part(args.cpu, overrides)
+        save()
+    if "sweep" in parts:
+        res["step_sweep"] = step_sweep_part(args.cpu, overrides)
+        save()
     if "decode" in parts:
-        res["decode"] = decode_part(args.cpu, overrides)
+        res["decode"] = decode_part(args.cpu, overrides, args.decode_rows, args.decode_max)
         print("decode", json.dumps(res["decode"]), flush=True)
         save()
     if "throughput" in parts:
-        for mode in args.modes.split(","):
-            try:
-                res["throughput"][mode] = run_mode(
-                    mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
-                    args.steps, runs, forced=True)
-            except Exception as exc:  # record it and go on to the next mode
-                res["throughput"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-            r = res["throughput"][mode]
-            print(mode, json.dumps({k: v for k, v in r.items() if k != "events"}), flush=True)
-            sync = res["throughput"].get("sync", {})
-            if mode != "sync" and "samples_per_s" in r and "samples_per_s" in sync:
-                res[f"{mode}_over_sync_samples_per_s"] = round(
-                    r["samples_per_s"] / sync["samples_per_s"], 3)
-            save()
+        # modes alternated, `--repeats` rounds: repeat r of a mode is keyed "mode@r" (r > 0)
+        for rep in range(args.repeats):
+            for mode in args.modes.split(","):
+                key = mode if rep == 0 else f"{mode}@{rep}"
+                try:
+                    res["throughput"][key] = run_mode(
+                        mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
+                        args.steps, runs, forced=True)
+                except Exception as exc:  # record it and go on to the next mode
+                    res["throughput"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+                r = res["throughput"][key]
+                print(key, json.dumps({k: v for k, v in r.items() if k != "events"}),
+                      flush=True)
+                res["summary"] = summarize(res["throughput"])
+                save()
     if "learning" in parts:
         res["learning"] = learning_part(args.learning_steps, args.cpu, runs)
         print("learning", json.dumps(res["learning"]), flush=True)

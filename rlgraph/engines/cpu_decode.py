@@ -200,11 +200,19 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: 
 def token_logp(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
                prompt_len: int, temperature: float = 1.0) -> torch.Tensor:
     """[B, R] log-probs of the response tokens under `model` (with gradient if enabled)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     response = sequences[:, prompt_len:]
     width = response.shape[1]
-    out = model(input_ids=sequences, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False,
-                logits_to_keep=width + 1)
+    # not cuDNN's SDPA: it builds a plan for every new (rows, width) pass shape, measured on
+    # an H200 at +130-175 ms a first forward+backward against +15 ms for flash / efficient
+    # attention (bench/results/gpu-longtail-1gpu.json, train_shapes), and a long-tailed
+    # batch brings new pass widths for many steps
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]):
+        out = model(input_ids=sequences, attention_mask=attention_mask,
+                    position_ids=position_ids(attention_mask), use_cache=False,
+                    logits_to_keep=width + 1)
     logits = out.logits[:, :-1].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, response[..., None]).squeeze(-1)
 

@@ -8,23 +8,21 @@ sequences start, stop and restart independently:
   new prompts; the rest keep decoding. A request that carries already generated tokens (resume)
   is re-encoded from position 0 under the current weights: KV computed under older weights is
   never reused.
-- **decode step**: one token for every slot. The whole step (forward, GPU sampling with
-  temperature / top-p, per-slot bookkeeping: output tokens, log-probs, the policy version that
-  sampled each token, EOS and length stops) lives in static GPU tensors, so on CUDA it is
-  captured once per (attention length, top-p) as a CUDA graph and replayed `sync_every` times
-  before the host looks at the slots again. `compile=True` runs the step through torch.compile
-  first (fewer, fused kernels) and captures that.
+- **decode step**: one token for every slot: forward, GPU sampling, per-slot bookkeeping
+  (tokens, log-probs, policy versions, EOS and length stops) all in static GPU tensors, so on
+  CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
+  replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
+  runs through torch.compile first).
 - **attention**: the cache is sliced to a bucketed attention length (the longest live sequence
-  rounded up to `attn_block`), so a step reads the KV it needs, not all `max_len` positions; a
-  query of one token attends through SDPA with grouped heads (no repeated KV for GQA).
+  rounded up), so a step reads the KV it needs; one-token queries attend with grouped heads.
+- **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
+  of two holding the occupied slots; occupied slots beyond it move down first (K/V and state,
+  see `compaction.py`), so a long tail of a few rows decodes at a few rows' cost.
 - **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
-- **fast path on a GPU**: `compile=True, fuse=True` (torch.compile'd step captured as a graph;
-  q/k/v and gate/up computed by one GEMM each, see `fusion.py`). Measured on an H200 with the
-  374M Llama in bf16 (bench/results/gpu-decode.json): 1.43 / 2.91 ms per step at batch 64 / 256,
-  4.7x / 4.0x the HBM roofline, against 2.80 / 4.52 ms for transformers' compiled static-cache
-  `generate` in the same run. `fuse=True` is for inference-only models (gradients do not reach
-  the parameters through the fused GEMM).
+- **fast path on a GPU**: `compile=True, fuse=True` (compiled step captured as a graph, fused
+  projections, `fusion.py`; inference-only models): 1.43 / 2.91 ms a step at batch 64 / 256 on
+  an H200, 4.7x / 4.0x the HBM roofline (bench/results/gpu-decode.json).
 
 `rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
@@ -36,17 +34,19 @@ Mistral-style); models that post-process logits (soft-capping) are not.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from rlgraph.engines.compaction import SlotWidths
+from rlgraph.engines.static_ops import attention, attention_matmul, sample
 from rlgraph.model.build import with_cache
 
-ATTN_NAME = "rlgraph_static"
+ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul"}
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)
 
 
@@ -86,21 +86,6 @@ class Completion:
                        versions=list(self.versions))
 
 
-def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-               value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
-    """transformers attention: one-token queries attend with grouped heads; the rest is sdpa."""
-    if query.shape[2] == 1 and attention_mask is not None and attention_mask.dtype == torch.bool:
-        b, h, _, d = query.shape
-        kv = key.shape[1]
-        q = query.reshape(b, kv, h // kv, d)  # the g query heads of a KV head act as g queries
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,
-                                             scale=kwargs.get("scaling"))
-        return out.reshape(b, 1, h, d), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
 class SlotKVCache:
     """Preallocated K/V per layer, [slots, kv_heads, max_len, head_dim], written per slot.
 
@@ -122,6 +107,7 @@ class SlotKVCache:
         self.mode = "decode"
         self.rows: torch.Tensor | None = None
         self.attn_len = max_len
+        self.width = slots  # decode mode covers slots [0, width)
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
                cache_kwargs: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,41 +118,21 @@ class SlotKVCache:
             k[self.rows, :, :t] = key
             v[self.rows, :, :t] = value
             return key, value
-        k[self.slot_index, :, self.pos] = key[:, :, 0]
-        v[self.slot_index, :, self.pos] = value[:, :, 0]
+        n = self.width
+        k, v = k[:n], v[:n]
+        k[self.slot_index[:n], :, self.pos[:n]] = key[:, :, 0]
+        v[self.slot_index[:n], :, self.pos[:n]] = value[:, :, 0]
         return k[:, :, :self.attn_len], v[:, :, :self.attn_len]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor, upto: int) -> None:
+        """Copy the first `upto` positions of slots `src` to slots `dst`, every layer."""
+        for k, v in zip(self.k, self.v):
+            k[dst, :, :upto] = k[src, :, :upto]
+            v[dst, :, :upto] = v[src, :, :upto]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Unused (positions are always passed explicitly); present for the Cache protocol."""
         return 0
-
-
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
-           greedy_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and their log-probs per row, on the device; temperature 0 means greedy.
-
-    Sampling is an exponential race (argmax of p / Exp(1)), which needs no host sync and so can
-    live inside a CUDA graph; `top_p=None` skips the sort that nucleus filtering needs and
-    `greedy_only` (every row has temperature 0) skips the race.
-    """
-    logits = logits.float()
-    if greedy_only:
-        tokens = logits.argmax(-1)
-        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
-    greedy = temperature <= 0
-    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
-    logp_all = torch.log_softmax(scaled, dim=-1)
-    probs = logp_all.exp()
-    if top_p is None:
-        sampled = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-    else:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p[:, None]
-        sorted_p = sorted_p.masked_fill(~keep, 0.0)
-        choice = (sorted_p / torch.empty_like(sorted_p).exponential_()).argmax(-1)
-        sampled = order.gather(-1, choice[:, None]).squeeze(-1)
-    tokens = torch.where(greedy, logits.argmax(-1), sampled)
-    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 class StaticDecoder:
@@ -176,10 +142,13 @@ class StaticDecoder:
                  eos_token_id: int | Iterable[int] | None = None, sync_every: int = 8,
                  attn_block: int | None = 128, cuda_graphs: bool | None = None,
                  compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
-                 timing: bool = False):
+                 timing: bool = False, compact: bool = True, min_width: int = 16,
+                 trace: bool = False, attention_kind: str = "sdpa"):
         from transformers import AttentionInterface
 
-        AttentionInterface.register(ATTN_NAME, _attention)
+        AttentionInterface.register(ATTN_NAMES["sdpa"], attention)
+        AttentionInterface.register(ATTN_NAMES["matmul"], attention_matmul)
+        self.attention = attention_kind
         if fuse:
             from rlgraph.engines.fusion import fuse_projections
 
@@ -196,6 +165,7 @@ class StaticDecoder:
         self.B, self.L = max_batch, max_len
         self.sync_every = max(1, sync_every)
         self.attn_block = attn_block or max_len
+        self.widths = SlotWidths(max_batch, max_len, self.attn_block, min_width, compact)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.policy_version = policy_version
         heads = cfg.num_attention_heads
@@ -222,15 +192,18 @@ class StaticDecoder:
         mode = compile if isinstance(compile, str) else None
         self._step = torch.compile(self._decode_step, dynamic=False, mode=mode) if compile \
             else self._decode_step
-        self._graphs: dict[tuple[int, bool, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}
         self._pool: Any = None
         self.queue: deque[Request] = deque()
         self.slots: list[Request | None] = [None] * B
         self.timing = timing and self.device.type == "cuda"  # device time of decode steps
-        self._events: list[tuple[Any, Any]] = []
+        self._events: list[tuple[Any, Any, dict | None]] = []
+        # trace: one record per decode call (live rows, width, attention length, steps, the
+        # live rows' summed positions, device ms per step when timing)
+        self.trace: list[dict] | None = [] if trace else None
         self.stats: dict[str, float] = dict(
             decode_steps=0, slot_steps=0, busy_slot_steps=0, idle_slot_steps_with_queue=0,
-            prefills=0, prefill_tokens=0, decode_ms=0.0)
+            prefills=0, prefill_tokens=0, decode_ms=0.0, slot_moves=0)
 
     # ------------------------------------------------------------------ public API
 
@@ -273,16 +246,27 @@ class StaticDecoder:
                 return out
             steps = self.sync_every
             need = max(pos[b] for b in live) + steps
-            attn_len = min(self.L, -(-need // self.attn_block) * self.attn_block)
             use_top_p = any(self.slots[b].top_p < 1.0 for b in live)
             greedy = all(self.slots[b].temperature <= 0 for b in live)
-            start = self._event()
+            occupied = [b for b, r in enumerate(self.slots) if r is not None]
+            width = self.widths.width_for(len(occupied))
+            if occupied[-1] >= width:
+                self._move_slots(SlotWidths.moves(occupied, width), need)
+            attn_len = self.widths.attn_len(width, need)
+            record = None if self.trace is None else {
+                "live": len(live), "width": width, "attn_len": attn_len, "steps": steps,
+                "live_positions": int(sum(pos[b] for b in live))}
+            start, began = self._event(), time.perf_counter()
             for _ in range(steps):
-                self._run(attn_len, use_top_p, greedy)
+                self._run(attn_len, width, use_top_p, greedy)
             if start is not None:
-                self._events.append((start, self._event()))
+                self._events.append((start, self._event(), record))
+            elif record is not None:  # host time: only the CPU runs synchronously
+                cpu_ms = (time.perf_counter() - began) * 1e3 / steps
+                self.trace.append({**record, **({"ms_per_step": cpu_ms}
+                                                if self.device.type == "cpu" else {})})
             self.stats["decode_steps"] += steps
-            self.stats["slot_steps"] += steps * self.B
+            self.stats["slot_steps"] += steps * width
             self.stats["busy_slot_steps"] += steps * len(live)
             if self.queue:
                 self.stats["idle_slot_steps_with_queue"] += steps * (self.B - len(live))
@@ -321,12 +305,11 @@ class StaticDecoder:
         graphs were captured. Run it while no slot is occupied."""
         if not self.cuda_graphs:
             return 0
-        lengths = sorted({min(self.L, k * self.attn_block)
-                          for k in range(1, -(-self.L // self.attn_block) + 1)})
+        keys = self.widths.keys()
         with torch.no_grad(), self._attn_impl():
-            for attn_len in lengths:
-                self._run(attn_len, use_top_p, greedy)
-        return len(lengths)
+            for width, attn_len in keys:
+                self._run(attn_len, width, use_top_p, greedy)
+        return len(keys)
 
     def set_policy_version(self, version: int) -> None:
         """The version recorded for tokens sampled from now on."""
@@ -337,10 +320,10 @@ class StaticDecoder:
 
     @contextlib.contextmanager
     def _attn_impl(self):
-        """Route the model's attention through `_attention` for our calls only."""
+        """Route the model's attention through `static_ops.attention` for our calls only."""
         cfg = self.model.config
         old = cfg._attn_implementation
-        cfg._attn_implementation = ATTN_NAME
+        cfg._attn_implementation = ATTN_NAMES[self.attention]
         try:
             yield
         finally:
@@ -355,8 +338,11 @@ class StaticDecoder:
 
     def _read_slots(self) -> tuple[list[bool], list[int]]:
         both = torch.stack([self.done.long(), self.pos]).cpu()  # waits for queued steps
-        for start, end in self._events:
-            self.stats["decode_ms"] += start.elapsed_time(end)
+        for start, end, record in self._events:
+            ms = start.elapsed_time(end)
+            self.stats["decode_ms"] += ms
+            if record is not None and self.trace is not None:
+                self.trace.append({**record, "ms_per_step": ms / record["steps"]})
         self._events.clear()
         return [bool(x) for x in both[0]], both[1].tolist()
 
@@ -416,34 +402,51 @@ class StaticDecoder:
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
 
-    def _decode_step(self, attn_len: int, use_top_p: bool, greedy: bool) -> None:
-        """One token for every slot; all inputs and outputs are the static state tensors."""
-        self.cache.attn_len = attn_len
-        pos = self.pos
+    def _decode_step(self, attn_len: int, width: int, use_top_p: bool, greedy: bool) -> None:
+        """One token for every slot in [0, width); all inputs and outputs are (views of) the
+        static state tensors."""
+        n = width
+        self.cache.attn_len, self.cache.width = attn_len, n
+        pos, ngen, done, cur = self.pos[:n], self.ngen[:n], self.done[:n], self.cur_tok[:n]
         mask = (self.arange_L[:attn_len][None, :] <= pos[:, None])[:, None, None, :]
-        hidden = self.base(input_ids=self.cur_tok[:, None], position_ids=pos[:, None],
+        hidden = self.base(input_ids=cur[:, None], position_ids=pos[:, None],
                            attention_mask=mask, **with_cache(self.base, self.cache),
                            use_cache=True).last_hidden_state
-        tok, logp = sample(self.lm_head(hidden[:, -1]), self.temperature,
-                           self.top_p if use_top_p else None, greedy_only=greedy)
-        active = ~self.done
-        rows = self.cache.slot_index
-        idx = self.ngen.clamp(max=self.L - 1)
+        tok, logp = sample(self.lm_head(hidden[:, -1]), self.temperature[:n],
+                           self.top_p[:n] if use_top_p else None, greedy_only=greedy)
+        active = ~done
+        rows = self.cache.slot_index[:n]
+        idx = ngen.clamp(max=self.L - 1)
         self.out_tok[rows, idx] = torch.where(active, tok, self.out_tok[rows, idx])
         self.out_logp[rows, idx] = torch.where(active, logp, self.out_logp[rows, idx])
         self.out_ver[rows, idx] = torch.where(active, self.version_t, self.out_ver[rows, idx])
         step = active.long()
-        self.ngen.add_(step)
-        self.pos.add_(step)
-        self.cur_tok.copy_(torch.where(active, tok, self.cur_tok))
-        self.done.logical_or_(active & ((self._is_eos(tok) & self.stop_on_eos)
-                                        | (self.ngen >= self.max_new)))
+        ngen.add_(step)
+        pos.add_(step)
+        cur.copy_(torch.where(active, tok, cur))
+        done.logical_or_(active & ((self._is_eos(tok) & self.stop_on_eos[:n])
+                                   | (ngen >= self.max_new[:n])))
+
+    def _move_slots(self, moves: list[tuple[int, int]], upto: int) -> None:
+        """Move occupied slots (K/V up to position `upto`, state, generated tokens) into free
+        ones: `moves` is (from, to) pairs."""
+        src = torch.tensor([a for a, _ in moves], device=self.device)
+        dst = torch.tensor([b for _, b in moves], device=self.device)
+        self.cache.move(src, dst, min(self.L, upto))
+        for t in (self.cur_tok, self.pos, self.ngen, self.max_new, self.done, self.stop_on_eos,
+                  self.temperature, self.top_p, self.out_tok, self.out_logp, self.out_ver):
+            t[dst] = t[src]
+        self.done[src] = True
+        for a, b in moves:
+            self.slots[b], self.slots[a] = self.slots[a], None
+        self.stats["slot_moves"] += len(moves)
 
     def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return (tok[:, None] == self.eos[None, :]).any(-1)
 
     def _run(self, *key: Any) -> None:
-        """One decode step for graph key (attn_len, use_top_p, greedy): replayed or eager."""
+        """One decode step for graph key (attn_len, width, use_top_p, greedy): replayed or
+        eager."""
         if not self.cuda_graphs:
             self._step(*key)
             return

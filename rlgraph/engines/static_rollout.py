@@ -10,7 +10,9 @@ row's eos or length stop. Weights change in place (dual-buffer swap, checkpoint
 load, a colocated optimizer step), so the captured CUDA graphs read the new values with no
 rebuild. `resume` is partial rollout's decode on this engine (partial_rollout.decode).
 Projections are not fused: an NCCL weight receiver holds the parameters' storage from
-the start of the run, and a colocated group trains them.
+the start of the run, and a colocated group trains them. Slots are compacted (a step covers
+the narrowest power-of-two width holding the occupied slots) unless the step is compiled
+(each width would be its own compile).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class StaticRollout:
             block *= -(-max_len // (self.MAX_COMPILED_LENGTHS * block))
         self.engine = StaticDecoder(model, max_batch=slots, max_len=max_len,
                                     eos_token_id=eos_id, sync_every=sync_every, attn_block=block,
-                                    compile=compile, timing=True)
+                                    compile=compile, timing=True, compact=not compile)
         start = time.perf_counter()
         self.graphs = self.engine.warmup(use_top_p=top_p < 1.0)
         self.warmup_s = time.perf_counter() - start
@@ -86,6 +88,7 @@ class StaticRollout:
         eng.set_policy_version(policy_version)
         seed_device(eng.device, seed)
         steps0, ms0 = eng.stats["decode_steps"], eng.stats["decode_ms"]
+        slots0, busy0 = eng.stats["slot_steps"], eng.stats["busy_slot_steps"]
         start = time.perf_counter()
         eng.submit(rows)
         done: list[Completion] = []
@@ -109,6 +112,10 @@ class StaticRollout:
         steps = eng.stats["decode_steps"] - steps0
         metrics = {"generate/static_engine": 1.0, "generate/engine_s": time.perf_counter() - start,
                    "switches": float(switches), "decode_steps": float(steps)}
+        if steps:  # slots a step covered (compaction narrows it), and the share that was live
+            metrics["generate/mean_width"] = (eng.stats["slot_steps"] - slots0) / steps
+            metrics["generate/live_share"] = (eng.stats["busy_slot_steps"] - busy0) / max(
+                1, eng.stats["slot_steps"] - slots0)
         if eng.timing and steps:
             metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
         return [by_id[i] for i in range(len(rows))], metrics

@@ -105,6 +105,8 @@ class TrainWorker:
     def __init__(self, name: str, node: TrainSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
         self.trained_once = node.mini_batches == 1 and node.epochs == 1
+        self.shapes: set[tuple[int, int]] = set()  # (rows, columns) of the passes run so far
+        self.new_shapes = 0
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Train on the batch of `step`; policy_version becomes step's version + 1."""
@@ -131,6 +133,8 @@ class TrainWorker:
         t["mask"], t["adv"] = batch["response_mask"].float().to(device), adv.to(device)
         if "ref_logp" in batch:
             t["ref_logp"] = batch["ref_logp"].to(device)
+        allocator = _allocator_counters(device)
+        self.new_shapes = 0
         with ws.lock:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
@@ -175,6 +179,8 @@ class TrainWorker:
             "policy/version": float(version),
             "actor/lr": lr,
             "logp/skipped": float(own_forward),
+            "train/new_pass_shapes": float(self.new_shapes),
+            **{f"train/{k}": v - allocator[k] for k, v in _allocator_counters(device).items()},
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         return {"step": step, "policy_version": version, "metrics": metrics,
@@ -236,6 +242,9 @@ class TrainWorker:
             def cut(key: str, cols: int, sl: torch.Tensor = sl) -> torch.Tensor:
                 return t[key][sl, :cols]
 
+            if (len(index), P + w) not in self.shapes:
+                self.shapes.add((len(index), P + w))
+                self.new_shapes += 1
             logp = token_logp(policy, cut("sequences", P + w), cut("attention_mask", P + w),
                               P, batch["temperature"])
             old = logp.detach() * cut("mask", w) if own_forward else cut("old_logp", w)
@@ -262,3 +271,16 @@ class TrainWorker:
         optimizer.step()
         figures["actor/grad_norm"] = float(grad_norm)
         return figures
+
+
+def _allocator_counters(device: torch.device) -> dict[str, float]:
+    """The CUDA caching allocator's running counts (retries after a failed allocation free
+    every cached block: a device-wide sync; device mallocs and frees); empty off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {"alloc_retries": float(stats.get("num_alloc_retries", 0)),
+            "device_mallocs": float(stats.get("num_device_alloc", 0)),
+            "device_frees": float(stats.get("num_device_free", 0))}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlgraph.engines.static_decode import Request, StaticDecoder
 from rlgraph.presets.models import MODEL_PRESETS
@@ -167,3 +169,39 @@ def test_prefill_in_token_chunks_matches_one_prefill(model, references, monkeypa
     out = {c.request.request_id: c for c in dec.run(reqs)}
     assert [out[i].tokens for i in range(len(reqs))] == references
     assert dec.stats["prefills"] >= 4  # 6 prompts of 2-9 tokens, at most 12 padded a chunk
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_compaction_moves_live_rows_down_and_keeps_the_tokens(model, references,
+                                                              attention) -> None:
+    # six rows finishing at different steps: the step narrows to 4, 2, 1 slots, the live rows
+    # move down with their K/V, and greedy tokens still match transformers' generate
+    dec = StaticDecoder(model, max_batch=6, max_len=32, sync_every=2, attn_block=8,
+                        min_width=1, trace=True, attention_kind=attention)
+    lengths = [2, 3, 4, 6, 9, MAX_NEW]
+    reqs = [Request(p, n, temperature=0.0, request_id=i)
+            for i, (p, n) in enumerate(zip(_prompts(), lengths))]
+    out = {c.request.request_id: c for c in dec.run(reqs)}
+    assert [out[i].tokens for i in range(6)] == [r[:n] for r, n in zip(references, lengths)]
+    assert dec.stats["slot_moves"] >= 2
+    widths = [t["width"] for t in dec.trace]
+    assert widths[0] == 6 and widths[-1] == 1 and widths == sorted(widths, reverse=True)
+    assert all(t["live"] <= t["width"] for t in dec.trace)
+    assert dec.stats["slot_steps"] < 6 * dec.stats["decode_steps"]
+
+
+@given(st.integers(1, 300), st.integers(1, 64), st.data())
+@settings(max_examples=60, deadline=None)
+def test_slot_widths_hold_the_occupied_slots(slots: int, min_width: int, data) -> None:
+    from rlgraph.engines.compaction import SlotWidths
+
+    widths = SlotWidths(slots, max_len=1000, attn_block=128, min_width=min_width)
+    occupied = sorted(data.draw(st.sets(st.integers(0, slots - 1), min_size=1)))
+    width = widths.width_for(len(occupied))
+    assert len(occupied) <= width <= slots
+    moved = dict(SlotWidths.moves(occupied, width))
+    after = sorted(moved.get(b, b) for b in occupied)
+    assert len(set(after)) == len(occupied) and after[-1] < width
+    # padding to a block never reads more K/V than full width pads
+    assert width * widths.block(width) <= slots * 128 or widths.block(width) == 128
+    assert all(a >= width > b for a, b in moved.items())

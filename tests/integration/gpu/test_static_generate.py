@@ -202,4 +202,5 @@ def test_partial_rollout_on_the_static_engine_matches_the_decoder_path(monkeypat
         assert any(len(set(r[r >= 0].tolist())) > 1 for m in mixed for r in m)
     assert all(b["metrics"]["generate/static_engine"] == 1.0 for b in static)
     assert set(static[0]["metrics"]) == set(dynamic[0]["metrics"]) | {
-        "generate/static_engine", "generate/engine_s"}
+        "generate/static_engine", "generate/engine_s", "generate/mean_width",
+        "generate/live_share"}
