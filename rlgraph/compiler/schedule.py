@@ -110,11 +110,16 @@ class Simulation:
         for t in range(min(steps, self.steps)):
             for i in range(n):
                 occ = occupies[i]
-                out.append({"node": tg.names[i], "step": t, "start": self.start[t * n + i],
-                            "end": self.end[t * n + i], "group": occ[0] if occ else None,
-                            "occupies": list(occ)})
-        order = {name: i for i, name in enumerate(tg.names)}
-        out.sort(key=lambda e: (e["start"], e["step"], order[e["node"]]))
+                event = {"node": tg.node_of(i), "step": t, "start": self.start[t * n + i],
+                         "end": self.end[t * n + i], "group": occ[0] if occ else None,
+                         "occupies": list(occ)}
+                if tg.mini_batch_of(i) is not None:  # streaming: one event per mini-batch
+                    event["mini_batch"] = tg.mini_batch_of(i)
+                event["_order"] = i
+                out.append(event)
+        out.sort(key=lambda e: (e["start"], e["step"], e["_order"]))
+        for event in out:
+            del event["_order"]
         return out
 
 
