@@ -90,14 +90,25 @@ class GenerateWorker:
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
-        if workspace.spec.schedule.partial_rollout:
+        schedule = workspace.spec.schedule
+        if schedule.partial_rollout or schedule.stream is not None:
             from rlgraph.engines.partial_rollout import RolloutCache
 
-            data, schedule = workspace.spec.data, workspace.spec.schedule
+            data, k = workspace.spec.data, schedule.mini_batches
+            prompts = self.share[1] - self.share[0]
+            if prompts % k:
+                raise ValueError(f"{name}: this replica samples {prompts} prompts a step, which "
+                                 f"schedule.stream.mini_batches {k} does not divide; use "
+                                 f"prompts_per_step divisible by mini_batches x the group's "
+                                 f"replicas")
+            # streaming: a call emits one mini-batch and keeps the whole batch's groups in
+            # flight (continuous batching), oversampled as well with partial rollout
+            oversample = k * (node.oversample if schedule.partial_rollout else 1.0)
             self.cache = RolloutCache(
-                prompts_per_step=self.share[1] - self.share[0],
-                samples_per_prompt=data.samples_per_prompt, oversample=node.oversample,
-                max_lag=schedule.max_lag, stale=node.stale,
+                prompts_per_step=prompts // k,
+                samples_per_prompt=data.samples_per_prompt, oversample=oversample,
+                max_lag=schedule.max_lag, stale=node.stale, stride=k,
+                mix_versions=schedule.partial_rollout,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
                     self._data_position(position))),
@@ -219,8 +230,9 @@ class GenerateWorker:
             engine = self._static_engine()
             self._swap()
             version = self.ws.policy_version
+            swap = self._swap if self.cache.mix_versions else lambda: None
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, self._swap, engine,
+                self.cache, step, self.ws.policy, version, swap, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))

@@ -109,7 +109,10 @@ class TrainWorker:
         self.new_shapes = 0
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Train on the batch of `step`; policy_version becomes step's version + 1."""
+        """Train on the batch of `step`; policy_version becomes step's version + 1. Streaming
+        (`schedule.stream`): `step` is an optimizer step t*K + j on mini-batch j of version t,
+        the version advances after its last mini-batch, and a token's lag is t minus the
+        version that sampled it."""
         import torch
 
         from rlgraph.engines.cpu_decode import token_logp_passes
@@ -160,10 +163,12 @@ class TrainWorker:
                 group["lr"] = lr
             updates = [self._update(t, slice(lo, lo + size), batch, own_forward)
                        for _ in range(self.node.epochs) for lo in range(0, rows, size)]
-            ws.policy_version += 1
+            k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
+            if (step + 1) % k == 0:  # of version step // k
+                ws.policy_version += 1
             version = ws.policy_version
         valid = batch["response_mask"].bool()
-        lag = (step - batch["token_version"][valid]).float()
+        lag = (step // k - batch["token_version"][valid]).float()
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
@@ -177,6 +182,7 @@ class TrainWorker:
             "samples": float(rows),
             "tokens": float(batch["attention_mask"].sum()),
             "policy/version": float(version),
+            "stream/mini_batch": float(step % k),
             "actor/lr": lr,
             "logp/skipped": float(own_forward),
             "train/new_pass_shapes": float(self.new_shapes),

@@ -180,11 +180,24 @@ class SearchSpace:
                 tp: int | None) -> Spec:
         """The user's spec with other groups, lag, partial rollout and generate tp."""
         spec = self.spec
-        schedule = spec.schedule.model_copy(update={"max_lag": lag, "partial_rollout": partial})
+        update: dict[str, Any] = {"max_lag": lag, "partial_rollout": partial}
+        if spec.schedule.stream is not None and not self.streams(groups):
+            update["stream"] = None  # a group that trains and generates cannot stream
+        schedule = spec.schedule.model_copy(update=update)
         nodes = spec.nodes if tp is None else {
             n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
             for n, node in spec.nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
+
+    def streams(self, groups: Mapping[str, GroupSpec]) -> bool:
+        """Whether `schedule.stream` can hold under these groups: no group both generates
+        and trains (`rlgraph.compiler.lag.check_stream`)."""
+        nodes = self.spec.nodes
+        for group in groups.values():
+            roles = [KINDS[nodes[t].kind] for t in group.tasks if t in nodes]
+            if any(r.samples for r in roles) and any(r.advances_policy for r in roles):
+                return False
+        return True
 
     def packs(self, sizes: Sequence[int]) -> bool:
         """Whole-machine groups take free machines; smaller ones best-fit inside machines."""
