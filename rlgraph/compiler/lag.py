@@ -140,7 +140,10 @@ def check_stream(spec: Any, graph: nx.DiGraph) -> None:
         if not KINDS[kind].samples:
             continue
         fed = any(d for _, _, d in graph.in_edges(gen, data="distance"))
-        if not fed:
+        group = graph.nodes[gen]["group"]
+        beside = [n for n, k in kinds.items() if KINDS[k].advances_policy
+                  and group is not None and graph.nodes[n]["group"] == group]
+        if beside or not fed:
             raise SpecError(f"schedule.stream needs '{gen}' in a group of its own, receiving "
                             "weights from a param_update: a group that trains and generates "
                             "cannot train while it generates", key,

@@ -136,7 +136,7 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
         data_pred[v].append(u)
     back_succ: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     back_in: list[list[int]] = [[] for _ in range(n)]
-    for u, v, d in tg.back_edges:
+    for u, v, d in (*tg.back_edges, *((a, b, 1) for a, b in tg.wraps)):  # wraps: streaming
         back_succ[u].append((v, d))
         back_in[v].append(d)
 

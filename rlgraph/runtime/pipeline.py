@@ -63,6 +63,7 @@ import networkx as nx
 
 from rlgraph.compiler.lag import channel_capacities, version_gate
 from rlgraph.compiler.schedule import LowestStepFirst
+from rlgraph.compiler.timed_graph import piece_name, streamed_order
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import step_order
 from rlgraph.nodes import KINDS
@@ -71,6 +72,22 @@ from rlgraph.runtime.state_machine import NodeMachine, NodeState
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
+
+
+@dataclass(frozen=True)
+class MiniBatchFirst(LowestStepFirst):
+    """`LowestStepFirst` over a streaming pipeline's tasks: call m of a node runs on
+    mini-batch m % k of version m // k, keyed as the simulator keys that piece (version, its
+    place in `timed_graph.streamed_order`); a weight carrier's step is a version already."""
+
+    k: int = 1
+    carriers: frozenset[str] = frozenset()
+
+    def key(self, node: str, step: int) -> tuple[int, int]:
+        """Sort key of a task: smaller runs first."""
+        if node in self.carriers:
+            return (step, self.order[node])
+        return (step // self.k, self.order[piece_name(node, step % self.k)])
 
 
 @dataclass(frozen=True)
@@ -198,9 +215,13 @@ class Pipeline:
         self.k = int(graph.graph.get("mini_batches", 1))  # calls per version (streaming)
         self.start_step = start_step
         order = step_order(graph)
-        self.policy = policy or LowestStepFirst.of(order)
         self.kinds: dict[str, str] = dict(graph.nodes(data="kind"))
         self.roles = {name: KINDS[kind] for name, kind in self.kinds.items()}
+        if policy is None and self.k > 1:
+            pieces = {name: i for i, name in enumerate(streamed_order(graph))}
+            policy = MiniBatchFirst(pieces, k=self.k, carriers=frozenset(
+                n for n in order if self.roles[n].carries_weights))
+        self.policy = policy or LowestStepFirst.of(order)
         self.machines = {
             name: NodeMachine(name, self.kinds[name], tuple(graph.nodes[name]["occupies"]),
                               step=self.first_step(name) - 1)
