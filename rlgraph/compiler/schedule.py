@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any
 
 from rlgraph.compiler.period_bound import schedule_bound
-from rlgraph.compiler.timed_graph import TimedGraph
+from rlgraph.compiler.timed_graph import TimedGraph, piece_name
 
 MAX_CYCLE = 8  # longest cyclicity (steps per repeat) searched for
 MAX_TASKS = 400_000  # simulation size cap (steps x nodes)
@@ -86,6 +86,22 @@ class LowestStepFirst:
             if self.reserve and not held:
                 held.update(groups)
         return None
+
+
+@dataclass(frozen=True)
+class MiniBatchFirst(LowestStepFirst):
+    """`LowestStepFirst` over a streaming pipeline's tasks: call m of a node runs on
+    mini-batch m % k of version m // k, keyed as the simulator keys that piece (version, its
+    place in `timed_graph.streamed_order`); a weight carrier's step is a version already."""
+
+    k: int = 1
+    carriers: frozenset[str] = frozenset()
+
+    def key(self, node: str, step: int) -> tuple[int, int]:
+        """Sort key of a task: smaller runs first."""
+        if node in self.carriers:
+            return (step, self.order[node])
+        return (step // self.k, self.order[piece_name(node, step % self.k)])
 
 
 @dataclass

@@ -62,8 +62,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import networkx as nx
 
 from rlgraph.compiler.lag import channel_capacities, version_gate
-from rlgraph.compiler.schedule import LowestStepFirst
-from rlgraph.compiler.timed_graph import piece_name, streamed_order
+from rlgraph.compiler.schedule import LowestStepFirst, MiniBatchFirst
+from rlgraph.compiler.timed_graph import streamed_order
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import step_order
 from rlgraph.nodes import KINDS
@@ -72,22 +72,6 @@ from rlgraph.runtime.state_machine import NodeMachine, NodeState
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
-
-
-@dataclass(frozen=True)
-class MiniBatchFirst(LowestStepFirst):
-    """`LowestStepFirst` over a streaming pipeline's tasks: call m of a node runs on
-    mini-batch m % k of version m // k, keyed as the simulator keys that piece (version, its
-    place in `timed_graph.streamed_order`); a weight carrier's step is a version already."""
-
-    k: int = 1
-    carriers: frozenset[str] = frozenset()
-
-    def key(self, node: str, step: int) -> tuple[int, int]:
-        """Sort key of a task: smaller runs first."""
-        if node in self.carriers:
-            return (step, self.order[node])
-        return (step // self.k, self.order[piece_name(node, step % self.k)])
 
 
 @dataclass(frozen=True)
@@ -260,6 +244,7 @@ class Pipeline:
                     )
         self.generated: dict[tuple[str, int], Any] = {}
         self.stopping = False
+        self.stop_before = 0  # streaming: the first call a stop does not run (see `stop`)
         for (node, step), output in sorted((preloaded or {}).items(), key=lambda kv: kv[0][1]):
             self._preload(node, step, output)
         self._settle()
@@ -386,7 +371,8 @@ class Pipeline:
         if machine.state is NodeState.DONE:
             return None
         nxt = machine.step if machine.state is NodeState.WAITING_INPUT else machine.step + 1
-        return None if self.stopping or nxt >= self.last_step(machine.name) else nxt
+        return None if self._halted(machine.name, nxt) or nxt >= self.last_step(
+            machine.name) else nxt
 
     def _chain(self) -> Task | None:
         """A task that may queue behind the one running task of its group (see above)."""
@@ -434,12 +420,29 @@ class Pipeline:
         self._settle()
 
     def stop(self) -> None:
-        """Start nothing new; running tasks finish and their outputs still enter channels."""
+        """Start nothing new; running tasks finish and their outputs still enter channels.
+        Streaming finishes the version train is in first (its remaining mini-batches, and
+        the weight syncs they wait for), so a run stops, and checkpoints, between versions."""
         self.stopping = True
+        if self.k > 1:
+            calls = [m.step + 1 if m.state in (NodeState.PROCESSING, NodeState.WAITING_OUTPUT)
+                     else self.trained[m.name] for m in map(self.machines.get, self.trains)]
+            self.stop_before = -(-max(calls, default=0) // self.k) * self.k
         for machine in self.machines.values():
-            if machine.state is NodeState.WAITING_INPUT:
+            if (machine.state is NodeState.WAITING_INPUT
+                    and self._halted(machine.name, machine.step)):
                 machine.close()
         self._settle()
+
+    def _halted(self, node: str, step: int) -> bool:
+        """Whether a stop keeps step `step` of `node` from starting (see `stop`)."""
+        if not self.stopping:
+            return False
+        if self.k == 1:
+            return True
+        if self.roles[node].carries_weights:
+            return step >= self.stop_before // self.k - 1
+        return step >= self.stop_before
 
     def _preload(self, node: str, step: int, output: Any) -> None:
         """Resume: generate's step `step` was done before the stop (from the rollout buffer)."""
@@ -473,7 +476,7 @@ class Pipeline:
                         moved = True
                 if machine.state is NodeState.IDLE:
                     nxt = machine.step + 1
-                    if self.stopping or nxt >= self.last_step(machine.name):
+                    if self._halted(machine.name, nxt) or nxt >= self.last_step(machine.name):
                         machine.close()
                     else:
                         machine.arm(nxt)

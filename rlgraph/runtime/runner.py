@@ -344,6 +344,8 @@ class Runner:
         opts = self.options
         if step + 1 >= self.calls():
             return False
+        if (step + 1) % self.spec.schedule.mini_batches:
+            return False  # streaming: checkpoints fall between versions (Pipeline.stop)
         if opts.checkpoint_every:
             return (step + 1) % opts.checkpoint_every == 0
         return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
