@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if "sync" in runs and name != "sync":
             result["ratios"][f"{name}/sync"] = spread(
                 [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(figures, runs["sync"])])
-    for label, (stream, plain) in PAIRS.items():
+    for stream, plain in PAIRS.values():
         if stream in runs and plain in runs:
             ratios = [a["samples_per_s"] / b["samples_per_s"]
                       for a, b in zip(runs[stream], runs[plain])]

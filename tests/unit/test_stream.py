@@ -7,14 +7,14 @@ No Ray here; `tests/integration/ray/test_streaming.py` runs it on Ray and resume
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import heapq
-
 from test_runtime_pipeline import check_invariants as check_unstreamed
 from test_runtime_pipeline import drive as drive_unstreamed
 
@@ -145,7 +145,7 @@ def check_streaming(graph, events, k: int, max_lag: int, versions: int) -> None:
             lanes.setdefault(g, []).append((e["start"], e["end"]))
     for spans in lanes.values():
         spans.sort()
-        assert all(b[0] >= a[1] - 1e-9 for a, b in zip(spans, spans[1:]))
+        assert all(b[0] >= a[1] - 1e-9 for a, b in itertools.pairwise(spans))
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -254,3 +254,25 @@ def test_serial_streaming_run_keeps_every_token_within_the_bound() -> None:
     assert all(r["lag/max"] <= plan.lag.max_policy_lag for r in rows)
     assert max(r["lag/max"] for r in rows) == 1, "generate ran a version ahead"
     assert all(r["samples"] == 4 for r in rows)  # one prompt group of 4 per mini-batch
+
+
+# ---------------------------------------------------------------- rlgraph tune
+
+
+def test_tune_searches_the_mini_batches_per_version() -> None:
+    from rlgraph.tune.search import tune
+    from rlgraph.tune.space import SearchSpace
+
+    spec = load_spec(LONGTAIL, ["schedule.stream.mini_batches=4", "schedule.max_lag=1"])
+    assert SearchSpace(spec).stream_choices == (1, 2, 4, 8)
+    result = tune(spec, top=8)
+    assert result.input is not None and result.input.mini_batches == 4
+    split = [p for p in result.top if len(p.groups) == 2 and p.mini_batches is not None]
+    assert split, "a layout with generate on its own streams"
+    assert all(p.mini_batches is None for p in result.top if len(p.groups) == 1), \
+        "a colocated plan cannot stream"
+    mine = next(p for p in split if {tuple(g["tasks"]) for g in p.groups}
+                == {tuple(g["tasks"]) for g in result.input.groups})
+    assert mine.period_s <= result.input.period_s * (1 + 1e-9)  # its best K, at worst the 4
+    assert compile_plan(result.best.spec).schedule.period_s == pytest.approx(
+        result.best.period_s, rel=1e-6)
