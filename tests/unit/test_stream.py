@@ -276,3 +276,4 @@ def test_tune_searches_the_mini_batches_per_version() -> None:
     assert mine.period_s <= result.input.period_s * (1 + 1e-9)  # its best K, at worst the 4
     assert compile_plan(result.best.spec).schedule.period_s == pytest.approx(
         result.best.period_s, rel=1e-6)
+
