@@ -11,7 +11,9 @@ GRPO on this machine's CPU cores) in each mode, the same versions and so the sam
 Streaming trains on each mini-batch of complete groups as generate emits it (K optimizer
 steps per version, one weight sync per version) and generate refills finished rows with new
 prompts (the rollout cache keeps the whole batch in flight), so the batch's long tail
-overlaps training instead of idling the trainer.
+overlaps training instead of idling the trainer. The same work: every mode takes K optimizer
+steps per version on mini-batches of the same size (`nodes.train.mini_batches: K` where it
+does not stream, verl's ppo_mini_batch_size), so only the pipeline differs.
 
 Per mode: samples/s over the steady rows (without the first WARMUP versions and the last
 max_lag + 1, start-up never counted), the final reward (mean over the last FINAL versions'
@@ -20,7 +22,7 @@ speedup over sync. Modes run `--repeats` times interleaved (A B C .. C B A ..) s
 of other load hit every mode alike; each figure is the median run's with min and max, and
 the ratios of interest are taken per repeat (runs of one repeat side by side).
 
-    python bench/streaming.py [--steps 24] [--repeats 3] [--mini-batches 4]
+    python bench/streaming.py [--steps 20] [--repeats 3] [--mini-batches 4]
 
 Writes bench/results/streaming.json.
 """
@@ -50,13 +52,15 @@ PAIRS = {"lag0": ("stream_lag0", "split_lag0"), "lag1": ("stream_lag1", "split_l
 def modes(k: int) -> dict[str, tuple[str, list[str]]]:
     """Mode -> (what it is, its overrides of graphs/longtail.yaml)."""
     stream = f"schedule.stream.mini_batches={k}"
+    updates = f"nodes.train.mini_batches={k}"  # the same optimizer steps, not streamed
     return {
         "sync": ("colocated sync, max_lag 0 (verl hybrid engine)",
-                 [COLOCATED, "schedule.max_lag=0"]),
-        "split_lag0": ("trainer | rollout, max_lag 0", ["schedule.max_lag=0"]),
+                 [COLOCATED, "schedule.max_lag=0", updates]),
+        "split_lag0": ("trainer | rollout, max_lag 0", ["schedule.max_lag=0", updates]),
         "stream_lag0": (f"trainer | rollout, max_lag 0, streaming {k} mini-batches",
                         ["schedule.max_lag=0", stream]),
-        "split_lag1": ("trainer | rollout, max_lag 1 (one-step-off)", ["schedule.max_lag=1"]),
+        "split_lag1": ("trainer | rollout, max_lag 1 (one-step-off)",
+                       ["schedule.max_lag=1", updates]),
         "stream_lag1": (f"trainer | rollout, max_lag 1, streaming {k} mini-batches",
                         ["schedule.max_lag=1", stream]),
     }
@@ -101,7 +105,7 @@ def spread(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     """Run every mode, interleaved, and write the result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24, help="versions per run")
+    parser.add_argument("--steps", type=int, default=20, help="versions per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mini-batches", type=int, default=4)
     parser.add_argument("--modes", default=None, help="comma-separated subset")
