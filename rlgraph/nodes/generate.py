@@ -71,7 +71,9 @@ class GenerateWorker:
     """Samples `samples_per_prompt` responses to each prompt of the step with the policy,
     recording every token's behaviour log-prob and the policy version that sampled it. With
     `schedule.partial_rollout` the batch comes from a rollout cache (engines/partial_rollout.py):
-    unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
+    unfinished samples carry over to later steps, new prompts keep the batch full. With
+    `schedule.stream` the same cache emits one mini-batch of complete groups per call and
+    keeps the whole batch's groups in flight (continuous batching). On a CUDA
     device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
     on CPU through `sampling.Decoder`. Among a group's replicas each samples its `share` of
     every step's prompts (and keeps its own rollout cache)."""
