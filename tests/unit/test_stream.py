@@ -277,3 +277,28 @@ def test_tune_searches_the_mini_batches_per_version() -> None:
     assert compile_plan(result.best.spec).schedule.period_s == pytest.approx(
         result.best.period_s, rel=1e-6)
 
+
+
+def test_later_mini_batches_anchor_the_clip_to_the_versions_policy() -> None:
+    """Mini-batch j > 0 of a version trains on tokens of that version: its proximal policy
+    is the version's (the rollout's log-probs), so the IS weight is exactly 1, as the
+    step-start proximal gives an unstreamed step's later mini-batches."""
+    from rl_support import make_spec
+
+    from rlgraph.config.schema import StreamSpec
+    from rlgraph.worker.workspace import Workspace
+
+    spec = make_spec(data={"prompts_per_step": 2, "samples_per_prompt": 2},
+                     algorithm={"kl_coef": 0.0}, train={"lr": 1e-2}, max_lag=0)
+    spec.schedule.stream = StreamSpec(mini_batches=2)
+    gen = Workspace(spec, ["generate"], seed=0).worker("generate")
+    ws = Workspace(spec, ["train"], seed=0)
+    figures = []
+    for m in range(2):
+        batch = gen.run(m, {})
+        batch["rewards"] = torch.tensor([1.0, 0.0])
+        out = ws.worker("train").run(m, {"generate": batch})
+        figures.append(out["metrics"])
+        assert out["policy_version"] == (m + 1) // 2
+    assert figures[1]["actor/is_weight_mean"] == pytest.approx(1.0)
+    assert figures[1]["lag/max"] == 0
