@@ -51,7 +51,8 @@ def skip_reason(spec: GraphSpec) -> str | None:
 
 
 def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound;
+    """One forward over every token of the step: 2 * N * tokens FLOPs plus attention's
+    (`parallel.token_pass_cost`), compute-bound;
     0 where the compiler proves the forward redundant (`skip_reason`)."""
     reason = skip_reason(ctx.spec)
     if reason is not None and node.kind == "logp":

@@ -99,33 +99,62 @@ def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: in
     return mini_batches * math.ceil(share / micro) * passes * per_pass
 
 
+def expert_all_to_all(node: NodeSpec, ctx: CostContext, tokens: float, passes: float
+                      ) -> float:
+    """Seconds of a MoE model's expert all-to-all over `tokens` (0 without experts or with
+    ep 1): every MoE layer of every forward-equivalent pass sends each token's hidden state
+    (bf16) to its top_k experts and back, (ep - 1) / ep of the copies to another GPU, over
+    NVLink when the ep group fits in a node, else the network; not overlapped with compute
+    (Megatron's default alltoall dispatcher waits for it)."""
+    shape, ep = ctx.shape, getattr(node, "ep", 1)
+    if ep <= 1 or not shape.moe_layers or ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 0.0
+    copies = tokens * shape.moe_layers * shape.top_k * 2 * (ep - 1) / ep
+    per_gpu = copies * shape.hidden * 2 * passes / max(1, ctx.gpus)
+    within = ep <= ctx.spec.cluster.gpus_per_node
+    return per_gpu / (ctx.gpu.nvlink_bytes_per_s if within else ctx.gpu.network_bytes_per_s)
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1) -> float:
-    """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
-    at `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a
-    local CPU cluster; times the pipeline bubble when pp > 1). rlgraph's runtime
-    pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
-    every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
-    (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
+    """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
+    matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
+    (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence) at
+    `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a local
+    CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
+    rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
+    E[max])), so every rank carries the same width; verl packs sequences (remove_padding:
+    tokens = rows x (prompt + E[L]), attention over each sequence alone, so E[(P + L)^2]) and
+    waits for the slowest data-parallel rank of each mini-batch."""
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)
     rows = data.samples_per_step()
+    prompt = data.prompt_len
     if hybrid_engine_priced(ctx.spec):
-        mean, _ = lengths.moments(model)
-        tokens, how = rows * (data.prompt_len + mean), "packed"
+        mean, second = lengths.moments(model)
+        tokens, how = rows * (prompt + mean), "packed"
+        square = rows * (prompt * prompt + 2 * prompt * mean + second)
         imbalance = data_parallel_imbalance(node, ctx, mini_batches)
     else:
         longest = lengths.expected_max(model, rows)
-        tokens, how, imbalance = rows * (data.prompt_len + longest), "padded", 1.0
-    flops = flops_per_param * ctx.shape.active_params * tokens
+        tokens, how, imbalance = rows * (prompt + longest), "padded", 1.0
+        square = rows * (prompt + longest) ** 2
+    passes = flops_per_param / 2
+    matmul = flops_per_param * ctx.shape.matmul_active * tokens
+    attention = passes * ctx.shape.attention_flops(1.0) * square
     mfu = efficiency(ctx, mfu)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
-    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
-                           f"{tokens:.3g} tokens ({how}) at {mfu:.0%} of {ctx.gpus} x "
-                           f"{ctx.gpu.name}"
+    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
+                           f"{tokens:.3g} tokens ({how}) + attention "
+                           f"{attention / (matmul + attention):.0%} at {mfu:.0%} of "
+                           f"{ctx.gpus} x {ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
-    floor = host_floor(node, ctx, flops_per_param / 2, mini_batches)
+    seconds = (matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
+    exchange = expert_all_to_all(node, ctx, tokens, passes)
+    if exchange:
+        ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"
+    floor = host_floor(node, ctx, passes, mini_batches)
     ctx.extra["detail"] += f" + host floor {floor:.3g} s"
-    return flops / peak * pipeline_bubble(node, ctx) * imbalance + floor
+    return seconds + exchange + floor

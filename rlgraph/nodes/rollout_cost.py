@@ -3,8 +3,9 @@
 all-reduces.
 
 A decode step over R live rows of context c runs its GEMMs (the larger of reading the
-replica's weights W at HBM speed and 2 * N_active * R FLOPs at the GEMM efficiency: H20's
-ridge point is ~37 FLOP/byte, so a large batch is compute-bound there), then attention,
+replica's weights W, the input embedding table aside, at HBM speed and 2 * N * R FLOPs at
+the GEMM efficiency: H20's ridge point is ~37 FLOP/byte, so a large batch is compute-bound
+there), then attention,
 which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
 layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
 with tp > 1, two all-reduce latencies per layer. Lengths follow
@@ -27,12 +28,15 @@ SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates o
 
 
 def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
-    """Fixed seconds per layer and decode step, and what it is: the CUDA-graph floor (SGLang,
-    or engine native's static decoder on a GPU) or the dynamic decode's host overhead."""
+    """Fixed seconds per layer and decode step, and what it is: the floor of a compiled
+    CUDA-graph decode (SGLang, or engine native's static decoder with cuda_decode compiled),
+    of an uncompiled one (cuda_decode graphs: unfused kernels) or the dynamic decode's host
+    overhead."""
     local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
-    graphs = node.engine == "sglang" or (not local and node.cuda_decode != "dynamic")
-    if graphs:
-        return COSTS.graph_decode_floor_per_layer_s, "CUDA-graph floor"
+    if node.engine == "sglang" or (not local and node.cuda_decode == "compiled"):
+        return COSTS.graph_decode_floor_per_layer_s, "compiled CUDA-graph floor"
+    if not local and node.cuda_decode == "graphs":
+        return COSTS.graphs_only_decode_floor_per_layer_s, "uncompiled CUDA-graph floor"
     return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
 
 
@@ -44,9 +48,9 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    weights = 2 * shape.params / tp / hbm
+    weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
-    flops = 2 * shape.active_params * rows / tp
+    flops = 2 * shape.matmul_active * rows / tp
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
     fixed = shape.layers * (floor + allreduce)
@@ -78,7 +82,8 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Prefill (compute-bound, 2 * N_active * prompt tokens) plus decode (see the module).
+    """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
+    decode (see the module).
 
     Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
     batch of groups is complete, carrying the rest over. A step makes one token per decoding
@@ -125,7 +130,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
             how = (f"partial rollout: {node.oversample:g}x rows in flight, "
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
-    prefill = (2 * shape.active_params * prefill_tokens
+    prefill = (2 * shape.matmul_active * prefill_tokens
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"

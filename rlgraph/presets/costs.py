@@ -26,6 +26,7 @@ class CostConstants:
     decode_hbm_efficiency: float = 0.70
     native_decode_overhead_per_layer_s: float = 0.68e-3
     graph_decode_floor_per_layer_s: float = 47e-6
+    graphs_only_decode_floor_per_layer_s: float = 133e-6
     tp_allreduce_latency_s: float = 10e-6
     reshard_bytes_per_s: float = 32 * GB / 175
     local_extra_replica_efficiency: float = 0.34
@@ -86,14 +87,18 @@ COST_SOURCES: dict[str, str] = {
                                       "the floor of a CUDA-graph decode (SGLang replays "
                                       "graphs the same way; published README, 'Decode on a "
                                       "lent H200')",
-    "tp_allreduce_latency_s": "a tensor-parallel decode step all-reduces twice per layer "
-                              "(attention and MLP outputs, a few KB per row); NCCL's "
-                              "small-message all-reduce within an NVLink node takes ~10-15 us "
-                              "in nccl-tests all_reduce_perf (8 B - 64 KB, latency-bound); "
-                              "the engines' custom one-shot all-reduce is faster: 10 us "
-                              "assumed, not measured by us (this session lent no multi-GPU "
-                              "machine); its weight: 2 x layers x 10 us per decode step, "
-                              "0.56 ms for a 28-layer model at tp 2",
+    "graphs_only_decode_floor_per_layer_s": "bench/results/gpu-decode.json (H200, "
+                                            "llama-374m, batch 64): the static engine with "
+                                            "CUDA graphs but no torch.compile (unfused "
+                                            "kernels; cuda_decode: graphs) took 3.50 ms per "
+                                            "decode step against a 0.30 ms HBM roofline = "
+                                            "133 us of fixed cost per layer and step",
+    "tp_allreduce_latency_s": "sgl-project/sglang PR 2904 (H100, unit test without CUDA "
+                              "graphs): vLLM's custom all-reduce of 512 B - 32 KB took "
+                              "8.5-11.8 us at tp 2/4/8 (SGLang's own 3.7-7.8 us), NCCL is "
+                              "slower; a tensor-parallel decode step all-reduces twice per "
+                              "layer (attention and MLP outputs): 2 x layers x 10 us per "
+                              "step, 0.56 ms for a 28-layer model at tp 2",
     "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
                            "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
                            "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "
