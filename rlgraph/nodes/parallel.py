@@ -43,6 +43,16 @@ def compute_units(ctx: CostContext) -> float:
     return float(ctx.gpus)
 
 
+def thread_slowdown(ctx: CostContext) -> float:
+    """Time factor of a local CPU process running several torch threads (the group's slots
+    over its replicas): COSTS.local_threaded_process_slowdown, measured; 1 on GPUs or with
+    one thread per process."""
+    if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 1.0
+    replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
+    return COSTS.local_threaded_process_slowdown if ctx.gpus // replicas > 1 else 1.0
+
+
 def efficiency(ctx: CostContext, local_figure: float) -> float:
     """Fraction of peak a large-batch pass sustains on the node's hardware: on GPUs from the
     roofline (`presets.costs.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
@@ -151,7 +161,8 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
                            f"{ctx.gpus} x {ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
-    seconds = (matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
+    seconds = ((matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
+               * thread_slowdown(ctx))
     exchange = expert_all_to_all(node, ctx, tokens, passes)
     if exchange:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"

@@ -21,7 +21,7 @@ from typing import Any
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units, efficiency
+from rlgraph.nodes.parallel import compute_units, efficiency, thread_slowdown
 from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
@@ -44,20 +44,24 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add); plus layers x (floor + 2 all-reduce
-    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory)."""
+    (the two run one after the other, so they add); sampling reads the rows' fp32 logits over
+    the vocabulary COSTS.sampling_logit_passes times; plus layers x (floor + 2 all-reduce
+    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory),
+    slower in a process of several threads (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
     flops = 2 * shape.matmul_active * rows / tp
+    sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
     fixed = shape.layers * (floor + allreduce)
     if ctx.extra.get("local", gpu.name == "cpu"):
-        return max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu)) + fixed
+        compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
+        return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    return gemms + kv + fixed
+    return gemms + kv + sampling + fixed
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -131,14 +135,20 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
     prefill = (2 * shape.matmul_active * prefill_tokens
-               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
+               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
+               * thread_slowdown(ctx))
+    host = 0.0
+    if node.engine == "native" and not ctx.extra.get("local", gpu.name == "cpu"):
+        host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
                            f"{decode / max(steps, 1e-12) * 1e3:.3g} ms ({how}{waves}; "
-                           f"{floor_kind} per layer)")
+                           f"{floor_kind} per layer)"
+                           + (f" + host {host:.3g} s (rlgraph runtime: call + rows)" if host
+                              else ""))
     if concurrent < per_replica:
         ctx.extra["note"] = (f"{ctx.name}: the KV cache holds {concurrent:.0f} of the "
                              f"{per_replica} sequences of each replica at a time; more GPUs "
                              f"(share) or a larger tp would decode them together")
-    return prefill + decode
+    return prefill + decode + host
