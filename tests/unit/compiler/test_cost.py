@@ -90,6 +90,20 @@ def floor(spec: Any, passes: int) -> float:
     return passes * shape_of(spec).layers * COSTS.native_decode_overhead_per_layer_s
 
 
+def pass_seconds(spec: Any, flops_per_param: int, gpus: int) -> float:
+    """The compute of a pass over a fixed-length batch (rlgraph's runtime: padded rows) on
+    H100s: flops_per_param x matmul params per token plus flops_per_param / 2 forwards of
+    causal attention over each row, at the roofline efficiency."""
+    data, shape = spec.data, shape_of(spec)
+    width = data.prompt_len + data.response_len.max
+    rows = data.samples_per_step()
+    h100 = GPU_PRESETS["H100"]
+    mfu = pass_efficiency(h100.bf16_flops, h100.hbm_bytes_per_s)
+    flops = (flops_per_param * shape.matmul_active * rows * width
+             + flops_per_param / 2 * shape.attention_flops(width) * rows)
+    return flops / (h100.bf16_flops * mfu * gpus)
+
+
 def test_forward_and_train_are_compute_bound_and_scale_with_gpus() -> None:
     # compute scales with GPUs; the host floor per pass and layer does not (issue 14)
     four = costs_of(spec_of())
@@ -97,22 +111,37 @@ def test_forward_and_train_are_compute_bound_and_scale_with_gpus() -> None:
     f1, f3 = floor(spec_of(), 1), floor(spec_of(), 3)
     assert four["logp"].seconds - f1 == pytest.approx(2 * (eight["logp"].seconds - f1))
     ratio = (four["train"].seconds - f3) / (four["logp"].seconds - f1)
-    assert ratio == pytest.approx(3)  # 6N vs 2N at the same roofline efficiency
-    data = spec_of().data
-    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.mean)
-    active = shape_of(spec_of()).active_params
-    h100 = GPU_PRESETS["H100"]
-    mfu = pass_efficiency(h100.bf16_flops, h100.hbm_bytes_per_s)
-    expected = 6 * active * tokens / (h100.bf16_flops * mfu * 4)
-    assert four["train"].seconds == pytest.approx(expected + f3)
+    assert ratio == pytest.approx(3)  # 6N vs 2N (and 3 vs 1 attention forwards)
+    assert four["train"].seconds == pytest.approx(pass_seconds(spec_of(), 6, 4) + f3)
 
 
-def test_moe_counts_active_parameters_for_flops() -> None:
+def test_flops_leave_out_the_input_embedding_and_count_attention() -> None:
+    # an untied input table is a lookup (no FLOPs, not read by decode); a tied one is the
+    # output head and stays; attention grows with the square of the sequence
+    qwen7, qwen05 = shape_of(spec_of()), shape_of(spec_of(model={"preset": "qwen2.5-0.5b"}))
+    assert qwen7.params - qwen7.matmul_params == qwen7.vocab * qwen7.hidden
+    assert qwen05.matmul_params == qwen05.params  # tie_word_embeddings
+    assert qwen7.attention_flops(2048) == pytest.approx(4 * qwen7.attention_flops(1024))
+    assert qwen7.attention_flops(1024) == 2 * 28 * 28 * 128 * 1024 ** 2
+    short = spec_of()
+    long = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 2, "prompt_len": 256,
+                         "response_len": {"mean": 1280, "max": 1280}})  # same tokens
+    assert seconds(long, "logp") > seconds(short, "logp")
+    assert seconds(long, "logp") - floor(long, 1) == pytest.approx(pass_seconds(long, 2, 4))
+
+
+def test_moe_counts_active_parameters_and_pays_the_expert_all_to_all() -> None:
     moe = spec_of(model={"preset": "red-moe-16b"})
     shape = shape_of(moe)
-    assert shape.active_params < 0.3 * shape.params
-    dense = (seconds(spec_of(), "train") - floor(spec_of(), 3)) / shape_of(spec_of()).active_params
-    assert (seconds(moe, "train") - floor(moe, 3)) / shape.active_params == pytest.approx(dense)
+    assert shape.active_params < 0.3 * shape.params and shape.moe_layers == 27
+    assert seconds(moe, "train") - floor(moe, 3) == pytest.approx(pass_seconds(moe, 6, 4))
+    ep4 = spec_of(model={"preset": "red-moe-16b"}, nodes=dict(NODES, train={"ep": 4}))
+    data = ep4.data
+    tokens = data.samples_per_step() * (data.prompt_len + data.response_len.max)
+    # 3 forward-equivalents x 27 layers x top 6 x there and back x 3/4 off the GPU, bf16
+    exchange = tokens * 27 * 6 * 2 * 0.75 * shape.hidden * 2 * 3 / 4 / GPU_PRESETS[
+        "H100"].nvlink_bytes_per_s
+    assert seconds(ep4, "train") - seconds(moe, "train") == pytest.approx(exchange)
 
 
 def test_cost_overrides() -> None:
@@ -322,9 +351,9 @@ def test_decode_attention_adds_to_compute_bound_gemms() -> None:
     ctx = CostContext(spec=spec, name="generate", shape=shape_of(spec),
                       gpu=GPU_PRESETS["H20"], gpus=4, colocated=frozenset(), extra={})
     rows = 1024
-    gemm = 2 * ctx.shape.active_params * rows / (GPU_PRESETS["H20"].bf16_flops
+    gemm = 2 * ctx.shape.matmul_active * rows / (GPU_PRESETS["H20"].bf16_flops
                                                   * COSTS.gemm_efficiency)
-    assert gemm > 2 * ctx.shape.params / GPU_PRESETS["H20"].hbm_bytes_per_s  # compute-bound
+    assert gemm > 2 * ctx.shape.matmul_params / GPU_PRESETS["H20"].hbm_bytes_per_s
     short, long = (decode_step_seconds(rows, c, node, ctx) for c in (256, 4096))
     kv = rows * (4096 - 256) * ctx.shape.kv_bytes_per_token() / (
         GPU_PRESETS["H20"].hbm_bytes_per_s * COSTS.decode_hbm_efficiency)

@@ -1,0 +1,111 @@
+"""Cost model terms measured on our own runs: decode floors and sampling, generate's host
+time in rlgraph's runtime, a local process's threads (issue 14, round 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlgraph.compiler.costs import node_costs
+from rlgraph.compiler.placement import place
+from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.load import validate_spec
+from rlgraph.errors import SourceMap
+from rlgraph.graph import build_graph
+from rlgraph.nodes.base import CostContext
+from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
+from rlgraph.presets.costs import COSTS
+from rlgraph.presets.gpus import GPU_PRESETS
+
+NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
+
+
+def spec_of(groups: dict[str, Any] | None = None, nodes: dict[str, Any] | None = None,
+            **top: Any) -> Any:
+    """A qwen2.5-7b graph on 8 H100s (trainer and rollout halves) with these parts changed."""
+    data = {
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
+        "model": {"preset": "qwen2.5-7b"},
+        "data": {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                 "response_len": {"mean": 512, "max": 512}},
+        "groups": groups or {"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                             "rollout": {"share": 0.5, "tasks": ["generate"]}},
+        "nodes": nodes or dict(NODES),
+        **top,
+    }
+    return validate_spec(data, SourceMap())
+
+
+def costs_of(spec: Any) -> dict[str, Any]:
+    return node_costs(spec, build_graph(spec), place(spec))[0]
+
+
+def context(spec: Any, gpus: int = 4) -> CostContext:
+    return CostContext(spec=spec, name="generate", shape=shape_of(spec),
+                       gpu=GPU_PRESETS[spec.cluster.gpu], gpus=gpus, colocated=frozenset(),
+                       extra={"local": spec.cluster.local})
+
+
+def test_decode_floor_follows_the_engine_build() -> None:
+    # compiled CUDA graphs (and SGLang) 47 us a layer; graphs without compile 133 us; the
+    # dynamic cache pays the host per layer
+    floors = {}
+    for build in ("compiled", "graphs", "dynamic"):
+        spec = spec_of(nodes=dict(NODES, generate={"cuda_decode": build}))
+        floors[build] = per_layer_floor(spec.nodes["generate"], context(spec))[0]
+    sglang = spec_of(nodes=dict(NODES, generate={"engine": "sglang"}))
+    assert per_layer_floor(sglang.nodes["generate"], context(sglang))[0] == floors["compiled"]
+    assert floors == {"compiled": COSTS.graph_decode_floor_per_layer_s,
+                      "graphs": COSTS.graphs_only_decode_floor_per_layer_s,
+                      "dynamic": COSTS.native_decode_overhead_per_layer_s}
+    assert floors["compiled"] < floors["graphs"] < floors["dynamic"]
+
+
+def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
+    # memory-bound regime (few rows on an H100): one more row adds its KV and its fp32 logits
+    spec = spec_of()
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    context_len = 1000
+    one_more = decode_step_seconds(9, context_len, node, ctx) - decode_step_seconds(
+        8, context_len, node, ctx)
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    kv = context_len * shape.kv_bytes_per_token() / hbm
+    logits = shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
+    assert one_more == pytest.approx(kv + logits)
+
+
+def test_rlgraph_runtime_generate_pays_its_host_time_per_call_and_row() -> None:
+    def generate(engine: str, prompts: int) -> tuple[float, str]:
+        data = {"prompts_per_step": prompts, "samples_per_prompt": 4, "prompt_len": 256,
+                "response_len": {"mean": 512, "max": 512}}
+        cost = costs_of(spec_of(data=data, nodes=dict(NODES, generate={"engine": engine})))
+        return cost["generate"].seconds, cost["generate"].detail
+
+    (native, detail), (sglang, _) = generate("native", 32), generate("sglang", 32)
+    assert "host" in detail
+    # 4 GPUs, one replica each: 32 rows a replica; sglang is verl's engine, priced apart
+    rows = 32 * 4 // 4
+    host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * rows
+    twice, _ = generate("native", 64)
+    assert twice - native > COSTS.generate_host_seconds_per_row * rows  # rows add host time
+    assert native > host and sglang < native
+
+
+def test_a_local_process_of_several_threads_is_slower() -> None:
+    # measured on the 2-core host: two torch threads in one process 1.38x one thread
+    def step(cpus: int, replicas: int | None = None) -> dict[str, float]:
+        group = {"share": 1.0, "tasks": ["generate", "logp", "train"]}
+        if replicas:
+            group["replicas"] = replicas
+        spec = spec_of(groups={"all": group}, cluster={"local": True, "cpus": cpus},
+                       model={"preset": "tiny"},
+                       data={"prompts_per_step": 8, "samples_per_prompt": 4, "prompt_len": 16,
+                             "response_len": {"mean": 16, "max": 16}})
+        return {n: c.seconds for n, c in costs_of(spec).items()}
+
+    one, two, split = step(1), step(2), step(2, replicas=2)
+    assert two["train"] > 1.3 * one["train"] - 1e-9
+    assert two["generate"] > one["generate"]
+    assert split["train"] < one["train"]  # two one-thread processes share the work
