@@ -59,7 +59,7 @@ def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
         ctx.extra["detail"] = reason
         ctx.extra["note"] = f"{ctx.name}: {reason}"
         return 0.0
-    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu)
+    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu, response_bytes=8)
 
 
 def on_policy(batch: Batch, version: int) -> bool:

@@ -125,8 +125,22 @@ def expert_all_to_all(node: NodeSpec, ctx: CostContext, tokens: float, passes: f
     return per_gpu / (ctx.gpu.nvlink_bytes_per_s if within else ctx.gpu.network_bytes_per_s)
 
 
+def driver_transfer(ctx: CostContext, response_bytes: int) -> float:
+    """Seconds verl's single controller spends moving a pass's batch through Ray (priced only
+    as verl's hybrid engine): its DataProto holds every row padded to prompt + max response,
+    and the driver serializes the rows' input_ids, attention_mask and position_ids (int64,
+    24 bytes a position) and responses (int64), and takes back or sends `response_bytes`
+    more per response position (logp: log-probs and entropy, fp32; train: old log-probs,
+    advantages, response mask), all through the object store at
+    COSTS.object_store_bytes_per_s, however many GPUs compute."""
+    data = ctx.spec.data
+    width = data.prompt_len + data.response_len.max
+    per_row = 24 * width + (8 + response_bytes) * data.response_len.max
+    return data.samples_per_step() * per_row / COSTS.object_store_bytes_per_s
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
-                    mini_batches: int = 1) -> float:
+                    mini_batches: int = 1, response_bytes: int = 8) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
     matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
     (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence) at
@@ -135,7 +149,8 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
     E[max])), so every rank carries the same width; verl packs sequences (remove_padding:
     tokens = rows x (prompt + E[L]), attention over each sequence alone, so E[(P + L)^2]) and
-    waits for the slowest data-parallel rank of each mini-batch."""
+    waits for the slowest data-parallel rank of each mini-batch, its driver moving the padded
+    batch (`driver_transfer`, `response_bytes` per response position beyond the inputs)."""
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)
@@ -168,4 +183,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"
     floor = host_floor(node, ctx, passes, mini_batches)
     ctx.extra["detail"] += f" + host floor {floor:.3g} s"
-    return seconds + exchange + floor
+    driver = driver_transfer(ctx, response_bytes) if hybrid_engine_priced(ctx.spec) else 0.0
+    if driver:
+        ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
+    return seconds + exchange + floor + driver

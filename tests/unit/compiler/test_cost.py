@@ -331,13 +331,19 @@ def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
         nodes = {**NODES, "generate": {"engine": engine}, "train": {"backend": backend},
                  "logp": {"backend": backend}}
         costs = costs_of(spec_of(nodes=nodes))
-        return (costs["train"].seconds - floor(spec_of(), 4 if engine == "sglang"
-                                               and backend == "torch" else 3)) / (
-            costs["logp"].seconds - floor(spec_of(), 1))
+
+        def driver(node: str) -> float:  # verl's driver moving the batch: not FLOPs
+            detail = costs[node].detail
+            return float(detail.split("driver transfer ")[1].split(" s")[0]) if (
+                "driver transfer" in detail) else 0.0
+
+        return (costs["train"].seconds - driver("train") - floor(
+            spec_of(), 4 if engine == "sglang" and backend == "torch" else 3)) / (
+            costs["logp"].seconds - driver("logp") - floor(spec_of(), 1))
 
     assert train_over_logp("native") == pytest.approx(3, rel=1e-6)
-    assert train_over_logp("sglang") == pytest.approx(4, rel=1e-6)
-    assert train_over_logp("sglang", "megatron") == pytest.approx(3, rel=1e-6)
+    assert train_over_logp("sglang") == pytest.approx(4, rel=1e-4)  # detail: 3 digits
+    assert train_over_logp("sglang", "megatron") == pytest.approx(3, rel=1e-4)
 
 
 def test_decode_attention_adds_to_compute_bound_gemms() -> None:

@@ -109,3 +109,25 @@ def test_a_local_process_of_several_threads_is_slower() -> None:
     assert two["train"] > 1.3 * one["train"] - 1e-9
     assert two["generate"] > one["generate"]
     assert split["train"] < one["train"]  # two one-thread processes share the work
+
+
+def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
+    # verl's single controller ships every row padded to prompt + max response through Ray:
+    # the same seconds on 8 or 16 GPUs, more for a longer max; rlgraph's runtime pays none
+    def logp(nodes: int, max_len: int, engine: str = "sglang") -> tuple[float, str]:
+        spec = spec_of(cluster={"nodes": nodes, "gpus_per_node": 8, "gpu": "H20"},
+                       nodes=dict(NODES, generate={"engine": engine}),
+                       data={"prompts_per_step": 32, "samples_per_prompt": 4,
+                             "prompt_len": 256, "response_len": {"mean": 512, "max": max_len}})
+        cost = costs_of(spec)["logp"]
+        return cost.seconds, cost.detail
+
+    def driver(detail: str) -> float:
+        return float(detail.split("verl driver transfer ")[1].split(" s")[0])
+
+    one, two, longer = logp(1, 4096), logp(2, 4096), logp(1, 8192)
+    per_row = 24 * (256 + 4096) + 16 * 4096  # input_ids, mask, positions; responses, out
+    assert driver(one[1]) == pytest.approx(128 * per_row / COSTS.object_store_bytes_per_s,
+                                           rel=1e-2)
+    assert driver(two[1]) == driver(one[1]) < driver(longer[1])
+    assert "driver" not in logp(1, 4096, "native")[1]
