@@ -35,6 +35,10 @@ SUPERSEDED = {
                       "dynamic-cache decode",
     "gpu4-object_store.json": "runtime before data parallelism: one GPU driven per group, HF "
                               "dynamic-cache decode",
+    "gpu4-megatron-tp2.json": "runtime before GroupActor.gather_with_peers: every weight sync "
+                              "returned the tp peer's gathered 1 GB copy through Ray, holding "
+                              "the trainer ~3 s a step (the run's notes; fixed after it, not "
+                              "measured again)",
 }
 PARTIAL = "+partial"
 

@@ -40,6 +40,12 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
     return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
 
 
+def static_engine(node: Any, ctx: CostContext) -> bool:
+    """Whether generate decodes on engine native's static engine (a GPU, CUDA graphs)."""
+    local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
+    return node.engine == "native" and not local and node.cuda_decode != "dynamic"
+
+
 def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
@@ -91,10 +97,13 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
 
     Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
     batch of groups is complete, carrying the rest over. A step makes one token per decoding
-    row, so a call takes about n * E[L] / live steps, live = min(alive * oversample * n,
+    row, so a call takes at least n * E[L] / live steps, live = min(alive * oversample * n,
     what the KV cache holds), where `alive` is the fraction of in-flight rows still
     decoding: a finished row waits (holding no KV) for the longest sample of its group, the
     expected longest of k = samples_per_prompt lengths, so alive = E[L] / E[max of k].
+    Engine native admits new groups only when a round starts, so a round also lasts the T
+    steps with E[ceil(max of k / T)] = oversample (`lengths.round_steps`), rounded up to
+    the static engine's sync_every checks.
     Measured on CPU (tests' micro Llama, 4 samples per prompt, steps per call after warm-up):
     oversample 2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps; oversample 1.5 took 1.86-1.88
     (the last groups of few spares set the pace there); oversample 1 decodes the whole batch.
@@ -127,6 +136,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         alive = mean / lengths.expected_max(model, data.samples_per_prompt)
         live = held(alive * node.oversample * per_replica)
         partial_steps = per_replica * mean / live
+        if node.engine == "native":  # rounds admit only at their start (engines/partial_rollout)
+            rounds = lengths.round_steps(model, data.samples_per_prompt, node.oversample)
+            if static_engine(node, ctx):  # it checks for complete groups every sync_every steps
+                rounds = math.ceil(rounds / node.sync_every) * node.sync_every
+            partial_steps = max(partial_steps, rounds)
         partial = partial_steps * decode_step_seconds(
             live, data.prompt_len + second / (2 * mean), node, ctx)
         if partial < decode:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import validate_spec
 from rlgraph.errors import SourceMap
 from rlgraph.graph import build_graph
-from rlgraph.nodes.lengths import LengthModel, expected_max, moments
+from rlgraph.nodes.lengths import LengthModel, expected_max, moments, round_steps
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
@@ -72,9 +73,14 @@ def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:
     data = {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
             "response_len": {"mean": 1024, "max": 8192}}
     sync = seconds(spec_of(data=data), "generate")
-    partial = seconds(spec_of(data=data, schedule={"partial_rollout": True}), "generate")
-    # ~1024 steps instead of the expected longest of each replica's 32 samples (~5.1k of 8192)
-    assert partial < 0.3 * sync
+    cost = costs_of(spec_of(data=data, schedule={"partial_rollout": True}))["generate"]
+    partial = cost.seconds
+    # rounds admit only at their start: T with E[ceil(max of 4 / T)] = 2 (~1.4k steps, in
+    # sync_every 8 checks) instead of the expected longest of a replica's 32 (~5.1k of 8192)
+    rounds = round_steps(LengthModel(1024, 8192), 4, 2.0)
+    assert 1200 < rounds < 1600
+    assert f"decode {math.ceil(rounds / 8) * 8} steps" in cost.detail
+    assert partial < 0.4 * sync
     flat = dict(data, response_len={"mean": 1024, "max": 1024})
     one = dict(NODES, generate={"oversample": 1})
     same = [seconds(spec_of(data=flat, nodes=one, schedule={"partial_rollout": p}), "generate")
