@@ -140,7 +140,7 @@ def driver_transfer(ctx: CostContext, response_bytes: int) -> float:
 
 
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
-                    mini_batches: int = 1, response_bytes: int = 8) -> float:
+                    mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
     matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
     (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence) at
@@ -150,7 +150,8 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     E[max])), so every rank carries the same width; verl packs sequences (remove_padding:
     tokens = rows x (prompt + E[L]), attention over each sequence alone, so E[(P + L)^2]) and
     waits for the slowest data-parallel rank of each mini-batch, its driver moving the padded
-    batch (`driver_transfer`, `response_bytes` per response position beyond the inputs)."""
+    batch once (`driver_transfer`, `response_bytes` per response position beyond the inputs)
+    however many `epochs` the passes repeat."""
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)
@@ -186,4 +187,4 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     driver = driver_transfer(ctx, response_bytes) if hybrid_engine_priced(ctx.spec) else 0.0
     if driver:
         ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
-    return seconds + exchange + floor + driver
+    return (seconds + exchange + floor) * epochs + driver

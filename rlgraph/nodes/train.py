@@ -58,7 +58,8 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
                 and not hybrid_engine_priced(ctx.spec))
     recompute = 2 if hybrid_engine_priced(ctx.spec) and node.backend == "torch" else 0
     seconds = token_pass_cost(node, ctx, (8 if proximal else 6) + recompute, COSTS.train_mfu,
-                              mini_batches=node.mini_batches, response_bytes=16) * node.epochs
+                              mini_batches=node.mini_batches, response_bytes=16,
+                              epochs=node.epochs)
     if proximal:
         ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
     if recompute:
