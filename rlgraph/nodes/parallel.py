@@ -76,7 +76,10 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     """Slowest data-parallel rank over the mean one, per (mini-)batch: a rank's work is the
     tokens of its k sequences, so the slowest of D ranks carries about k * mu + z_D * sqrt(k) *
     sigma (z_D: expected largest of D standard normals), and never less than the longest
-    sequence of the batch (E[max], clipped at max) beside k - 1 average ones."""
+    sequence of the batch (E[max], clipped at max) beside k - 1 average ones. A pass over the
+    whole batch at once (one mini-batch) is balanced by verl's `trainer.balance_batch` (True
+    by default in verl/trainer/config/ppo_trainer.yaml: the batch is reordered so every rank
+    gets about the same number of tokens), so only the longest sequence's bound is left."""
     data = ctx.spec.data
     ranks = max(1, ctx.gpus // node.model_parallel())
     if ranks <= 1:
@@ -88,8 +91,8 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     size = max(1, data.samples_per_step() // mini_batches)
     k = size / ranks
     longest = data.prompt_len + lengths.expected_max(model, size)
-    slowest = max(k * mu + lengths.expected_max_normal(ranks) * math.sqrt(k) * sigma,
-                  longest + max(0.0, k - 1) * mu)
+    spread = 0.0 if mini_batches == 1 else lengths.expected_max_normal(ranks) * math.sqrt(k)
+    slowest = max(k * mu + spread * sigma, longest + max(0.0, k - 1) * mu)
     return slowest / (k * mu)
 
 

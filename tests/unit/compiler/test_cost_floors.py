@@ -147,3 +147,22 @@ def test_partial_rounds_without_refill_last_at_least_the_steady_state(
     rounds = round_steps(model, k, oversample)
     assert expected_max(model, k) / oversample * (1 - 1e-6) <= rounds <= model.max
     assert round_steps(model, k, oversample * 1.5) <= rounds * (1 + 1e-6)
+
+
+def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
+    # verl's trainer.balance_batch gives every rank about the same tokens for a pass over the
+    # whole batch: only the longest sequence bounds the slowest rank; split into mini-batches,
+    # each is a random draw again and the slowest of 16 ranks carries more
+    from rlgraph.nodes.parallel import data_parallel_imbalance
+
+    spec = spec_of(cluster={"nodes": 4, "gpus_per_node": 8, "gpu": "H20"},
+                   nodes=dict(NODES, generate={"engine": "sglang"}),
+                   groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                           "rollout": {"share": 0.5, "tasks": ["generate"]}},
+                   data={"prompts_per_step": 512, "samples_per_prompt": 16, "prompt_len": 256,
+                         "response_len": {"mean": 1000, "max": 4096, "sigma": 1.0}})
+    ctx = context(spec, gpus=16)
+    node = spec.nodes["train"]
+    whole, split = (data_parallel_imbalance(node, ctx, m) for m in (1, 16))
+    assert whole == pytest.approx(1.0, abs=0.01)  # 512 rows a rank: the longest is a sliver
+    assert split > whole + 0.05
