@@ -98,10 +98,10 @@ COST_SOURCES: dict[str, str] = {
                                             "decode step against a 0.30 ms HBM roofline = "
                                             "133 us of fixed cost per layer and step",
     "tp_allreduce_latency_s": "sgl-project/sglang PR 2904 (H100, unit test without CUDA "
-                              "graphs): vLLM's custom all-reduce of 512 B - 32 KB took "
-                              "8.5-11.8 us at tp 2/4/8 (SGLang's own 3.7-7.8 us), NCCL is "
-                              "slower; a tensor-parallel decode step all-reduces twice per "
-                              "layer (attention and MLP outputs): 2 x layers x 10 us per "
+                              "graphs): vLLM's custom all-reduce took 8.5-11.8 us at tp "
+                              "2/4/8 for data sizes 512-32768 (SGLang's own kernel "
+                              "3.7-7.8 us); a tensor-parallel decode step all-reduces twice "
+                              "per layer (attention and MLP outputs): 2 x layers x 10 us per "
                               "step, 0.56 ms for a 28-layer model at tp 2",
     "sampling_logit_passes": "bench/results/gpu-decode.json, the compiled static engine's "
                              "kernel profile (H200, llama-374m, batch 64): the fused "
