@@ -93,14 +93,19 @@ def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
         return [forced_length(data.seed, p, k, data.response_len) for p in positions
                 for k in range(n)]
 
-    trained = [int(uid.rsplit(":", 1)[1]) for r in read_ledger(run_dir / "ledger.jsonl")
-               for uid in r["prompt_uids"]]
+    ledger = read_ledger(run_dir / "ledger.jsonl")
+    trained = [int(uid.rsplit(":", 1)[1]) for r in ledger for uid in r["prompt_uids"]]
+    # steps after the first: a cold start trains the short samples of round 0 first and ends
+    # with the longest in flight; from step 1 on, what was carried in ~ what is left at the end
+    steady = [int(uid.rsplit(":", 1)[1]) for r in ledger if r["step"] >= 1
+              for uid in r["prompt_uids"]]
     last = rows[-1] if rows else {}
     admitted = int(last.get("rollout/admitted_total", len(trained) * n)) // n
     started = list(range(admitted)) if "rollout/admitted_total" in last else trained
     dropped = last.get("rollout/dropped_total", 0.0)
     restarted = last.get("rollout/restarted_total", 0.0)
     return {"trained": length_stats(lengths(trained)), "started": length_stats(lengths(started)),
+            "trained_after_step_0": length_stats(lengths(steady)),
             "started_not_trained_in_flight_at_end": len(set(started) - set(trained)) * n,
             "share_dropped": round(dropped / max(1, admitted * n), 4),
             "share_restarted": round(restarted / max(1, admitted * n), 4)}

@@ -64,7 +64,7 @@ def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
         return {}
     gpus = placement.gpus_of(group)
     tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
-    tp = max((getattr(n, "tp", 1) for n in tasks if n.kind == "generate"), default=1)
+    tp = max((getattr(n, "tp", 1) for n in tasks if KINDS[n.kind].samples), default=1)
     host = placement.preset.host_bytes_per_s
     return {
         "offload": 2 * COSTS.train_state_bytes_per_param * shape.params / gpus / host,
@@ -74,12 +74,14 @@ def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
 
 
 def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:
-    """generate node -> its group, for groups that also hold a train node (one per group)."""
+    """Sampling node -> its group, for groups that also hold a node that advances the policy
+    (one per group: the first of each)."""
     out = {}
     for name, group in placement.groups.items():
-        kinds = {spec.nodes[t].kind: t for t in reversed(group.tasks)}
-        if "train" in kinds and "generate" in kinds:
-            out[kinds["generate"]] = name
+        roles = [KINDS[spec.nodes[t].kind] for t in group.tasks]
+        samplers = [t for t, kind in zip(group.tasks, roles, strict=True) if kind.samples]
+        if samplers and any(kind.advances_policy for kind in roles):
+            out[samplers[0]] = name
     return out
 
 

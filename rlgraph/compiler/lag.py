@@ -1,4 +1,4 @@
-"""Lag pass: the off-policy bound proven from the graph (DESIGN.md, "Versions and lag").
+"""Lag pass: the off-policy bound proven from the graph (the README, "Versions and lag").
 
 Train step t produces version t + 1. A weight-carrying node P (param_update) fed within the
 step by train node T runs P(s) after T(s), so it carries version s + 1; its back edge to a
