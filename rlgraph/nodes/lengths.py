@@ -83,6 +83,29 @@ def expected_max(m: LengthModel, n: int) -> float:
     return sum((1.0 - m.cdf((i + 0.5) * width) ** n) * width for i in range(steps))
 
 
+@lru_cache(maxsize=4096)
+def sorted_pass_tokens(m: LengthModel, rows: int, prompt: int, budget: int, block: int
+                       ) -> tuple[float, float]:
+    """(tokens, sum of squared sequence lengths) of `rows` responses run as the runtime's
+    length-sorted passes (`engines.cpu_decode.length_batches`): longest first, each pass
+    padded to its longest response rounded up to `block` (at most the longest, `max`), as
+    many rows as fit `budget` tokens. The rows are the distribution's quantiles (at most
+    GRID points, each standing for rows / points of them)."""
+    points = min(rows, GRID)
+    weight = rows / points
+    xs = sorted((m.max if m.mean >= m.max else max(1.0, _quantile(m, (i + 0.5) / points))
+                 for i in range(points)), reverse=True)
+    tokens = square = 0.0
+    i = 0
+    while i < points:
+        width = prompt + min(m.max, math.ceil(xs[i] / block) * block)
+        taken = min(points - i, max(1, int(budget // width / weight)))
+        tokens += taken * weight * width
+        square += taken * weight * width * width
+        i += taken
+    return tokens, square
+
+
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normals] (Blom's approximation; 0 for n = 1)."""
     if n <= 1:

@@ -12,6 +12,7 @@ from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
 from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS, pass_efficiency
+from rlgraph.presets.models import PASS_WIDTH_BLOCK
 
 
 class ParallelNodeSpec(NodeSpec):
@@ -150,8 +151,10 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a local
     CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
     rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
-    E[max])), so every rank carries the same width; verl packs sequences (remove_padding:
-    tokens = rows x (prompt + E[L]), attention over each sequence alone, so E[(P + L)^2]) and
+    E[max])), so every rank carries the same width, or with `micro_tokens` runs length-sorted
+    passes each padded to its own longest (`lengths.sorted_pass_tokens`); verl packs
+    sequences (remove_padding: tokens = rows x (prompt + E[L]), attention over each sequence
+    alone, so E[(P + L)^2]) and
     waits for the slowest data-parallel rank of each mini-batch, its driver moving the padded
     batch once (`driver_transfer`, `response_bytes` per response position beyond the inputs)
     however many `epochs` the passes repeat."""
@@ -165,6 +168,10 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         tokens, how = rows * (prompt + mean), "packed"
         square = rows * (prompt * prompt + 2 * prompt * mean + second)
         imbalance = data_parallel_imbalance(node, ctx, mini_batches)
+    elif getattr(node, "micro_tokens", None):
+        tokens, square = lengths.sorted_pass_tokens(model, rows, prompt, node.micro_tokens,
+                                                    PASS_WIDTH_BLOCK)
+        how, imbalance = f"length-sorted passes of {node.micro_tokens} tokens", 1.0
     else:
         longest = lengths.expected_max(model, rows)
         tokens, how, imbalance = rows * (prompt + longest), "padded", 1.0

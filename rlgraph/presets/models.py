@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+PASS_WIDTH_BLOCK = 256  # response widths of a length-sorted pass are multiples of it (few shapes)
+
 # Shapes in Hugging Face config keys. Sources: each model's config.json on its hub page;
 # red-moe-16b is approximated by DeepSeek-MoE-16B's published shape (same size class).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {

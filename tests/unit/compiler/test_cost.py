@@ -382,3 +382,18 @@ def test_decode_grows_with_the_second_moment_at_a_fixed_mean() -> None:
 
     narrow, mid, wide = gen(0.3), gen(1.0), gen(1.8)
     assert narrow < mid < wide
+
+
+def test_length_sorted_passes_price_the_tokens_the_runtime_runs():
+    """`micro_tokens` passes pad each pass to its own longest (rounded up to the block, at most
+    the batch's width): a fixed length is not padded; a long tail costs between the packed
+    tokens and the batch padded to its longest."""
+    from rlgraph.nodes import lengths
+
+    fixed = lengths.LengthModel(mean=300, max=300)
+    tokens, square = lengths.sorted_pass_tokens(fixed, 64, 8, 16384, 256)
+    assert tokens == 64 * (8 + 300) and square == 64 * (8 + 300) ** 2
+    tail = lengths.LengthModel(mean=512, max=8192, sigma=1.5)
+    tokens, _ = lengths.sorted_pass_tokens(tail, 512, 8, 16384, 256)
+    mean, _ = lengths.moments(tail)
+    assert 512 * (8 + mean) < tokens < 0.2 * 512 * (8 + lengths.expected_max(tail, 512))
