@@ -50,14 +50,20 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add); sampling reads the rows' fp32 logits over
-    the vocabulary COSTS.sampling_logit_passes times; plus layers x (floor + 2 all-reduce
-    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory),
-    slower in a process of several threads (`parallel.thread_slowdown`)."""
+    (the two run one after the other, so they add) — on engine native's SDPA, which runs one
+    block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
+    stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
+    read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
+    rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
+    (floor + 2 all-reduce latencies when tp > 1). A local CPU cluster: max(compute at
+    COSTS.forward_mfu, memory), slower in a process of several threads
+    (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
+    if node.engine == "native" and gpu.sms:  # torch's SDPA: one block per (row, KV head)
+        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)

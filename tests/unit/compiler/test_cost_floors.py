@@ -66,8 +66,9 @@ def test_decode_floor_follows_the_engine_build() -> None:
 
 
 def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
-    # memory-bound regime (few rows on an H100): one more row adds its KV and its fp32 logits
-    spec = spec_of()
+    # memory-bound regime (few rows on an H100, sglang's split-KV attention): one more row
+    # adds its KV and its fp32 logits
+    spec = spec_of(nodes=dict(NODES, generate={"engine": "sglang"}))
     ctx = context(spec)
     node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
     context_len = 1000
@@ -77,6 +78,26 @@ def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
     kv = context_len * shape.kv_bytes_per_token() / hbm
     logits = shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     assert one_more == pytest.approx(kv + logits)
+
+
+def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
+    # engine native's SDPA runs one block per (row, KV head): below the SM count, more rows
+    # read their KV in the same time; above it, each row adds its KV at full bandwidth
+    spec = spec_of()
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    full = h100.sms // shape.kv_heads  # rows that fill every SM
+
+    def attention(rows: int, length: int) -> float:
+        return (decode_step_seconds(rows, length, node, ctx)
+                - decode_step_seconds(rows, 0, node, ctx))
+
+    assert attention(4, 4000) == pytest.approx(attention(8, 4000), rel=0.02)
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    one_row = 4000 * shape.kv_bytes_per_token() / hbm
+    assert attention(full, 4000) == pytest.approx(full * one_row, rel=0.02)
+    assert attention(2 * full, 4000) == pytest.approx(2 * attention(full, 4000), rel=0.02)
+    assert attention(4, 4000) == pytest.approx(attention(full, 4000), rel=0.02)
 
 
 def test_rlgraph_runtime_generate_pays_its_host_time_per_call_and_row() -> None:
