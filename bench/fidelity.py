@@ -181,6 +181,35 @@ def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, An
     return row
 
 
+def implied_mean(case: dict[str, Any], published: Path, readme: str) -> dict[str, Any] | None:
+    """The mean response length at which the model's synchronous old_log_prob (a forward
+    over every token: the phase with the fewest unknowns) equals the published one, and the
+    case's figures there: a consistency check of the graphs' guessed mean (every verl graph
+    guesses 2000), not the fidelity figure. None without a published old_log_prob."""
+    target = published_phases(readme, case).get("sync", {}).get("old_log_prob")
+    if not target:
+        return None
+    spec = load_spec(graph_path(published, case["sync"]), list(case.get("overrides", [])))
+    top = 0.95 * spec.data.response_len.max
+
+    def at(mean: float) -> dict[str, Any]:
+        over = [*case.get("overrides", []), f"data.response_len.mean={mean:.0f}"]
+        return run_case(dict(case, overrides=over), published, readme)
+
+    low, high = 50.0, top
+    for _ in range(18):
+        mid = (low + high) / 2
+        if at(mid)["phases"]["sync"]["old_log_prob"]["ratio"] < 1:
+            low = mid
+        else:
+            high = mid
+    row = at(low)
+    return {"name": case["name"], "implied_mean": round(low), "guessed_mean":
+            spec.data.response_len.mean, "predicted": row["predicted"], "ratio": row["ratio"],
+            "phases": {f"{mode}.{phase}": f["ratio"] for mode, figures in row["phases"].items()
+                       for phase, f in figures.items()}}
+
+
 def tuned(case: dict[str, Any], published: Path, extra: list[str]) -> dict[str, Any]:
     """What `rlgraph tune` proposes for the case's async graph: the best plan's groups, lag,
     period and its speedup over the built-in baseline, beside the published layout's."""
@@ -249,6 +278,19 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         layout = "(the published layout)" if t["is_published_layout"] else t["proposes"]
         out.append(f"| {cell(t['name'])} | {cell(layout)} | {lag} | {t['speedup_vs_sync']:.2f}× | "
                    f"{t['over_published_layout']:.2f}× |")
+    if summary.get("implied_mean"):
+        out += ["", "Consistency check of the guessed mean response length (not the fidelity "
+                "figure): the mean at which the model's synchronous old_log_prob matches the "
+                "published one, and the case there:", "",
+                "| case | guessed mean | implied mean | speedup / published | sync "
+                "update_actor | sync gen | async update_actor |", "|---|---:|---:|---:|---:|"
+                "---:|---:|"]
+        for m in summary["implied_mean"]:
+            ph = m["phases"]
+            out.append(f"| {cell(m['name'])} | {m['guessed_mean']:g} | {m['implied_mean']} | "
+                       f"{m['ratio']:.2f} | {ph.get('sync.update_actor', float('nan')):.2f} | "
+                       f"{ph.get('sync.gen', float('nan')):.2f} | "
+                       f"{ph.get('async.update_actor', float('nan')):.2f} |")
     if summary.get("verl_scaling"):
         out += ["", f"verl's step by cluster size ({SCALING_SEED}, workload {SCALING_GRAPH}; "
                 "the built-in baseline):", "",
@@ -299,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         "phases_within_target": sum(abs(x - 1) <= PHASE_TARGET for x in phase_ratios),
     }
     summary["tune"] = [tuned(c, published, args.override) for c in cases]
+    if not args.override:
+        summary["implied_mean"] = [m for c in cases
+                                   if (m := implied_mean(c, published, readme)) is not None]
     summary["verl_scaling"] = verl_scaling(published, args.override)
     if args.override:
         print(markdown(rows, summary))

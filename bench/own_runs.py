@@ -11,10 +11,12 @@ Writes bench/results/own_runs.json and prints a markdown table for the README.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
+from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25
 # Runs made by an older runtime than the one the model prices: what differed, per file.
@@ -32,6 +35,10 @@ SUPERSEDED = {
                       "dynamic-cache decode",
     "gpu4-object_store.json": "runtime before data parallelism: one GPU driven per group, HF "
                               "dynamic-cache decode",
+    "gpu4-megatron-tp2.json": "runtime before GroupActor.gather_with_peers: every weight sync "
+                              "returned the tp peer's gathered 1 GB copy through Ray, holding "
+                              "the trainer ~3 s a step (the run's notes; fixed after it, not "
+                              "measured again)",
 }
 PARTIAL = "+partial"
 
@@ -61,9 +68,27 @@ def gpu_rows() -> list[dict[str, Any]]:
                 overrides.append("schedule.partial_rollout=true")
             if run.get("transport") in ("nccl", "object_store") and file.name.startswith("gpu4"):
                 overrides.append(f"nodes.param_update.transport={run['transport']}")
+            ran_logp = float(run.get("node_s_median", {}).get("logp", 0.0)) > 0
             rows.append(price(f"{file.name}: {name}", ROOT / run["graph"], overrides,
-                              float(run["step_s_median"]), SUPERSEDED.get(file.name)))
+                              float(run["step_s_median"]), SUPERSEDED.get(file.name),
+                              logp_ran=ran_logp))
     return rows
+
+
+@contextlib.contextmanager
+def logp_forward_priced(ran: bool) -> Iterator[None]:
+    """Price the old-log-prob forward even where the compiler proves it redundant, for a run
+    whose logp node measured time (runs before the skip of commit 28c288e, 2026-11-24, ran
+    it on every batch): the prediction prices the runtime the run had."""
+    if not ran:
+        yield
+        return
+    skip = logp_kind.skip_reason
+    logp_kind.skip_reason = lambda spec: None
+    try:
+        yield
+    finally:
+        logp_kind.skip_reason = skip
 
 
 def cpu_rows() -> list[dict[str, Any]]:
@@ -83,16 +108,26 @@ def cpu_rows() -> list[dict[str, Any]]:
 
 
 def price(name: str, graph: Path, overrides: list[str], measured: float,
-          superseded: str | None) -> dict[str, Any]:
-    """The uncalibrated prediction of one run against its measured step."""
-    plan = compile_plan(load_spec(graph, overrides))
+          superseded: str | None, logp_ran: bool = False) -> dict[str, Any]:
+    """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
+    run's logp node ran its forward, priced even where today's runtime skips it)."""
+    with logp_forward_priced(logp_ran):
+        plan = compile_plan(load_spec(graph, overrides))
     predicted = plan["schedule"]["period_s"]
     return {"run": name, "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
             "within_target": abs(predicted / measured - 1) <= TARGET,
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
+            "logp_forward_priced": logp_ran and logp_kind.skip_reason(plan_spec(graph,
+                                                                             overrides))
+            is not None,
             "bottleneck": plan["schedule"]["bottleneck"]}
+
+
+def plan_spec(graph: Path, overrides: list[str]) -> Any:
+    """The graph as the run had it (for asking the compiler's skip rule)."""
+    return load_spec(graph, overrides)
 
 
 def verdicts(cpu: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,6 +13,14 @@ from rlgraph.presets.costs import COSTS, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
+_DRIVER = re.compile(r"verl driver transfer ([0-9.e+-]+) s")
+_HOST = re.compile(r"\+ host ([0-9.e+-]+) s \(rlgraph runtime")
+
+
+def _summed(costs: dict[str, NodeCost], pattern: re.Pattern[str]) -> float:
+    """Seconds a detail term adds up to over the nodes whose detail names it."""
+    return sum(float(m.group(1)) for c in costs.values() for m in [pattern.search(c.detail)]
+               if m)
 
 
 def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
@@ -39,8 +47,15 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     for seconds, name in reversed(modelled[-2:]):
         if busy > 0 and seconds >= 0.2 * busy:
             lines.append(f"{name} is {seconds / busy:.0%} of the modelled work")
-    switch = sum(float(m.group(1)) for c in sync_costs.values()
-                 for m in [_SWITCH.search(c.detail)] if m)
+    driver, host = _summed(costs, _DRIVER), _summed(costs, _HOST)
+    if busy > 0 and driver >= 0.05 * busy:
+        lines.append(f"verl's driver moving the padded batch is {driver / busy:.0%} of the "
+                     f"modelled work (Ray object store at "
+                     f"{COSTS.object_store_bytes_per_s / 1e9:.2g} GB/s, our measurement)")
+    if busy > 0 and host >= 0.05 * busy:
+        lines.append(f"generate's host time (per call and row) is {host / busy:.0%} of the "
+                     f"modelled work (fit over our H200 runs; Python-bound, host-dependent)")
+    switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
         lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
                      f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, verl "

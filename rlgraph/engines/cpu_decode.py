@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rlgraph.model.build import with_cache
+from rlgraph.presets.models import PASS_WIDTH_BLOCK
 
 
 @dataclass
@@ -217,21 +218,20 @@ def token_logp(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: 
     return torch.log_softmax(logits, dim=-1).gather(-1, response[..., None]).squeeze(-1)
 
 
-WIDTH_BLOCK = 256  # response widths of length_batches are multiples of it (few shapes)
 
 
 def length_batches(response_mask: torch.Tensor, prompt_len: int, max_tokens: int
                    ) -> list[tuple[torch.Tensor, int]]:
     """Row indices and response width of passes of at most `max_tokens` tokens (padding
     included; a row longer than that goes alone): rows sorted by response length, each pass
-    trimmed to its longest response rounded up to WIDTH_BLOCK, so a batch of long-tailed
+    trimmed to its longest response rounded up to PASS_WIDTH_BLOCK, so a batch of long-tailed
     lengths is not padded to its longest everywhere and the pass shapes stay few."""
     lengths = response_mask.sum(1)
     width = response_mask.shape[1]
     order = torch.argsort(lengths, descending=True, stable=True)
     passes, i = [], 0
     while i < len(order):
-        w = min(width, -(-max(int(lengths[order[i]]), 1) // WIDTH_BLOCK) * WIDTH_BLOCK)
+        w = min(width, -(-max(int(lengths[order[i]]), 1) // PASS_WIDTH_BLOCK) * PASS_WIDTH_BLOCK)
         n = max(1, max_tokens // (prompt_len + w))
         passes.append((order[i:i + n], w))
         i += n

@@ -83,6 +83,29 @@ def expected_max(m: LengthModel, n: int) -> float:
     return sum((1.0 - m.cdf((i + 0.5) * width) ** n) * width for i in range(steps))
 
 
+@lru_cache(maxsize=4096)
+def sorted_pass_tokens(m: LengthModel, rows: int, prompt: int, budget: int, block: int
+                       ) -> tuple[float, float]:
+    """(tokens, sum of squared sequence lengths) of `rows` responses run as the runtime's
+    length-sorted passes (`engines.cpu_decode.length_batches`): longest first, each pass
+    padded to its longest response rounded up to `block` (at most the longest, `max`), as
+    many rows as fit `budget` tokens. The rows are the distribution's quantiles (at most
+    GRID points, each standing for rows / points of them)."""
+    points = min(rows, GRID)
+    weight = rows / points
+    xs = sorted((m.max if m.mean >= m.max else max(1.0, _quantile(m, (i + 0.5) / points))
+                 for i in range(points)), reverse=True)
+    tokens = square = 0.0
+    i = 0
+    while i < points:
+        width = prompt + min(m.max, math.ceil(xs[i] / block) * block)
+        taken = min(points - i, max(1, int(budget // width / weight)))
+        tokens += taken * weight * width
+        square += taken * weight * width * width
+        i += taken
+    return tokens, square
+
+
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normals] (Blom's approximation; 0 for n = 1)."""
     if n <= 1:
@@ -96,3 +119,30 @@ def expected_max_normal(n: int) -> float:
         else:
             hi = mid
     return lo
+
+
+@lru_cache(maxsize=4096)
+def round_steps(m: LengthModel, k: int, oversample: float) -> float:
+    """Decode steps of one partial-rollout round in steady state, when a round admits new
+    groups only at its start and ends once a batch of groups is complete: a group of k
+    samples needs M = max of its k lengths steps, i.e. ceil(M / T) rounds of T steps, and
+    with `oversample` batches' worth of groups in flight and one batch leaving per round,
+    E[ceil(M / T)] = oversample (Little's law); T solves it (max for oversample <= 1)."""
+    if oversample <= 1:
+        return m.max
+
+    def rounds(t: float) -> float:  # E[ceil(M / t)] = sum over j >= 0 of P(M > j t)
+        total, j = 0.0, 0
+        while j * t < m.max:
+            total += 1.0 - m.cdf(j * t) ** k
+            j += 1
+        return total
+
+    lo, hi = 1e-3 * m.max, m.max
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if rounds(mid) > oversample:
+            lo = mid
+        else:
+            hi = mid
+    return hi

@@ -51,14 +51,15 @@ def skip_reason(spec: GraphSpec) -> str | None:
 
 
 def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """One forward over every token of the step: 2 * N_active * tokens FLOPs, compute-bound;
+    """One forward over every token of the step: 2 * N * tokens FLOPs plus attention's
+    (`parallel.token_pass_cost`), compute-bound;
     0 where the compiler proves the forward redundant (`skip_reason`)."""
     reason = skip_reason(ctx.spec)
     if reason is not None and node.kind == "logp":
         ctx.extra["detail"] = reason
         ctx.extra["note"] = f"{ctx.name}: {reason}"
         return 0.0
-    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu)
+    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu, response_bytes=8)
 
 
 def on_policy(batch: Batch, version: int) -> bool:

@@ -12,6 +12,7 @@ from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
 from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS, pass_efficiency
+from rlgraph.presets.models import PASS_WIDTH_BLOCK
 
 
 class ParallelNodeSpec(NodeSpec):
@@ -43,6 +44,16 @@ def compute_units(ctx: CostContext) -> float:
     return float(ctx.gpus)
 
 
+def thread_slowdown(ctx: CostContext) -> float:
+    """Time factor of a local CPU process running several torch threads (the group's slots
+    over its replicas): COSTS.local_threaded_process_slowdown, measured; 1 on GPUs or with
+    one thread per process."""
+    if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 1.0
+    replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
+    return COSTS.local_threaded_process_slowdown if ctx.gpus // replicas > 1 else 1.0
+
+
 def efficiency(ctx: CostContext, local_figure: float) -> float:
     """Fraction of peak a large-batch pass sustains on the node's hardware: on GPUs from the
     roofline (`presets.costs.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
@@ -66,7 +77,10 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     """Slowest data-parallel rank over the mean one, per (mini-)batch: a rank's work is the
     tokens of its k sequences, so the slowest of D ranks carries about k * mu + z_D * sqrt(k) *
     sigma (z_D: expected largest of D standard normals), and never less than the longest
-    sequence of the batch (E[max], clipped at max) beside k - 1 average ones."""
+    sequence of the batch (E[max], clipped at max) beside k - 1 average ones. A pass over the
+    whole batch at once (one mini-batch) is balanced by verl's `trainer.balance_batch` (True
+    by default in verl/trainer/config/ppo_trainer.yaml: the batch is reordered so every rank
+    gets about the same number of tokens), so only the longest sequence's bound is left."""
     data = ctx.spec.data
     ranks = max(1, ctx.gpus // node.model_parallel())
     if ranks <= 1:
@@ -78,8 +92,8 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     size = max(1, data.samples_per_step() // mini_batches)
     k = size / ranks
     longest = data.prompt_len + lengths.expected_max(model, size)
-    slowest = max(k * mu + lengths.expected_max_normal(ranks) * math.sqrt(k) * sigma,
-                  longest + max(0.0, k - 1) * mu)
+    spread = 0.0 if mini_batches == 1 else lengths.expected_max_normal(ranks) * math.sqrt(k)
+    slowest = max(k * mu + spread * sigma, longest + max(0.0, k - 1) * mu)
     return slowest / (k * mu)
 
 
@@ -99,33 +113,88 @@ def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: in
     return mini_batches * math.ceil(share / micro) * passes * per_pass
 
 
+def expert_all_to_all(node: NodeSpec, ctx: CostContext, tokens: float, passes: float
+                      ) -> float:
+    """Seconds of a MoE model's expert all-to-all over `tokens` (0 without experts or with
+    ep 1): every MoE layer of every forward-equivalent pass sends each token's hidden state
+    (bf16) to its top_k experts and back, (ep - 1) / ep of the copies to another GPU, over
+    NVLink when the ep group fits in a node, else the network; not overlapped with compute
+    (Megatron's default alltoall dispatcher waits for it)."""
+    shape, ep = ctx.shape, getattr(node, "ep", 1)
+    if ep <= 1 or not shape.moe_layers or ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 0.0
+    copies = tokens * shape.moe_layers * shape.top_k * 2 * (ep - 1) / ep
+    per_gpu = copies * shape.hidden * 2 * passes / max(1, ctx.gpus)
+    within = ep <= ctx.spec.cluster.gpus_per_node
+    return per_gpu / (ctx.gpu.nvlink_bytes_per_s if within else ctx.gpu.network_bytes_per_s)
+
+
+def driver_transfer(ctx: CostContext, response_bytes: int) -> float:
+    """Seconds verl's single controller spends moving a pass's batch through Ray (priced only
+    as verl's hybrid engine): its DataProto holds every row padded to prompt + max response,
+    and the driver serializes the rows' input_ids, attention_mask and position_ids (int64,
+    24 bytes a position) and responses (int64), and takes back or sends `response_bytes`
+    more per response position (logp: log-probs and entropy, fp32; train: old log-probs,
+    advantages, response mask), all through the object store at
+    COSTS.object_store_bytes_per_s, however many GPUs compute."""
+    data = ctx.spec.data
+    width = data.prompt_len + data.response_len.max
+    per_row = 24 * width + (8 + response_bytes) * data.response_len.max
+    return data.samples_per_step() * per_row / COSTS.object_store_bytes_per_s
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
-                    mini_batches: int = 1) -> float:
-    """A compute-bound pass over the step's tokens: flops_per_param * N_active * tokens FLOPs
-    at `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a
-    local CPU cluster; times the pipeline bubble when pp > 1). rlgraph's runtime
-    pads the step's batch to its longest response (tokens = rows x (prompt + E[max])), so
-    every rank carries the same width; verl packs sequences (remove_padding: tokens = rows x
-    (prompt + E[L])) and waits for the slowest data-parallel rank of each mini-batch."""
+                    mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
+    """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
+    matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
+    (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence) at
+    `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a local
+    CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
+    rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
+    E[max])), so every rank carries the same width, or with `micro_tokens` runs length-sorted
+    passes each padded to its own longest (`lengths.sorted_pass_tokens`); verl packs
+    sequences (remove_padding: tokens = rows x (prompt + E[L]), attention over each sequence
+    alone, so E[(P + L)^2]) and
+    waits for the slowest data-parallel rank of each mini-batch, its driver moving the padded
+    batch once (`driver_transfer`, `response_bytes` per response position beyond the inputs)
+    however many `epochs` the passes repeat."""
 
     data = ctx.spec.data
     model = lengths.of(data.response_len)
     rows = data.samples_per_step()
+    prompt = data.prompt_len
     if hybrid_engine_priced(ctx.spec):
-        mean, _ = lengths.moments(model)
-        tokens, how = rows * (data.prompt_len + mean), "packed"
+        mean, second = lengths.moments(model)
+        tokens, how = rows * (prompt + mean), "packed"
+        square = rows * (prompt * prompt + 2 * prompt * mean + second)
         imbalance = data_parallel_imbalance(node, ctx, mini_batches)
+    elif getattr(node, "micro_tokens", None):
+        tokens, square = lengths.sorted_pass_tokens(model, rows, prompt, node.micro_tokens,
+                                                    PASS_WIDTH_BLOCK)
+        how, imbalance = f"length-sorted passes of {node.micro_tokens} tokens", 1.0
     else:
         longest = lengths.expected_max(model, rows)
-        tokens, how, imbalance = rows * (data.prompt_len + longest), "padded", 1.0
-    flops = flops_per_param * ctx.shape.active_params * tokens
+        tokens, how, imbalance = rows * (prompt + longest), "padded", 1.0
+        square = rows * (prompt + longest) ** 2
+    passes = flops_per_param / 2
+    matmul = flops_per_param * ctx.shape.matmul_active * tokens
+    attention = passes * ctx.shape.attention_flops(1.0) * square
     mfu = efficiency(ctx, mfu)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
-    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.active_params:.3g} params x "
-                           f"{tokens:.3g} tokens ({how}) at {mfu:.0%} of {ctx.gpus} x "
-                           f"{ctx.gpu.name}"
+    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
+                           f"{tokens:.3g} tokens ({how}) + attention "
+                           f"{attention / (matmul + attention):.0%} at {mfu:.0%} of "
+                           f"{ctx.gpus} x {ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
-    floor = host_floor(node, ctx, flops_per_param / 2, mini_batches)
+    seconds = ((matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
+               * thread_slowdown(ctx))
+    exchange = expert_all_to_all(node, ctx, tokens, passes)
+    if exchange:
+        ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"
+    floor = host_floor(node, ctx, passes, mini_batches)
     ctx.extra["detail"] += f" + host floor {floor:.3g} s"
-    return flops / peak * pipeline_bubble(node, ctx) * imbalance + floor
+    driver = driver_transfer(ctx, response_bytes) if hybrid_engine_priced(ctx.spec) else 0.0
+    if driver:
+        ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
+    return (seconds + exchange + floor) * epochs + driver

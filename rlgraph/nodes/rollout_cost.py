@@ -3,8 +3,9 @@
 all-reduces.
 
 A decode step over R live rows of context c runs its GEMMs (the larger of reading the
-replica's weights W at HBM speed and 2 * N_active * R FLOPs at the GEMM efficiency: H20's
-ridge point is ~37 FLOP/byte, so a large batch is compute-bound there), then attention,
+replica's weights W, the input embedding table aside, at HBM speed and 2 * N * R FLOPs at
+the GEMM efficiency: H20's ridge point is ~37 FLOP/byte, so a large batch is compute-bound
+there), then attention,
 which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
 layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
 with tp > 1, two all-reduce latencies per layer. Lengths follow
@@ -20,40 +21,59 @@ from typing import Any
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units, efficiency
+from rlgraph.nodes.parallel import compute_units, efficiency, thread_slowdown
 from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
 
 
 def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
-    """Fixed seconds per layer and decode step, and what it is: the CUDA-graph floor (SGLang,
-    or engine native's static decoder on a GPU) or the dynamic decode's host overhead."""
+    """Fixed seconds per layer and decode step, and what it is: the floor of a compiled
+    CUDA-graph decode (SGLang, or engine native's static decoder with cuda_decode compiled),
+    of an uncompiled one (cuda_decode graphs: unfused kernels) or the dynamic decode's host
+    overhead."""
     local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
-    graphs = node.engine == "sglang" or (not local and node.cuda_decode != "dynamic")
-    if graphs:
-        return COSTS.graph_decode_floor_per_layer_s, "CUDA-graph floor"
+    if node.engine == "sglang" or (not local and node.cuda_decode == "compiled"):
+        return COSTS.graph_decode_floor_per_layer_s, "compiled CUDA-graph floor"
+    if not local and node.cuda_decode == "graphs":
+        return COSTS.graphs_only_decode_floor_per_layer_s, "uncompiled CUDA-graph floor"
     return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
+
+
+def static_engine(node: Any, ctx: CostContext) -> bool:
+    """Whether generate decodes on engine native's static engine (a GPU, CUDA graphs)."""
+    local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
+    return node.engine == "native" and not local and node.cuda_decode != "dynamic"
 
 
 def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add); plus layers x (floor + 2 all-reduce
-    latencies when tp > 1). A local CPU cluster: max(compute at COSTS.forward_mfu, memory)."""
+    (the two run one after the other, so they add) — on engine native's SDPA, which runs one
+    block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
+    stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
+    read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
+    rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
+    (floor + 2 all-reduce latencies when tp > 1). A local CPU cluster: max(compute at
+    COSTS.forward_mfu, memory), slower in a process of several threads
+    (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    weights = 2 * shape.params / tp / hbm
+    weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
-    flops = 2 * shape.active_params * rows / tp
+    if node.engine == "native" and gpu.sms:  # torch's SDPA: one block per (row, KV head)
+        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)
+    flops = 2 * shape.matmul_active * rows / tp
+    sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
     fixed = shape.layers * (floor + allreduce)
     if ctx.extra.get("local", gpu.name == "cpu"):
-        return max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu)) + fixed
+        compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
+        return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    return gemms + kv + fixed
+    return gemms + kv + sampling + fixed
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -91,14 +111,18 @@ def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Prefill (compute-bound, 2 * N_active * prompt tokens) plus decode (see the module).
+    """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
+    decode (see the module).
 
     Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
     batch of groups is complete, carrying the rest over. A step makes one token per decoding
-    row, so a call takes about n * E[L] / live steps, live = min(alive * oversample * n,
+    row, so a call takes at least n * E[L] / live steps, live = min(alive * oversample * n,
     what the KV cache holds), where `alive` is the fraction of in-flight rows still
     decoding: a finished row waits (holding no KV) for the longest sample of its group, the
     expected longest of k = samples_per_prompt lengths, so alive = E[L] / E[max of k].
+    Engine native admits new groups only when a round starts, so a round also lasts the T
+    steps with E[ceil(max of k / T)] = oversample (`lengths.round_steps`), rounded up to
+    the static engine's sync_every checks.
     Measured on CPU (tests' micro Llama, 4 samples per prompt, steps per call after warm-up):
     oversample 2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps; oversample 1.5 took 1.86-1.88
     (the last groups of few spares set the pace there); oversample 1 decodes the whole batch.
@@ -131,6 +155,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         alive = mean / lengths.expected_max(model, data.samples_per_prompt)
         live = held(alive * node.oversample * per_replica)
         partial_steps = per_replica * mean / live
+        if node.engine == "native":  # rounds admit only at their start (engines/partial_rollout)
+            rounds = lengths.round_steps(model, data.samples_per_prompt, node.oversample)
+            if static_engine(node, ctx):  # it checks for complete groups every sync_every steps
+                rounds = math.ceil(rounds / node.sync_every) * node.sync_every
+            partial_steps = max(partial_steps, rounds)
         partial = partial_steps * decode_step_seconds(
             live, data.prompt_len + second / (2 * mean), node, ctx)
         if partial < decode:
@@ -145,15 +174,21 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
             decode, steps = cont, cont_steps
             how = (f"streaming: continuous batching at {live:.0f} rows, finished rows refilled "
                    f"with new prompts")
-    prefill = (2 * shape.active_params * prefill_tokens
-               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx)))
+    prefill = (2 * shape.matmul_active * prefill_tokens
+               / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
+               * thread_slowdown(ctx))
+    host = 0.0
+    if node.engine == "native" and not ctx.extra.get("local", gpu.name == "cpu"):
+        host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "
                            f"{decode / max(steps, 1e-12) * 1e3:.3g} ms ({how}{waves}; "
-                           f"{floor_kind} per layer)")
+                           f"{floor_kind} per layer)"
+                           + (f" + host {host:.3g} s (rlgraph runtime: call + rows)" if host
+                              else ""))
     if concurrent < per_replica:
         ctx.extra["note"] = (f"{ctx.name}: the KV cache holds {concurrent:.0f} of the "
                              f"{per_replica} sequences of each replica at a time; more GPUs "
                              f"(share) or a larger tp would decode them together")
-    return prefill + decode
+    return prefill + decode + host

@@ -44,20 +44,22 @@ class TrainSpec(ParallelNodeSpec):
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """Forward + backward over every token: 6 * N_active * tokens FLOPs (MoE: active params)
+    """Forward + backward over every token: 6 * N * tokens FLOPs plus 3x attention's
+    (`parallel.token_pass_cost`; MoE: active params and the expert all-to-all)
     per epoch, compute-bound, at the pace of the slowest data-parallel rank of each
     mini-batch (`parallel.data_parallel_imbalance`); plus a 2 * N forward for the proximal
     log-probs when rlgraph's runtime trains without a logp node (verl takes them from the
     rollout). Priced as verl's hybrid engine with FSDP (backend torch), the forward runs
     twice: verl checkpoints activations by default (`enable_gradient_checkpointing: True` in
     verl/trainer/config/ppo_trainer.yaml, also set by the published 7B DAPO scripts), so
-    8 * N_active * tokens. The gradient all-reduce of each update overlaps the backward in
+    8 * N * tokens. The gradient all-reduce of each update overlaps the backward in
     buckets (DDP, FSDP), so only compute is priced."""
     proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
                 and not hybrid_engine_priced(ctx.spec))
     recompute = 2 if hybrid_engine_priced(ctx.spec) and node.backend == "torch" else 0
     seconds = token_pass_cost(node, ctx, (8 if proximal else 6) + recompute, COSTS.train_mfu,
-                              mini_batches=node.mini_batches) * node.epochs
+                              mini_batches=node.mini_batches, response_bytes=16,
+                              epochs=node.epochs)
     if proximal:
         ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
     if recompute:

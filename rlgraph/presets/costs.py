@@ -26,7 +26,12 @@ class CostConstants:
     decode_hbm_efficiency: float = 0.70
     native_decode_overhead_per_layer_s: float = 0.68e-3
     graph_decode_floor_per_layer_s: float = 47e-6
+    graphs_only_decode_floor_per_layer_s: float = 133e-6
     tp_allreduce_latency_s: float = 10e-6
+    sampling_logit_passes: float = 3.5
+    generate_call_overhead_s: float = 0.046
+    generate_host_seconds_per_row: float = 128e-6
+    local_threaded_process_slowdown: float = 1.38
     reshard_bytes_per_s: float = 32 * GB / 175
     local_extra_replica_efficiency: float = 0.34
     reward_seconds_per_sample: float = 50e-6
@@ -86,14 +91,40 @@ COST_SOURCES: dict[str, str] = {
                                       "the floor of a CUDA-graph decode (SGLang replays "
                                       "graphs the same way; published README, 'Decode on a "
                                       "lent H200')",
-    "tp_allreduce_latency_s": "a tensor-parallel decode step all-reduces twice per layer "
-                              "(attention and MLP outputs, a few KB per row); NCCL's "
-                              "small-message all-reduce within an NVLink node takes ~10-15 us "
-                              "in nccl-tests all_reduce_perf (8 B - 64 KB, latency-bound); "
-                              "the engines' custom one-shot all-reduce is faster: 10 us "
-                              "assumed, not measured by us (this session lent no multi-GPU "
-                              "machine); its weight: 2 x layers x 10 us per decode step, "
-                              "0.56 ms for a 28-layer model at tp 2",
+    "graphs_only_decode_floor_per_layer_s": "bench/results/gpu-decode.json (H200, "
+                                            "llama-374m, batch 64): the static engine with "
+                                            "CUDA graphs but no torch.compile (unfused "
+                                            "kernels; cuda_decode: graphs) took 3.50 ms per "
+                                            "decode step against a 0.30 ms HBM roofline = "
+                                            "133 us of fixed cost per layer and step",
+    "tp_allreduce_latency_s": "sgl-project/sglang PR 2904 (H100, unit test without CUDA "
+                              "graphs): vLLM's custom all-reduce took 8.5-11.8 us at tp "
+                              "2/4/8 for data sizes 512-32768 (SGLang's own kernel "
+                              "3.7-7.8 us); a tensor-parallel decode step all-reduces twice "
+                              "per layer (attention and MLP outputs): 2 x layers x 10 us per "
+                              "step, 0.56 ms for a 28-layer model at tp 2",
+    "sampling_logit_passes": "bench/results/gpu-decode.json, the compiled static engine's "
+                             "kernel profile (H200, llama-374m, batch 64): the fused "
+                             "log_softmax / sampling kernel took 8.5 us per decode step over "
+                             "64 x 32000 fp32 logits (8.2 MB): 3.5 passes over them at 70% "
+                             "of HBM speed; every decode step samples its rows over the whole "
+                             "vocabulary on one GPU (not split by tp)",
+    "generate_call_overhead_s": "least squares over the 8 synchronous GPU runs of "
+                                "bench/results/gpu-e2e-dp-128, gpu-e2e-dp, gpu-e2e-static and "
+                                "gpu-longtail (256-1024 rows per replica): generate's node "
+                                "time less its decode steps x measured ms per step = 0.046 s "
+                                "+ 0.128 ms per row of a replica (residuals within 0.046 s): "
+                                "the static engine's admission, prefill launches and host "
+                                "checks, then the batch's Python assembly (token lists, "
+                                "response texts); rlgraph's runtime only (engine native)",
+    "generate_host_seconds_per_row": "the same fit as generate_call_overhead_s: 0.128 ms of "
+                                     "host work per row of a replica per generate call",
+    "local_threaded_process_slowdown": "COST_SOURCES['local_extra_replica_efficiency']'s "
+                                       "measurement (2-core host, longtail graph): two torch "
+                                       "threads in one process took 1.02 s a step where one "
+                                       "took 0.741 s (1.38x): a tiny model's ops are too small "
+                                       "to split and the threads contend; a local process "
+                                       "with more than one thread is priced that much slower",
     "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
                            "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
                            "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "

@@ -20,6 +20,7 @@ class GPUPreset:
     network_bytes_per_s: float  # per GPU, across nodes
     source: str
     host_bytes_per_s: float = 50e9  # per GPU, GPU <-> host memory (PCIe): offload and reload
+    sms: int = 0  # streaming multiprocessors (0: none, the CPU): a kernel of fewer blocks idles
 
 
 GB = 1e9
@@ -30,27 +31,34 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         "H200", 989e12, 4.8e12, 141 * GB, 352 * GB, 50 * GB,
         "NVIDIA H200 SXM datasheet (989 TFLOP/s dense bf16, 4.8 TB/s, 141 GB); NVLink: NCCL "
         "broadcast measured 352 GB/s with 128 MB buckets on 2x H200 (docs/measurements.md); "
-        "network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s achieved",
+        "network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s achieved; 132 "
+        "SMs, as H100 SXM (the same GH100 configuration)",
         host_bytes_per_s=50 * GB,
+        sms=132,
     ),
     "H100": GPUPreset(
         "H100", 989e12, 3.35e12, 80 * GB, 340 * GB, 50 * GB,
         "NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16, 3.35 TB/s, 80 GB); NVLink 4 "
-        "like H200; network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s",
+        "like H200; network: 400 Gb/s InfiniBand per GPU; host: PCIe Gen5 x16, ~50 GB/s; "
+        "132 of GH100's 144 SMs enabled on SXM5 (NVIDIA Hopper architecture whitepaper)",
         host_bytes_per_s=50 * GB,
+        sms=132,
     ),
     "A100": GPUPreset(
         "A100", 312e12, 2.039e12, 80 * GB, 230 * GB, 25 * GB,
         "NVIDIA A100 80GB SXM datasheet (312 TFLOP/s dense bf16, 2.04 TB/s); NVLink 3 "
         "600 GB/s bidirectional; network: 200 Gb/s HDR per GPU; host: PCIe Gen4 x16, "
-        "~25 GB/s achieved",
+        "~25 GB/s achieved; 108 SMs (A100 whitepaper)",
         host_bytes_per_s=25 * GB,
+        sms=108,
     ),
     "H20": GPUPreset(
         "H20", 148e12, 4.0e12, 96 * GB, 340 * GB, 50 * GB,
         "NVIDIA H20 datasheet (148 TFLOP/s dense bf16, 4.0 TB/s, 96 GB); NVLink 900 GB/s "
-        "bidirectional; network: 400 Gb/s per GPU; host: PCIe Gen5 x16, ~50 GB/s",
+        "bidirectional; network: 400 Gb/s per GPU; host: PCIe Gen5 x16, ~50 GB/s; 78 SMs "
+        "(its Geekbench 6 listing)",
         host_bytes_per_s=50 * GB,
+        sms=78,
     ),
     "cpu": GPUPreset(
         "cpu", 1e11, 1e10, 4 * GB, 2 * GB, 1 * GB,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+PASS_WIDTH_BLOCK = 256  # response widths of a length-sorted pass are multiples of it (few shapes)
+
 # Shapes in Hugging Face config keys. Sources: each model's config.json on its hub page;
 # red-moe-16b is approximated by DeepSeek-MoE-16B's published shape (same size class).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -73,6 +75,27 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    heads: int = 0  # query heads (attention FLOPs); 0: as many as kv_heads
+    embedding_params: float = 0.0  # an input table apart from the output head (no FLOPs)
+    moe_layers: int = 0  # layers whose MLP routes each token to top_k experts
+    top_k: int = 0
+
+    @property
+    def matmul_params(self) -> float:
+        """Parameters a forward multiplies by (weights a decode step reads): all but an input
+        embedding table that is not also the output head (a lookup of one row per token)."""
+        return self.params - self.embedding_params
+
+    @property
+    def matmul_active(self) -> float:
+        """Parameters touched per token by a matmul: 2 x this is a token's forward FLOPs
+        outside attention (MoE: the routed experts only; no input embedding lookup)."""
+        return self.active_params - self.embedding_params
+
+    def attention_flops(self, length: float) -> float:
+        """Forward FLOPs of causal self-attention over one sequence of `length` tokens beyond
+        the projections: QK^T and AV each 2 x (length^2 / 2) x query width per layer."""
+        return 2 * self.layers * (self.heads or self.kv_heads) * self.head_dim * length ** 2
 
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> float:
         """KV-cache bytes one token occupies across all layers (K and V)."""
@@ -100,7 +123,11 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         active_mlp = dense_layers * dense_mlp + moe_layers * (top_k * expert_mlp + shared)
     else:
         total_mlp = active_mlp = layers * dense_mlp
-    embed = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    tied = bool(config.get("tie_word_embeddings"))
+    embed = vocab * hidden * (1 if tied else 2)
     params = layers * attn + total_mlp + embed
     active = layers * attn + active_mlp + embed
-    return ModelShape(float(params), float(active), layers, hidden, kv_heads, head_dim, vocab)
+    return ModelShape(float(params), float(active), layers, hidden, kv_heads, head_dim, vocab,
+                      heads=heads, embedding_params=0.0 if tied else float(vocab * hidden),
+                      moe_layers=moe_layers if experts else 0,
+                      top_k=int(config["num_experts_per_tok"]) if experts else 0)

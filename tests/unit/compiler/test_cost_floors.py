@@ -1,0 +1,189 @@
+"""Cost model terms measured on our own runs: decode floors and sampling, generate's host
+time in rlgraph's runtime, a local process's threads (issue 14, round 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlgraph.compiler.costs import node_costs
+from rlgraph.compiler.placement import place
+from rlgraph.compiler.shapes import shape_of
+from rlgraph.config.load import validate_spec
+from rlgraph.errors import SourceMap
+from rlgraph.graph import build_graph
+from rlgraph.nodes.base import CostContext
+from rlgraph.nodes.lengths import LengthModel, expected_max, round_steps
+from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
+from rlgraph.presets.costs import COSTS
+from rlgraph.presets.gpus import GPU_PRESETS
+
+NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
+
+
+def spec_of(groups: dict[str, Any] | None = None, nodes: dict[str, Any] | None = None,
+            **top: Any) -> Any:
+    """A qwen2.5-7b graph on 8 H100s (trainer and rollout halves) with these parts changed."""
+    data = {
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
+        "model": {"preset": "qwen2.5-7b"},
+        "data": {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                 "response_len": {"mean": 512, "max": 512}},
+        "groups": groups or {"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                             "rollout": {"share": 0.5, "tasks": ["generate"]}},
+        "nodes": nodes or dict(NODES),
+        **top,
+    }
+    return validate_spec(data, SourceMap())
+
+
+def costs_of(spec: Any) -> dict[str, Any]:
+    return node_costs(spec, build_graph(spec), place(spec))[0]
+
+
+def context(spec: Any, gpus: int = 4) -> CostContext:
+    return CostContext(spec=spec, name="generate", shape=shape_of(spec),
+                       gpu=GPU_PRESETS[spec.cluster.gpu], gpus=gpus, colocated=frozenset(),
+                       extra={"local": spec.cluster.local})
+
+
+def test_decode_floor_follows_the_engine_build() -> None:
+    # compiled CUDA graphs (and SGLang) 47 us a layer; graphs without compile 133 us; the
+    # dynamic cache pays the host per layer
+    floors = {}
+    for build in ("compiled", "graphs", "dynamic"):
+        spec = spec_of(nodes=dict(NODES, generate={"cuda_decode": build}))
+        floors[build] = per_layer_floor(spec.nodes["generate"], context(spec))[0]
+    sglang = spec_of(nodes=dict(NODES, generate={"engine": "sglang"}))
+    assert per_layer_floor(sglang.nodes["generate"], context(sglang))[0] == floors["compiled"]
+    assert floors == {"compiled": COSTS.graph_decode_floor_per_layer_s,
+                      "graphs": COSTS.graphs_only_decode_floor_per_layer_s,
+                      "dynamic": COSTS.native_decode_overhead_per_layer_s}
+    assert floors["compiled"] < floors["graphs"] < floors["dynamic"]
+
+
+def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
+    # memory-bound regime (few rows on an H100, sglang's split-KV attention): one more row
+    # adds its KV and its fp32 logits
+    spec = spec_of(nodes=dict(NODES, generate={"engine": "sglang"}))
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    context_len = 1000
+    one_more = decode_step_seconds(9, context_len, node, ctx) - decode_step_seconds(
+        8, context_len, node, ctx)
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    kv = context_len * shape.kv_bytes_per_token() / hbm
+    logits = shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
+    assert one_more == pytest.approx(kv + logits)
+
+
+def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
+    # engine native's SDPA runs one block per (row, KV head): below the SM count, more rows
+    # read their KV in the same time; above it, each row adds its KV at full bandwidth
+    spec = spec_of()
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    full = h100.sms // shape.kv_heads  # rows that fill every SM
+
+    def attention(rows: int, length: int) -> float:
+        return (decode_step_seconds(rows, length, node, ctx)
+                - decode_step_seconds(rows, 0, node, ctx))
+
+    assert attention(4, 4000) == pytest.approx(attention(8, 4000), rel=0.02)
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    one_row = 4000 * shape.kv_bytes_per_token() / hbm
+    assert attention(full, 4000) == pytest.approx(full * one_row, rel=0.02)
+    assert attention(2 * full, 4000) == pytest.approx(2 * attention(full, 4000), rel=0.02)
+    assert attention(4, 4000) == pytest.approx(attention(full, 4000), rel=0.02)
+
+
+def test_rlgraph_runtime_generate_pays_its_host_time_per_call_and_row() -> None:
+    def generate(engine: str, prompts: int) -> tuple[float, str]:
+        data = {"prompts_per_step": prompts, "samples_per_prompt": 4, "prompt_len": 256,
+                "response_len": {"mean": 512, "max": 512}}
+        cost = costs_of(spec_of(data=data, nodes=dict(NODES, generate={"engine": engine})))
+        return cost["generate"].seconds, cost["generate"].detail
+
+    (native, detail), (sglang, _) = generate("native", 32), generate("sglang", 32)
+    assert "host" in detail
+    # 4 GPUs, one replica each: 32 rows a replica; sglang is verl's engine, priced apart
+    rows = 32 * 4 // 4
+    host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * rows
+    twice, _ = generate("native", 64)
+    assert twice - native > COSTS.generate_host_seconds_per_row * rows  # rows add host time
+    assert native > host and sglang < native
+
+
+def test_a_local_process_of_several_threads_is_slower() -> None:
+    # measured on the 2-core host: two torch threads in one process 1.38x one thread
+    def step(cpus: int, replicas: int | None = None) -> dict[str, float]:
+        group = {"share": 1.0, "tasks": ["generate", "logp", "train"]}
+        if replicas:
+            group["replicas"] = replicas
+        spec = spec_of(groups={"all": group}, cluster={"local": True, "cpus": cpus},
+                       model={"preset": "tiny"},
+                       data={"prompts_per_step": 8, "samples_per_prompt": 4, "prompt_len": 16,
+                             "response_len": {"mean": 16, "max": 16}})
+        return {n: c.seconds for n, c in costs_of(spec).items()}
+
+    one, two, split = step(1), step(2), step(2, replicas=2)
+    assert two["train"] > 1.3 * one["train"] - 1e-9
+    assert two["generate"] > one["generate"]
+    assert split["train"] < one["train"]  # two one-thread processes share the work
+
+
+def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
+    # verl's single controller ships every row padded to prompt + max response through Ray:
+    # the same seconds on 8 or 16 GPUs, more for a longer max; rlgraph's runtime pays none
+    def logp(nodes: int, max_len: int, engine: str = "sglang") -> tuple[float, str]:
+        spec = spec_of(cluster={"nodes": nodes, "gpus_per_node": 8, "gpu": "H20"},
+                       nodes=dict(NODES, generate={"engine": engine}),
+                       data={"prompts_per_step": 32, "samples_per_prompt": 4,
+                             "prompt_len": 256, "response_len": {"mean": 512, "max": max_len}})
+        cost = costs_of(spec)["logp"]
+        return cost.seconds, cost.detail
+
+    def driver(detail: str) -> float:
+        return float(detail.split("verl driver transfer ")[1].split(" s")[0])
+
+    one, two, longer = logp(1, 4096), logp(2, 4096), logp(1, 8192)
+    per_row = 24 * (256 + 4096) + 16 * 4096  # input_ids, mask, positions; responses, out
+    assert driver(one[1]) == pytest.approx(128 * per_row / COSTS.object_store_bytes_per_s,
+                                           rel=1e-2)
+    assert driver(two[1]) == driver(one[1]) < driver(longer[1])
+    assert "driver" not in logp(1, 4096, "native")[1]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(mean=st.floats(8, 4000), spread=st.floats(1.5, 20.0), sigma=st.floats(0.2, 2.0),
+       k=st.integers(1, 16), oversample=st.floats(1.05, 4.0))
+def test_partial_rounds_without_refill_last_at_least_the_steady_state(
+        mean: float, spread: float, sigma: float, k: int, oversample: float) -> None:
+    # a round that admits only at its start lasts no less than the steady-state throughput's
+    # E[max of k] / oversample, at most max; more groups in flight never lengthen it
+    model = LengthModel(mean, mean * spread, "lognormal", sigma)
+    rounds = round_steps(model, k, oversample)
+    assert expected_max(model, k) / oversample * (1 - 1e-6) <= rounds <= model.max
+    assert round_steps(model, k, oversample * 1.5) <= rounds * (1 + 1e-6)
+
+
+def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
+    # verl's trainer.balance_batch gives every rank about the same tokens for a pass over the
+    # whole batch: only the longest sequence bounds the slowest rank; split into mini-batches,
+    # each is a random draw again and the slowest of 16 ranks carries more
+    from rlgraph.nodes.parallel import data_parallel_imbalance
+
+    spec = spec_of(cluster={"nodes": 4, "gpus_per_node": 8, "gpu": "H20"},
+                   nodes=dict(NODES, generate={"engine": "sglang"}),
+                   groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
+                           "rollout": {"share": 0.5, "tasks": ["generate"]}},
+                   data={"prompts_per_step": 512, "samples_per_prompt": 16, "prompt_len": 256,
+                         "response_len": {"mean": 1000, "max": 4096, "sigma": 1.0}})
+    ctx = context(spec, gpus=16)
+    node = spec.nodes["train"]
+    whole, split = (data_parallel_imbalance(node, ctx, m) for m in (1, 16))
+    assert whole == pytest.approx(1.0, abs=0.01)  # 512 rows a rank: the longest is a sliver
+    assert split > whole + 0.05
