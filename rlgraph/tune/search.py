@@ -54,6 +54,7 @@ from rlgraph.tune.space import (
     SearchSpace,
     bell,
     idle_gpus,
+    streamed,
 )
 
 PARTITION_LIMIT = 5_000  # partitions x tp choices x partial settings enumerated exactly
@@ -171,12 +172,7 @@ def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
     util = utilization(tg, ev.period_s)
     return Plan(groups, cand.max_lag, cand.partial_rollout, cand.tp, ev.period_s, ev.bound_s,
                 ev.idle_gpus, describe_bottleneck(tg, bound, ev.period_s, util), ev.spec,
-                candidate=cand, mini_batches=_streamed(ev.spec))
-
-
-def _streamed(spec: Spec) -> int | None:
-    """A plan's mini-batches per version, None when it does not stream."""
-    return spec.schedule.stream.mini_batches if spec.schedule.stream is not None else None
+                candidate=cand, mini_batches=streamed(ev.spec))
 
 
 def _input_plan(spec: Spec, measured: dict[str, float] | None
@@ -196,7 +192,7 @@ def _input_plan(spec: Spec, measured: dict[str, float] | None
     idle = idle_gpus(tg, sched.period_s, placement, placement.slots)
     return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
                 sched.period_s, sched.bound_s, idle, sched.bottleneck, spec,
-                origin="input", mini_batches=_streamed(spec)), None, plan
+                origin="input", mini_batches=streamed(spec)), None, plan
 
 
 def _sync_period(spec: Spec, scale: dict[str, float]) -> float:

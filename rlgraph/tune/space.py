@@ -89,6 +89,11 @@ class Evaluation:
         return self.error is None and self.period_s is not None
 
 
+def streamed(spec: Spec) -> int | None:
+    """A plan's mini-batches per version, None when it does not stream."""
+    return spec.schedule.stream.mini_batches if spec.schedule.stream is not None else None
+
+
 def set_partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
     """Every partition of `items` into non-empty blocks, each exactly once."""
     if not items:
