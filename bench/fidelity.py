@@ -36,6 +36,7 @@ SPEEDUP_TARGET = 0.25
 MEDIAN_LOG_TARGET = 0.15
 PHASE_TARGET = 0.30
 PUBLISHED = ROOT.parent / "shared" / "published"
+EXTRA_CASES = ROOT / "bench" / "published_extra" / "cases.json"  # e.g. the fully_async ablation
 SCALING_SEED = "async-rl-readme-state-machine.txt"  # in ../shared/seeds: verl's step by GPUs
 SCALING_GRAPH = "graphs/dots-hybrid-logp-train.yaml"  # the seed's workload
 
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
               f"../shared/published beside the clone; pass --published DIR", file=sys.stderr)
         return 2
     cases = json.loads(cases_file.read_text())["cases"]
+    if EXTRA_CASES.is_file():  # the repository's own published cases (graphs it adds)
+        cases += json.loads(EXTRA_CASES.read_text())["cases"]
     readme_file = published / "README.md"
     readme = readme_file.read_text() if readme_file.is_file() else ""
     rows = []

@@ -91,7 +91,8 @@ def _occupies(spec: Spec, name: str, owner: dict[str, str]) -> tuple[str, ...]:
 def build_graph(spec: Spec) -> nx.DiGraph:
     """The step's dataflow with groups and distances; refuses graphs that cannot run."""
     owner = _check_groups(spec)
-    graph = nx.DiGraph(name=spec.name, max_lag=spec.schedule.max_lag)
+    graph = nx.DiGraph(name=spec.name, max_lag=spec.schedule.max_lag,
+                       mini_batches=spec.schedule.mini_batches)
     for name, node in spec.nodes.items():
         graph.add_node(name, kind=node.kind, spec=node, group=owner.get(name),
                        occupies=_occupies(spec, name, owner), uses_gpu=KINDS[node.kind].uses_gpu)

@@ -42,6 +42,11 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
     schedule["max_lag"] = best.max_lag
     if "partial_rollout" in schedule or best.partial_rollout:
         schedule["partial_rollout"] = best.partial_rollout
+    if "stream" in schedule:  # a layout that cannot stream (generate beside train) drops it
+        if best.mini_batches is None:
+            del schedule["stream"]
+        else:
+            schedule["stream"] = {**(schedule["stream"] or {}), "mini_batches": best.mini_batches}
     if best.tp is not None:
         for name, node in best.spec.nodes.items():
             if KINDS[node.kind].samples:
@@ -98,6 +103,8 @@ def tune_table(result: TuneResult) -> Any:
         lag = f"{plan.max_lag}" + (" +partial" if plan.partial_rollout else "")
         if plan.tp is not None:
             lag += f" (tp {plan.tp})"
+        if plan.mini_batches is not None:
+            lag += f" stream {plan.mini_batches}"
         style = "bold green" if plan is result.best else None
         table.add_row(label, _groups_text(plan), str(sum(g["gpus"] for g in plan.groups)), lag,
                       fmt_seconds(plan.period_s), _times(result.speedup_vs_input(plan)),

@@ -27,6 +27,7 @@ from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     channel_capacities,
+    check_stream,
     lag_messages,
     prove_lag,
     smallest_lag_for_best_period,
@@ -84,14 +85,15 @@ def sync_spec(spec: Spec) -> Spec:
         nodes = {**nodes, OLD_LOG_PROB: logp.spec()}
         tasks = [*tasks, OLD_LOG_PROB]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
-    schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False})
+    schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False,
+                                                "stream": None})
     return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
 
 def _is_sync(spec: Spec) -> bool:
     groups = list(spec.groups.values())
     return (spec.schedule.max_lag == 0 and not spec.schedule.partial_rollout
-            and len(groups) == 1 and groups[0].share >= 1 - 1e-9)
+            and spec.schedule.stream is None and len(groups) == 1 and groups[0].share >= 1 - 1e-9)
 
 
 def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
@@ -99,6 +101,7 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     group, back edges get distance 1 (max_lag 0)."""
     sync = graph.copy()
     sync.graph["max_lag"] = 0
+    sync.graph["mini_batches"] = 1
     for _, attrs in sync.nodes(data=True):
         attrs["group"] = SYNC_GROUP if attrs["group"] else None
         attrs["occupies"] = (SYNC_GROUP,) if attrs["occupies"] else ()
@@ -243,6 +246,7 @@ def compile_plan(spec: Spec, calibration: Any = None) -> Plan:
 def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
+    check_stream(spec, graph)
     placement: Placement = place(spec)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
@@ -295,6 +299,8 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
             smallest_max_lag_for_best_period=smallest,
             periods_by_max_lag={str(k): v for k, v in periods.items()},
             note=proof.note,
+            mini_batches=proof.mini_batches,
+            per_mini_batch=proof.per_mini_batch,
         ),
         schedule=SchedulePlan(
             period_s=period,

@@ -13,12 +13,20 @@ is kept in the rollout cache and resumed by a later generate step with newer wei
 the cache drops any sample whose oldest token would exceed max_lag when trained on, so every
 token of a sample is within the same bound and `token_version_span` (newest minus oldest
 version within one sample) is at most max_policy_lag; without partial rollout it is 0.
+
+Streaming (`schedule.stream.mini_batches` K): version t spans K optimizer steps t*K + j, one
+per mini-batch; generate's call for mini-batch j of step t waits for the same version as the
+whole step did (>= t - max_lag), so the bound holds per mini-batch: a token sampled by
+version v is trained at an optimizer step of version <= v + max_lag. A sample carried from
+one call to the next (continuous refill) is evicted before a call whose version window it
+has left (`engines.partial_rollout`), so carrying never stretches the bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -39,6 +47,8 @@ class LagProof:
     token_version_span: int
     note: str
     messages: list[str] = field(default_factory=list)
+    mini_batches: int = 1  # optimizer steps per version (schedule.stream)
+    per_mini_batch: str = ""  # the bound per mini-batch, in words (streaming only)
 
 
 def _reach(order: list[str], links: dict[str, list[str]], keep: set[str]) -> dict[str, set[str]]:
@@ -94,8 +104,51 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
     if partial_rollout and max_lag == 0:
         messages.append("partial_rollout with max_lag 0 must drop every unfinished sample at "
                         "each step (no version may differ); use max_lag >= 1")
+    k = int(graph.graph.get("mini_batches", 1))
     return LagProof(max_lag, pairs, per_edge, max_lag if partial_rollout else 0,
-                    _note(pairs, max_lag), messages)
+                    _note(pairs, max_lag), messages, k, _mini_batch_note(k, max_lag))
+
+
+def _mini_batch_note(k: int, max_lag: int) -> str:
+    """The streaming bound per mini-batch, in words ('' without streaming)."""
+    if k <= 1:
+        return ""
+    return (f"streaming {k} mini-batches per version: optimizer step s = t*{k} + j (mini-batch "
+            f"j of step t) trains tokens sampled by version >= t - {max_lag}, so a token "
+            f"sampled by version v is trained at optimizer steps of version <= v + {max_lag} "
+            f"(steps v*{k} .. (v + {max_lag})*{k} + {k - 1}); each mini-batch's generate call "
+            f"waits for version t - {max_lag} and evicts carried samples older than that")
+
+
+def check_stream(spec: Any, graph: nx.DiGraph) -> None:
+    """Refuse a `schedule.stream` the runtime cannot honour: the mini-batches must split the
+    batch's prompt groups evenly, and every generate that feeds a train must receive its
+    weights through a param_update (a group that both trains and generates cannot stream)."""
+    stream = spec.schedule.stream
+    if stream is None:
+        return
+    key = ("schedule", "stream", "mini_batches")
+    k, prompts = stream.mini_batches, spec.data.prompts_per_step
+    if prompts % k:
+        fits = [d for d in range(1, prompts + 1) if prompts % d == 0 and d <= k]
+        raise SpecError(f"mini_batches {k} does not divide data.prompts_per_step {prompts} "
+                        f"(each mini-batch is a whole number of prompt groups)", key,
+                        hint=f"use mini_batches: {fits[-1]}, or a prompts_per_step that "
+                        f"{k} divides")
+    kinds = dict(graph.nodes(data="kind"))
+    for gen, kind in kinds.items():
+        if not KINDS[kind].samples:
+            continue
+        fed = any(d for _, _, d in graph.in_edges(gen, data="distance"))
+        group = graph.nodes[gen]["group"]
+        beside = [n for n, k in kinds.items() if KINDS[k].advances_policy
+                  and group is not None and graph.nodes[n]["group"] == group]
+        if beside or not fed:
+            raise SpecError(f"schedule.stream needs '{gen}' in a group of its own, receiving "
+                            "weights from a param_update: a group that trains and generates "
+                            "cannot train while it generates", key,
+                            hint=f"put {gen} in its own group with a param_update (src: train, "
+                            f"dst: {gen}), or remove schedule.stream")
 
 
 def version_gate(graph: nx.DiGraph) -> int:
@@ -108,9 +161,14 @@ def version_gate(graph: nx.DiGraph) -> int:
 
 def channel_capacities(graph: nx.DiGraph) -> dict[str, int]:
     """Steps each data edge's channel holds: gate + 1, so a producer runs at most as far
-    ahead of its consumer as the back edge lets generate run ahead of train."""
+    ahead of its consumer as the back edge lets generate run ahead of train. Streaming
+    counts in the consumer's calls: (gate + 1) x mini_batches between nodes that run once
+    per mini-batch, gate + 1 into a weight carrier (once per version)."""
     room = version_gate(graph) + 1
-    return {f"{u}->{v}": room for u, v in data_edges(graph)}
+    k = int(graph.graph.get("mini_batches", 1))
+    kinds = dict(graph.nodes(data="kind"))
+    return {f"{u}->{v}": room if KINDS[kinds[v]].carries_weights else room * k
+            for u, v in data_edges(graph)}
 
 
 def _note(pairs: Mapping[tuple[str, str], tuple[int, str, int]], max_lag: int) -> str:

@@ -84,6 +84,8 @@ class LagPlan(_Section):
     smallest_max_lag_for_best_period: int | None = None
     periods_by_max_lag: dict[str, float | None] = Field(default_factory=dict)
     note: str = ""
+    mini_batches: int = 1  # streaming: optimizer steps (generate / train calls) per version
+    per_mini_batch: str = ""  # streaming: the bound per mini-batch, in words
 
 
 class SchedulePlan(_Section):

@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any
 
 from rlgraph.compiler.period_bound import schedule_bound
-from rlgraph.compiler.timed_graph import TimedGraph
+from rlgraph.compiler.timed_graph import TimedGraph, piece_name
 
 MAX_CYCLE = 8  # longest cyclicity (steps per repeat) searched for
 MAX_TASKS = 400_000  # simulation size cap (steps x nodes)
@@ -88,6 +88,22 @@ class LowestStepFirst:
         return None
 
 
+@dataclass(frozen=True)
+class MiniBatchFirst(LowestStepFirst):
+    """`LowestStepFirst` over a streaming pipeline's tasks: call m of a node runs on
+    mini-batch m % k of version m // k, keyed as the simulator keys that piece (version, its
+    place in `timed_graph.streamed_order`); a weight carrier's step is a version already."""
+
+    k: int = 1
+    carriers: frozenset[str] = frozenset()
+
+    def key(self, node: str, step: int) -> tuple[int, int]:
+        """Sort key of a task: smaller runs first."""
+        if node in self.carriers:
+            return (step, self.order[node])
+        return (step // self.k, self.order[piece_name(node, step % self.k)])
+
+
 @dataclass
 class Simulation:
     """Start and end times of every task of a simulated run, `[step * n + node]`."""
@@ -110,11 +126,16 @@ class Simulation:
         for t in range(min(steps, self.steps)):
             for i in range(n):
                 occ = occupies[i]
-                out.append({"node": tg.names[i], "step": t, "start": self.start[t * n + i],
-                            "end": self.end[t * n + i], "group": occ[0] if occ else None,
-                            "occupies": list(occ)})
-        order = {name: i for i, name in enumerate(tg.names)}
-        out.sort(key=lambda e: (e["start"], e["step"], order[e["node"]]))
+                event = {"node": tg.node_of(i), "step": t, "start": self.start[t * n + i],
+                         "end": self.end[t * n + i], "group": occ[0] if occ else None,
+                         "occupies": list(occ)}
+                if tg.mini_batch_of(i) is not None:  # streaming: one event per mini-batch
+                    event["mini_batch"] = tg.mini_batch_of(i)
+                event["_order"] = i
+                out.append(event)
+        out.sort(key=lambda e: (e["start"], e["step"], e["_order"]))
+        for event in out:
+            del event["_order"]
         return out
 
 
@@ -131,7 +152,7 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
         data_pred[v].append(u)
     back_succ: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     back_in: list[list[int]] = [[] for _ in range(n)]
-    for u, v, d in tg.back_edges:
+    for u, v, d in (*tg.back_edges, *((a, b, 1) for a, b in tg.wraps)):  # wraps: streaming
         back_succ[u].append((v, d))
         back_in[v].append(d)
 

@@ -124,6 +124,9 @@ SEED_WORDS: dict[str, str] = {
     "n_gpus_per_node": "cluster.gpus_per_node",
     "nnodes": "cluster.nodes",
     "partial_rollout": "schedule.partial_rollout",
+    "trigger_parameter_sync_step": "schedule.stream.mini_batches",
+    "require_batches": "data.prompts_per_step / schedule.stream.mini_batches prompt groups per "
+                       "mini-batch (with ppo_mini_batch_size)",
 }
 
 

@@ -173,12 +173,33 @@ class GroupSpec(StrictModel):
         return share
 
 
+class StreamSpec(StrictModel):
+    """Streaming between generate and train (verl fully_async): a version spans `mini_batches`
+    optimizer steps, each taken as soon as its mini-batch of complete GRPO groups is ready;
+    the weights are synced once per version (verl: trigger_parameter_sync_step)."""
+
+    mini_batches: int = Field(default=4, ge=1, le=MAX_COUNT,
+                              description="optimizer steps per policy version (verl: "
+                              "trigger_parameter_sync_step); a mini-batch is prompts_per_step "
+                              "/ mini_batches prompt groups (verl: require_batches x "
+                              "ppo_mini_batch_size)")
+
+
 class ScheduleSpec(StrictModel):
     """Lag bound, partial rollout and run length (seeds: generate_ahead_steps = max_lag)."""
 
     max_lag: int = Field(default=1, ge=0, le=MAX_LAG)
     partial_rollout: bool = False
+    stream: StreamSpec | None = Field(
+        default=None, description="train on each mini-batch as soon as it is generated; "
+        "generate refills finished rows with new prompts (continuous batching)")
     steps: int = Field(default=100, ge=1, le=MAX_STEPS)
+
+    @property
+    def mini_batches(self) -> int:
+        """Optimizer steps (and generate / train calls) per policy version: 1 unless
+        streaming."""
+        return self.stream.mini_batches if self.stream is not None else 1
 
 
 def _node_union() -> Any:

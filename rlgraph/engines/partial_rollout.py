@@ -36,6 +36,14 @@ position in the synchronous order, step * prompts_per_step); running totals.
 4. emit the first `prompts_per_step` complete groups in admission order (always a full
    batch); the others stay in the cache with their tokens, log-probs and versions.
 
+Streaming (`stride` K > 1, generate called once per mini-batch m = t*K + j of version t):
+`prompts_per_step` is a mini-batch's groups and `in_flight` the whole batch's, so finished
+rows are refilled with new prompts at every call (continuous batching at mini-batch
+granularity); the lag floor of call m is m // K - max_lag, and a group is admitted only
+while the version window it can still be trained in (through mini-batch
+(version + max_lag) * K + K - 1) has room for it. Without `mix_versions` (partial rollout off)
+a sample never spans versions: one started under an older version restarts at the next call.
+
 Why no trained token exceeds the lag: batch t's tokens are either sampled in round t (version
 >= t - max_lag) or survived step 1 of round t. With max_lag 0 nothing sampled earlier survives.
 """
@@ -95,12 +103,14 @@ class RolloutCache:
     def __init__(self, *, prompts_per_step: int, samples_per_prompt: int, oversample: float,
                  max_lag: int, stale: Stale, max_new_tokens: int,
                  prompt_of: Callable[[int], list[int]],
-                 length_of: Callable[[int, int], int] | None = None) -> None:
+                 length_of: Callable[[int, int], int] | None = None,
+                 stride: int = 1, mix_versions: bool = True) -> None:
         self.prompts_per_step, self.samples_per_prompt = prompts_per_step, samples_per_prompt
         self.in_flight = max(prompts_per_step, math.ceil(oversample * prompts_per_step))
         self.max_lag, self.stale, self.max_new_tokens = max_lag, stale, max_new_tokens
         self.prompt_of = prompt_of  # data position -> prompt token ids
         self.length_of = length_of  # (data position, sample) -> forced length, or None
+        self.stride, self.mix_versions = stride, mix_versions  # streaming (module docstring)
         self.groups: list[PromptGroup] = []
         self.next_position: int | None = None  # set by the first round (or a checkpoint)
         self.totals = {"admitted": 0, "emitted": 0, "dropped": 0, "restarted": 0}  # samples
@@ -109,13 +119,20 @@ class RolloutCache:
         """Samples in the cache."""
         return sum(len(g.samples) for g in self.groups)
 
-    def evict(self, step: int) -> tuple[int, int]:
-        """Drop or restart every sample too old to be trained at `step`: (dropped, restarted)."""
-        floor = step - self.max_lag
+    def evict(self, step: int, version: int | None = None) -> tuple[int, int]:
+        """Drop or restart every sample too old to be trained at `step`: (dropped, restarted).
+        Without `mix_versions`, a sample begun under a version other than `version` restarts."""
+        floor = step // self.stride - self.max_lag
         dropped = restarted = 0
         keep = []
         for group in self.groups:
             stale = [s for s in group.samples if s.versions and s.oldest() < floor]
+            if not self.mix_versions and version is not None and not stale:
+                mixed = [s for s in group.samples if s.versions and s.oldest() != version
+                         and not s.finished]
+                for sample in mixed:
+                    sample.restart()
+                restarted += len(mixed)
             if stale and self.stale in ("drop", "finish"):
                 dropped += len(group.samples)
                 continue
@@ -134,8 +151,12 @@ class RolloutCache:
         carried to a later batch (see the module docstring); how many were admitted."""
         if self.next_position is None:
             self.next_position = step * self.prompts_per_step
-        can_carry = version > step - self.max_lag
-        target = self.in_flight if can_carry else self.prompts_per_step
+        if self.stride > 1:  # streaming: as many as this version's window can still train
+            window = (version + self.max_lag) * self.stride + self.stride - step
+            target = min(self.in_flight, max(1, window) * self.prompts_per_step)
+        else:
+            can_carry = version > step - self.max_lag
+            target = self.in_flight if can_carry else self.prompts_per_step
         added = 0
         while len(self.groups) < target:
             position = self.next_position
@@ -155,9 +176,9 @@ class RolloutCache:
         policies."""
         if self.stale != "finish":
             return set()
-        floor = step - self.max_lag
+        floor = (step + 1) // self.stride - self.max_lag  # what the next call may train
         old = [i for i, g in enumerate(self.groups)
-               if any(s.versions and s.oldest() <= floor for s in g.samples)]
+               if any(s.versions and s.oldest() < floor for s in g.samples)]
         return set(old[: self.prompts_per_step])
 
     def take(self) -> list[PromptGroup]:
@@ -295,7 +316,7 @@ def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, versi
     """generate(step) with the cache: evict, refill, decode, emit (see the module docstring).
     Returns the emitted groups and the round's `rollout/*` metrics (and, on the static
     engine, its `generate/*` ones)."""
-    dropped, restarted = cache.evict(step)
+    dropped, restarted = cache.evict(step, version)
     cache.refill(step, version)
     stats = decode(cache, step, model, version, swap, engine, **sampling)
     groups = cache.take()

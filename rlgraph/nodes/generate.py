@@ -71,7 +71,9 @@ class GenerateWorker:
     """Samples `samples_per_prompt` responses to each prompt of the step with the policy,
     recording every token's behaviour log-prob and the policy version that sampled it. With
     `schedule.partial_rollout` the batch comes from a rollout cache (engines/partial_rollout.py):
-    unfinished samples carry over to later steps, new prompts keep the batch full. On a CUDA
+    unfinished samples carry over to later steps, new prompts keep the batch full. With
+    `schedule.stream` the same cache emits one mini-batch of complete groups per call and
+    keeps the whole batch's groups in flight (continuous batching). On a CUDA
     device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
     on CPU through `sampling.Decoder`. Among a group's replicas each samples its `share` of
     every step's prompts (and keeps its own rollout cache)."""
@@ -90,14 +92,25 @@ class GenerateWorker:
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
-        if workspace.spec.schedule.partial_rollout:
+        schedule = workspace.spec.schedule
+        if schedule.partial_rollout or schedule.stream is not None:
             from rlgraph.engines.partial_rollout import RolloutCache
 
-            data, schedule = workspace.spec.data, workspace.spec.schedule
+            data, k = workspace.spec.data, schedule.mini_batches
+            prompts = self.share[1] - self.share[0]
+            if prompts % k:
+                raise ValueError(f"{name}: this replica samples {prompts} prompts a step, which "
+                                 f"schedule.stream.mini_batches {k} does not divide; use "
+                                 f"prompts_per_step divisible by mini_batches x the group's "
+                                 f"replicas")
+            # streaming: a call emits one mini-batch and keeps the whole batch's groups in
+            # flight (continuous batching), oversampled as well with partial rollout
+            oversample = k * (node.oversample if schedule.partial_rollout else 1.0)
             self.cache = RolloutCache(
-                prompts_per_step=self.share[1] - self.share[0],
-                samples_per_prompt=data.samples_per_prompt, oversample=node.oversample,
-                max_lag=schedule.max_lag, stale=node.stale,
+                prompts_per_step=prompts // k,
+                samples_per_prompt=data.samples_per_prompt, oversample=oversample,
+                max_lag=schedule.max_lag, stale=node.stale, stride=k,
+                mix_versions=schedule.partial_rollout,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
                     self._data_position(position))),
@@ -219,8 +232,9 @@ class GenerateWorker:
             engine = self._static_engine()
             self._swap()
             version = self.ws.policy_version
+            swap = self._swap if self.cache.mix_versions else lambda: None
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, self._swap, engine,
+                self.cache, step, self.ws.policy, version, swap, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))

@@ -97,6 +97,19 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
+def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
+                      model: lengths.LengthModel) -> tuple[float, float, float]:
+    """(seconds, steps, width) of `rows` samples per replica decoded by continuous batching
+    (streaming): a finished row is refilled with a new prompt, so the engine runs at its
+    steady width (what the KV cache holds, at most the batch's rows) and the batch costs its
+    tokens at that width, rows * E[L] / width steps, not its longest tail."""
+    mean, second = lengths.moments(model)
+    width = max(1.0, min(rows, held))
+    steps = rows * mean / width
+    context = ctx.spec.data.prompt_len + second / (2 * mean)
+    return steps * decode_step_seconds(width, context, node, ctx), steps, width
+
+
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
     decode (see the module).
@@ -154,6 +167,13 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
             how = (f"partial rollout: {node.oversample:g}x rows in flight, "
                    f"{alive:.0%} of them decoding")
         prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
+    if ctx.spec.schedule.stream is not None:
+        cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
+                                                   model)
+        if cont < decode:
+            decode, steps = cont, cont_steps
+            how = (f"streaming: continuous batching at {live:.0f} rows, finished rows refilled "
+                   f"with new prompts")
     prefill = (2 * shape.matmul_active * prefill_tokens
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
                * thread_slowdown(ctx))

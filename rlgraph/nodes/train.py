@@ -111,7 +111,10 @@ class TrainWorker:
         self.new_shapes = 0
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Train on the batch of `step`; policy_version becomes step's version + 1."""
+        """Train on the batch of `step`; policy_version becomes step's version + 1. Streaming
+        (`schedule.stream`): `step` is an optimizer step t*K + j on mini-batch j of version t,
+        the version advances after its last mini-batch, and a token's lag is t minus the
+        version that sampled it."""
         import torch
 
         from rlgraph.engines.cpu_decode import token_logp_passes
@@ -141,9 +144,16 @@ class TrainWorker:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
             own_forward = False
+            k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
+            window = on_policy(batch, ws.policy_version)  # sampled by this version's weights
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
-            elif self.trained_once and on_policy(batch, ws.policy_version):
+            elif k > 1 and step % k and window:
+                # streaming: the proximal policy of a version's later mini-batches is the
+                # version's own (the rollout's log-probs, verl fully_async), as the step's
+                # start is for an unstreamed step's mini-batches: the clip stays anchored
+                t["old_logp"] = t["behavior_logp"].clone()
+            elif self.trained_once and window:
                 # the proximal policy is the trained one: its log-probs are the first (and
                 # only) forward of `_update`, detached; the ratio is 1 (logp.py's docstring)
                 own_forward = True
@@ -160,12 +170,16 @@ class TrainWorker:
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
+            if k > 1 and not own_forward:  # streaming: this version's tokens anchor to the
+                fresh = batch["token_version"].to(device) == ws.policy_version  # rollout's
+                t["old_logp"] = torch.where(fresh, t["behavior_logp"], t["old_logp"])
             updates = [self._update(t, slice(lo, lo + size), batch, own_forward)
                        for _ in range(self.node.epochs) for lo in range(0, rows, size)]
-            ws.policy_version += 1
+            if (step + 1) % k == 0:  # of version step // k
+                ws.policy_version += 1
             version = ws.policy_version
         valid = batch["response_mask"].bool()
-        lag = (step - batch["token_version"][valid]).float()
+        lag = (step // k - batch["token_version"][valid]).float()
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
@@ -179,6 +193,7 @@ class TrainWorker:
             "samples": float(rows),
             "tokens": float(batch["attention_mask"].sum()),
             "policy/version": float(version),
+            "stream/mini_batch": float(step % k),
             "actor/lr": lr,
             "logp/skipped": float(own_forward),
             "train/new_pass_shapes": float(self.new_shapes),

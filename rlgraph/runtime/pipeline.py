@@ -40,6 +40,13 @@ overtake it), and each of Y's inputs is already in its channel or is X's own out
 same step (`Pending`: the executor passes X's output reference). Y then starts when X ends
 without waiting for the driver to hear of X; the schedule is the one the simulator predicts.
 
+Streaming (`schedule.stream.mini_batches` K > 1): every node but the weight carriers runs
+once per mini-batch, so its steps are optimizer steps m = t*K + j (mini-batch j of version t);
+`steps` still counts versions and `start_step` counts a node's calls (mini-steps). The back
+edge gates generate(m) on version >= m // K - max_lag; train's output enters a weight
+carrier's channel only at a version's last mini-batch, keyed by the version, so param_update
+runs once per version. Chaining is off (a carrier's step is not its input's).
+
 The simulator's task states map onto the machines': waiting = IDLE / WAITING_INPUT with a
 missing input, ready = WAITING_INPUT with everything met, running = PROCESSING, done =
 the step's output emitted.
@@ -55,7 +62,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import networkx as nx
 
 from rlgraph.compiler.lag import channel_capacities, version_gate
-from rlgraph.compiler.schedule import LowestStepFirst
+from rlgraph.compiler.schedule import LowestStepFirst, MiniBatchFirst
+from rlgraph.compiler.timed_graph import streamed_order
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import step_order
 from rlgraph.nodes import KINDS
@@ -188,14 +196,19 @@ class Pipeline:
         self.graph = graph
         self.steps = steps
         self.max_lag = version_gate(graph) if max_lag is None else max_lag
+        self.k = int(graph.graph.get("mini_batches", 1))  # calls per version (streaming)
         self.start_step = start_step
         order = step_order(graph)
-        self.policy = policy or LowestStepFirst.of(order)
         self.kinds: dict[str, str] = dict(graph.nodes(data="kind"))
         self.roles = {name: KINDS[kind] for name, kind in self.kinds.items()}
+        if policy is None and self.k > 1:
+            pieces = {name: i for i, name in enumerate(streamed_order(graph))}
+            policy = MiniBatchFirst(pieces, k=self.k, carriers=frozenset(
+                n for n in order if self.roles[n].carries_weights))
+        self.policy = policy or LowestStepFirst.of(order)
         self.machines = {
             name: NodeMachine(name, self.kinds[name], tuple(graph.nodes[name]["occupies"]),
-                              step=start_step - 1)
+                              step=self.first_step(name) - 1)
             for name in order
         }
         capacities = channel_capacities(graph) if capacities is None else capacities
@@ -212,7 +225,7 @@ class Pipeline:
         self.members = {g: [n for n in order if g in self.machines[n].occupies]
                         for g in self.holders}
         self.claimed: set[tuple[str, str, int]] = set()  # (src, dst, step) taken before emitted
-        self.chaining = chaining
+        self.chaining = chaining and self.k == 1
         self.trains = [n for n in order if self.roles[n].advances_policy]
         self.trained: dict[str, int] = {n: start_step for n in self.trains}
         self.versions: dict[str, int] = {}
@@ -220,7 +233,7 @@ class Pipeline:
         for name in order:
             feeders = [src for src, _, d in graph.in_edges(name, data="distance") if d > 0]
             if self.roles[name].samples or feeders:  # holds weights a param_update sends
-                self.versions[name] = start_step
+                self.versions[name] = start_step // self.k
                 self.feeders[name] = feeders
                 unfed = not feeders and not self._colocated_train(name)
                 if self.roles[name].samples and unfed:
@@ -231,6 +244,7 @@ class Pipeline:
                     )
         self.generated: dict[tuple[str, int], Any] = {}
         self.stopping = False
+        self.stop_before = 0  # streaming: the first call a stop does not run (see `stop`)
         for (node, step), output in sorted((preloaded or {}).items(), key=lambda kv: kv[0][1]):
             self._preload(node, step, output)
         self._settle()
@@ -243,12 +257,27 @@ class Pipeline:
 
     # ------------------------------------------------------------------ queries
 
+    def first_step(self, node: str) -> int:
+        """The first step `node` runs: `start_step`, in versions for a weight carrier."""
+        return self.start_step // self.k if self.roles[node].carries_weights else self.start_step
+
     def last_step(self, node: str) -> int:
         """One past the last step `node` runs: a weight carrier skips weights nobody will use
-        (its step s feeds step s + distance of its back edge)."""
+        (its step s feeds step s + distance of its back edge); streaming nodes run K calls
+        per version."""
         if node in self.reach:
-            return max(self.start_step, self.steps - self.reach[node])
-        return self.steps
+            return max(self.first_step(node), self.steps - self.reach[node])
+        if self.roles[node].carries_weights:
+            return self.steps
+        return self.steps * self.k
+
+    def _key(self, channel: Channel, step: int) -> int | None:
+        """The key step `step` of the channel's source takes in it; None when streaming skips
+        it (train's output enters a weight carrier's channel once per version)."""
+        if self.k == 1 or not self.roles[channel.dst].carries_weights \
+                or self.roles[channel.src].carries_weights:
+            return step
+        return step // self.k if (step + 1) % self.k == 0 else None
 
     def _colocated_train(self, generate: str) -> str | None:
         group = self.graph.nodes[generate]["group"]
@@ -271,15 +300,20 @@ class Pipeline:
         >= t - max_lag."""
         if node not in self.versions:
             return True
-        return self.versions[node] >= step - self.max_lag
+        return self.versions[node] >= step // self.k - self.max_lag
 
     def _inputs_ready(self, machine: NodeMachine) -> bool:
         return all(self.channels[(src, machine.name)].has(machine.step)
                    for src in self._inputs(machine.name))
 
+    def _room(self, node: str, step: int) -> bool:
+        """Every out-channel that step `step`'s output enters has room."""
+        return all(ch.has_room() for ch in self._outputs(node)
+                   if self._key(ch, step) is not None)
+
     def _ready(self, machine: NodeMachine) -> bool:
         return (machine.state is NodeState.WAITING_INPUT and self._inputs_ready(machine)
-                and all(ch.has_room() for ch in self._outputs(machine.name))
+                and self._room(machine.name, machine.step)
                 and self.version_ok(machine.name, machine.step))
 
     def candidates(self) -> list[NodeMachine]:
@@ -337,7 +371,8 @@ class Pipeline:
         if machine.state is NodeState.DONE:
             return None
         nxt = machine.step if machine.state is NodeState.WAITING_INPUT else machine.step + 1
-        return None if self.stopping or nxt >= self.last_step(machine.name) else nxt
+        return None if self._halted(machine.name, nxt) or nxt >= self.last_step(
+            machine.name) else nxt
 
     def _chain(self) -> Task | None:
         """A task that may queue behind the one running task of its group (see above)."""
@@ -385,12 +420,29 @@ class Pipeline:
         self._settle()
 
     def stop(self) -> None:
-        """Start nothing new; running tasks finish and their outputs still enter channels."""
+        """Start nothing new; running tasks finish and their outputs still enter channels.
+        Streaming finishes the version train is in first (its remaining mini-batches, and
+        the weight syncs they wait for), so a run stops, and checkpoints, between versions."""
         self.stopping = True
+        if self.k > 1:
+            calls = [m.step + 1 if m.state in (NodeState.PROCESSING, NodeState.WAITING_OUTPUT)
+                     else self.trained[m.name] for m in map(self.machines.get, self.trains)]
+            self.stop_before = -(-max(calls, default=0) // self.k) * self.k
         for machine in self.machines.values():
-            if machine.state is NodeState.WAITING_INPUT:
+            if (machine.state is NodeState.WAITING_INPUT
+                    and self._halted(machine.name, machine.step)):
                 machine.close()
         self._settle()
+
+    def _halted(self, node: str, step: int) -> bool:
+        """Whether a stop keeps step `step` of `node` from starting (see `stop`)."""
+        if not self.stopping:
+            return False
+        if self.k == 1:
+            return True
+        if self.roles[node].carries_weights:
+            return step >= self.stop_before // self.k - 1
+        return step >= self.stop_before
 
     def _preload(self, node: str, step: int, output: Any) -> None:
         """Resume: generate's step `step` was done before the stop (from the rollout buffer)."""
@@ -410,19 +462,21 @@ class Pipeline:
             for machine in self.machines.values():
                 if machine.state is NodeState.WAITING_OUTPUT:
                     outs = [ch for ch in self._outputs(machine.name)
-                            if (ch.src, ch.dst, machine.step) not in self.claimed]
+                            if (ch.src, ch.dst, machine.step) not in self.claimed
+                            and self._key(ch, machine.step) is not None]
                     if all(ch.has_room() for ch in outs):
                         self.claimed -= {(machine.name, ch.dst, machine.step)
                                          for ch in self._outputs(machine.name)}
+                        step = machine.step
                         output = machine.emit()
                         for ch in outs:
-                            ch.put(machine.step, output)
+                            ch.put(self._key(ch, step), output)
                         if self.roles[machine.name].samples:
                             self.generated[(machine.name, machine.step)] = output
                         moved = True
                 if machine.state is NodeState.IDLE:
                     nxt = machine.step + 1
-                    if self.stopping or nxt >= self.last_step(machine.name):
+                    if self._halted(machine.name, nxt) or nxt >= self.last_step(machine.name):
                         machine.close()
                     else:
                         machine.arm(nxt)

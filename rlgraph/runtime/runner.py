@@ -248,7 +248,7 @@ class Runner:
                 ray.get([a.load_checkpoint.remote(state_ref)
                          for name, a in self.group_actors.items() if name in self.groups])
                 preloaded = {k: ray.put(b) for k, b in resume.rollout.items()
-                             if first <= k[1] < self.options.steps}
+                             if first <= k[1] < self.calls()}
                 ray.get([self.actors[node].load_rollout_cache.remote(node, state)
                          for node, state in resume.caches.items() if node in self.actors])
             self.first_step = first
@@ -327,13 +327,25 @@ class Runner:
         self._checkpoint(pipeline, tracer)
         return result
 
+    def calls(self) -> int:
+        """Train calls of the whole run: steps, times the mini-batches of a streaming run
+        (train's steps are then optimizer steps, each on one mini-batch)."""
+        return self.options.steps * self.spec.schedule.mini_batches
+
+    def _keeps_cache(self) -> bool:
+        """Generate keeps a rollout cache across steps (partial rollout, or streaming's
+        continuous refill): a checkpoint must save it."""
+        return self.spec.schedule.partial_rollout or self.spec.schedule.stream is not None
+
     def _checkpoint_due(self, step: int) -> bool:
         """A periodic checkpoint after train step `step`: every `checkpoint_every` steps, or
         `checkpoint_every_s` after the last one (never after the last step: the final one
         follows)."""
         opts = self.options
-        if step + 1 >= opts.steps:
+        if step + 1 >= self.calls():
             return False
+        if (step + 1) % self.spec.schedule.mini_batches:
+            return False  # streaming: checkpoints fall between versions (Pipeline.stop)
         if opts.checkpoint_every:
             return (step + 1) % opts.checkpoint_every == 0
         return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
@@ -365,8 +377,8 @@ class Runner:
 
         step = pipeline.trained_steps()
         state = ray.get(self._train_actor().state_for_checkpoint.remote(), timeout=timeout)
-        rescue.check_version(state, step)
-        rollout = rescue.fetch_rollout(pipeline, timeout, self.spec.schedule.partial_rollout)
+        rescue.check_version(state, step // self.spec.schedule.mini_batches)
+        rollout = rescue.fetch_rollout(pipeline, timeout, self._keeps_cache())
         gens = [m.step + 1 for m in pipeline.machines.values() if self.roles[m.name].samples]
         caches = self._rollout_caches(rollout, step)
         if self._policy_files is None:
@@ -389,7 +401,7 @@ class Runner:
         the same unfinished samples on."""
         import ray
 
-        if not self.spec.schedule.partial_rollout:
+        if not self._keeps_cache():
             return {}
         refs = {}
         for node, role in self.roles.items():

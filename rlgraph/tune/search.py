@@ -54,6 +54,7 @@ from rlgraph.tune.space import (
     SearchSpace,
     bell,
     idle_gpus,
+    streamed,
 )
 
 PARTITION_LIMIT = 5_000  # partitions x tp choices x partial settings enumerated exactly
@@ -77,11 +78,13 @@ class Plan:
     spec: Spec
     origin: str = "search"  # "input" for the user's own plan
     candidate: Candidate | None = None
+    mini_batches: int | None = None  # streaming's mini-batches per version (None: none)
 
     def key(self) -> tuple:
         """Rank: period, then lag, idle GPUs, partial off, the user's plan, fewer groups."""
         return (float(f"{self.period_s:.9g}"), self.max_lag, round(self.idle_gpus, 6),
                 self.partial_rollout, self.origin != "input", len(self.groups),
+                self.mini_batches or 0,
                 [(g["name"], g["gpus"]) for g in self.groups])
 
     def layout(self) -> tuple:
@@ -93,6 +96,7 @@ class Plan:
         """JSON form (for --json consumers and the benchmark)."""
         return {"groups": self.groups, "max_lag": self.max_lag,
                 "partial_rollout": self.partial_rollout, "tp": self.tp,
+                "mini_batches": self.mini_batches,
                 "period_s": self.period_s, "bound_s": self.bound_s,
                 "idle_gpus": self.idle_gpus, "bottleneck": self.bottleneck,
                 "origin": self.origin}
@@ -168,7 +172,7 @@ def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
     util = utilization(tg, ev.period_s)
     return Plan(groups, cand.max_lag, cand.partial_rollout, cand.tp, ev.period_s, ev.bound_s,
                 ev.idle_gpus, describe_bottleneck(tg, bound, ev.period_s, util), ev.spec,
-                candidate=cand)
+                candidate=cand, mini_batches=streamed(ev.spec))
 
 
 def _input_plan(spec: Spec, measured: dict[str, float] | None
@@ -188,7 +192,7 @@ def _input_plan(spec: Spec, measured: dict[str, float] | None
     idle = idle_gpus(tg, sched.period_s, placement, placement.slots)
     return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
                 sched.period_s, sched.bound_s, idle, sched.bottleneck, spec,
-                origin="input"), None, plan
+                origin="input", mini_batches=streamed(spec)), None, plan
 
 
 def _sync_period(spec: Spec, scale: dict[str, float]) -> float:
@@ -231,6 +235,15 @@ class _Search:
         plan = _plan_of(ev, self.space)
         self.board.offer(plan)
         return plan
+
+    def refine_mini_batches(self) -> None:
+        """Streaming's mini-batches per version, tried on each ranked plan that streams
+        (the search ran with the graph's; costs do not depend on it)."""
+        for plan in self.board.ranked():
+            if plan.candidate is None or plan.mini_batches is None:
+                continue
+            for k in self.space.stream_choices:
+                self.try_candidate(replace(plan.candidate, mini_batches=k), self.board.cutoff())
 
     @staticmethod
     def _entry(out: list, cand: Candidate, load: float, path: float, cutoff: float) -> None:
@@ -453,6 +466,7 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
         starts = [c for c in (_as_candidate(space, mine), _colocated(search, spec)) if c]
         starts += [p.candidate for p in board.ranked() if p.candidate]
         search.local_search(starts, seed)
+    search.refine_mini_batches()
     ranked = board.ranked()
     if not ranked:
         raise SpecError("no plan fits this cluster: every grouping is refused by the placement "
@@ -472,7 +486,7 @@ def _as_candidate(space: SearchSpace, plan: Plan | None) -> Candidate | None:
     blocks = space.canonical([g["tasks"] for g in plan.groups])
     sizes = {tuple(sorted(g["tasks"])): g["gpus"] for g in plan.groups}
     return Candidate(blocks, tuple(sizes[tuple(sorted(b))] for b in blocks), plan.max_lag,
-                     plan.partial_rollout and plan.max_lag >= 1, None)
+                     plan.partial_rollout and plan.max_lag >= 1, None, plan.mini_batches)
 
 
 def _colocated(search: _Search, spec: Spec) -> Candidate | None:

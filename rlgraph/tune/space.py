@@ -14,6 +14,11 @@ A candidate plan is a `Candidate`: a partition of the grouped tasks into colocat
 - `max_lag` runs over 0..the user's bound; partial rollout is tried only where the user turned
   it on (it changes what a sample is: tokens of several versions), and only with max_lag >= 1.
 - generate's tp runs over the choices given (`tune(..., tp_choices=...)`), else stays as written.
+- Streaming (only where the user set `schedule.stream`): the mini-batches per version run
+  over `stream_choices` (the divisors of prompts_per_step among 1, 2, 4, 8, 16 and the
+  user's), tried on the best layouts the search found (`_Search.refine_mini_batches`): costs
+  do not depend on it, only the mini-batch timed graph does. A layout that puts generate
+  beside train cannot stream and is priced without it.
 
 `Evaluator.lower_bound` is a cheap valid lower bound of a candidate's period from per-group
 cost tables (each group's node costs depend on that group's tasks and GPUs only):
@@ -57,11 +62,12 @@ class Candidate:
     max_lag: int
     partial_rollout: bool
     tp: int | None = None  # generate's tp; None keeps the graph's
+    mini_batches: int | None = None  # streaming's mini-batches per version; None: the graph's
 
     @property
     def layout(self) -> tuple:
         """Everything but the lag: candidates sharing it share placement and costs."""
-        return (self.blocks, self.sizes, self.partial_rollout, self.tp)
+        return (self.blocks, self.sizes, self.partial_rollout, self.tp, self.mini_batches)
 
 
 @dataclass
@@ -81,6 +87,11 @@ class Evaluation:
     def feasible(self) -> bool:
         """Placed without error and simulated."""
         return self.error is None and self.period_s is not None
+
+
+def streamed(spec: Spec) -> int | None:
+    """A plan's mini-batches per version, None when it does not stream."""
+    return spec.schedule.stream.mini_batches if spec.schedule.stream is not None else None
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
@@ -125,6 +136,10 @@ class SearchSpace:
         self.tps: tuple[int | None, ...] = tuple(dict.fromkeys(tp_choices)) \
             if tp_choices and has_generate else (None,)
         self.user_blocks = {name: tuple(g.tasks) for name, g in spec.groups.items()}
+        stream, prompts = spec.schedule.stream, spec.data.prompts_per_step
+        self.stream_choices: tuple[int, ...] = tuple(sorted(
+            {k for k in (1, 2, 4, 8, 16) if prompts % k == 0} | {stream.mini_batches})
+        ) if stream is not None else ()
         self._packs: dict[tuple[int, ...], bool] = {}
 
     def canonical(self, blocks: Sequence[Sequence[str]]) -> tuple[Block, ...]:
@@ -174,17 +189,35 @@ class SearchSpace:
         """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`."""
         groups = {name: GroupSpec(share=size / self.slots, tasks=list(block))
                   for name, block, size in zip(self.names(cand.blocks), cand.blocks, cand.sizes)}
-        return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp)
+        return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp,
+                            cand.mini_batches)
 
     def variant(self, groups: dict[str, GroupSpec], lag: int, partial: bool,
-                tp: int | None) -> Spec:
-        """The user's spec with other groups, lag, partial rollout and generate tp."""
+                tp: int | None, mini_batches: int | None = None) -> Spec:
+        """The user's spec with other groups, lag, partial rollout, generate tp and
+        streaming's mini-batches."""
         spec = self.spec
-        schedule = spec.schedule.model_copy(update={"max_lag": lag, "partial_rollout": partial})
+        update: dict[str, Any] = {"max_lag": lag, "partial_rollout": partial}
+        stream = spec.schedule.stream
+        if stream is not None and not self.streams(groups):
+            update["stream"] = None  # a group that trains and generates cannot stream
+        elif stream is not None and mini_batches is not None:
+            update["stream"] = stream.model_copy(update={"mini_batches": mini_batches})
+        schedule = spec.schedule.model_copy(update=update)
         nodes = spec.nodes if tp is None else {
             n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
             for n, node in spec.nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
+
+    def streams(self, groups: Mapping[str, GroupSpec]) -> bool:
+        """Whether `schedule.stream` can hold under these groups: no group both generates
+        and trains (`rlgraph.compiler.lag.check_stream`)."""
+        nodes = self.spec.nodes
+        for group in groups.values():
+            roles = [KINDS[nodes[t].kind] for t in group.tasks if t in nodes]
+            if any(r.samples for r in roles) and any(r.advances_policy for r in roles):
+                return False
+        return True
 
     def packs(self, sizes: Sequence[int]) -> bool:
         """Whole-machine groups take free machines; smaller ones best-fit inside machines."""
@@ -359,6 +392,9 @@ class Evaluator:
                 loads[owner[sender]] += seconds.get(name, 0.0)
         load = max([*loads, *seconds.values()])
         path = 0.0
+        if self.space.stream_choices:  # a streaming cycle holds 1/K of a split node at least
+            k = max(self.space.stream_choices)
+            seconds = {n: s if n in self.weight_nodes else s / k for n, s in seconds.items()}
         for u, v in self.back:  # the data path v -> ... -> u plus the back edge u -> v
             path = max(path, self._path(v, u, seconds))
         return load, path
@@ -394,6 +430,9 @@ class Evaluator:
                 return self._layouts[key]
             graph, _ = self._graph(cand.blocks)
             costs, _ = node_costs(spec, graph, placement, scale=self.scale)
+            if graph.graph.get("mini_batches", 1) != spec.schedule.mini_batches:
+                graph = graph.copy()  # the candidate's streaming mini-batches
+                graph.graph["mini_batches"] = spec.schedule.mini_batches
             tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
                              list(placement.groups))
             self._layouts[key] = (spec, placement, tg)

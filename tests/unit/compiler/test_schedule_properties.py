@@ -113,6 +113,7 @@ def reference_simulation(tg: TimedGraph, steps: int, policy: LowestStepFirst) ->
     def deps(i: int, t: int) -> list[tuple[int, int, bool]]:  # (node, step, needs its end)
         out = [(u, t, True) for u, v in tg.data_edges if v == i]
         out += [(u, t - d, True) for u, v, d in tg.back_edges if v == i and t >= d]
+        out += [(u, t - 1, True) for u, v in tg.wraps if v == i and t >= 1]  # streaming
         out += [(i, t - 1, True)] if t else []
         if tg.capacity is not None and t >= tg.capacity:
             out += [(v, t - tg.capacity, False) for u, v in tg.data_edges if u == i]
