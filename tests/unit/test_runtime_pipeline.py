@@ -9,12 +9,12 @@ bound, and a stop + resume from the rollout buffer must train every step exactly
 from __future__ import annotations
 
 import heapq
-import itertools
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rl_support import assert_groups_never_overlap
 
 from rlgraph.compiler.schedule import simulate
 from rlgraph.compiler.timed_graph import timed_graph
@@ -139,14 +139,7 @@ def check_invariants(graph, events, max_lag: int, steps: int) -> None:
                 assert e["start"] >= by[(src, t - dist)]["end"] - 1e-9
         if kinds[node] == "generate":
             assert e["version"] >= t - max_lag
-    lanes: dict[str, list] = {}
-    for e in events:
-        for g in e["occupies"]:
-            lanes.setdefault(g, []).append((e["start"], e["end"]))
-    for spans in lanes.values():
-        spans.sort()
-        for (_, end), (start, _) in itertools.pairwise(spans):
-            assert start >= end - 1e-9, "two tasks of one group overlap"
+    assert_groups_never_overlap(events)
     trains = sorted(e["step"] for e in events if kinds[e["node"]] == "train")
     assert trains == list(range(steps))
     for t in range(steps):  # token lag: train step minus the version that sampled it

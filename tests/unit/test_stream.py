@@ -8,13 +8,13 @@ No Ray here; `tests/integration/ray/test_streaming.py` runs it on Ray and resume
 from __future__ import annotations
 
 import heapq
-import itertools
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rl_support import assert_groups_never_overlap
 from test_runtime_pipeline import check_invariants as check_unstreamed
 from test_runtime_pipeline import drive as drive_unstreamed
 
@@ -139,13 +139,7 @@ def check_streaming(graph, events, k: int, max_lag: int, versions: int) -> None:
             if m // k - max_lag - 1 >= 0:  # the weights it waited for were synced
                 sync = by[("param_update", m // k - max_lag - 1)]
                 assert e["start"] >= sync["end"] - 1e-9
-    lanes: dict[str, list] = {}
-    for e in events:
-        for g in e["occupies"]:
-            lanes.setdefault(g, []).append((e["start"], e["end"]))
-    for spans in lanes.values():
-        spans.sort()
-        assert all(b[0] >= a[1] - 1e-9 for a, b in itertools.pairwise(spans))
+    assert_groups_never_overlap(events)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

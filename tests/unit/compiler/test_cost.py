@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rl_support import COST_NODES as NODES
+from rl_support import cost_spec as spec_of
+from rl_support import costs_of
 
 from rlgraph.compiler import compile_plan, sync_spec
 from rlgraph.compiler.calibrate import (
@@ -18,37 +21,13 @@ from rlgraph.compiler.calibrate import (
     calibration_from_events,
     load_calibration,
 )
-from rlgraph.compiler.costs import node_costs, switch_seconds
+from rlgraph.compiler.costs import switch_seconds
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
-from rlgraph.config.load import validate_spec
-from rlgraph.errors import SourceMap
-from rlgraph.graph import build_graph
 from rlgraph.nodes.lengths import LengthModel, expected_max, moments, round_steps
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
-
-NODES = {"generate": {}, "reward": {}, "logp": {}, "train": {}, "param_update": {}}
-
-
-def spec_of(groups: dict[str, Any] | None = None, nodes: dict[str, Any] | None = None,
-            **top: Any) -> Any:
-    data = {
-        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
-        "model": {"preset": "qwen2.5-7b"},
-        "data": {"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
-                 "response_len": {"mean": 512, "max": 512}},
-        "groups": groups or {"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
-                             "rollout": {"share": 0.5, "tasks": ["generate"]}},
-        "nodes": nodes or dict(NODES),
-        **top,
-    }
-    return validate_spec(data, SourceMap())
-
-
-def costs_of(spec: Any) -> dict[str, Any]:
-    return node_costs(spec, build_graph(spec), place(spec))[0]
 
 
 def seconds(spec: Any, node: str) -> float:
