@@ -34,7 +34,9 @@ def run_figures(spec, plan: dict, result, step_s: float, calibrated: dict) -> di
     the predicted and calibrated periods."""
     import statistics
 
+    # per row: a streamed run writes one row per optimizer step, K a version
     samples = spec.data.prompts_per_step * spec.data.samples_per_prompt
+    samples //= spec.schedule.mini_batches
     node_s: dict[str, list[float]] = {}
     for e in result.events:
         if e["step"] >= 1:

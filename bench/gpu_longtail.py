@@ -61,6 +61,9 @@ MODES = {  # name -> overrides of the throughput graph
     "partial-lag1": ["schedule.partial_rollout=true", "schedule.max_lag=1"],
     "partial-lag2": ["schedule.partial_rollout=true", "schedule.max_lag=2"],
     "partial-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3"],
+    # two GPUs (give the groups as overrides): trainer | rollout, unstreamed and streamed
+    "split": ["schedule.max_lag=0"],
+    "split-stream4": ["schedule.max_lag=0", "schedule.stream={mini_batches: 4}"],
 }
 CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",
@@ -97,7 +100,8 @@ def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     trained = [int(uid.rsplit(":", 1)[1]) for r in ledger for uid in r["prompt_uids"]]
     # steps after the first: a cold start trains the short samples of round 0 first and ends
     # with the longest in flight; from step 1 on, what was carried in ~ what is left at the end
-    steady = [int(uid.rsplit(":", 1)[1]) for r in ledger if r["step"] >= 1
+    steady = [int(uid.rsplit(":", 1)[1]) for r in ledger
+              if r["step"] >= spec.schedule.mini_batches
               for uid in r["prompt_uids"]]
     last = rows[-1] if rows else {}
     admitted = int(last.get("rollout/admitted_total", len(trained) * n)) // n
@@ -130,21 +134,24 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
                                            checkpoint_every_s=0)).run()  # no periodic ones
     rows = result.rows
-    steady = [r["time/step_s"] for r in rows[1:]] or [r["time/step_s"] for r in rows]
+    k = spec.schedule.mini_batches  # rows per version: one per optimizer step when streaming
+    after = rows[k:]  # the versions after the first (warm-up)
+    steady = [r["time/step_s"] for r in after] or [r["time/step_s"] for r in rows]
     step_s = statistics.median(steady)
     calibrated = compile_plan(spec, calibration=run_dir)
     t0 = min((e["start"] for e in result.events), default=0.0)
     node_steps: dict[str, list[float]] = {}
     for e in sorted(result.events, key=lambda e: e["step"]):
         node_steps.setdefault(e["node"], []).append(round(e["end"] - e["start"], 4))
-    steady_wall = sum(r["time/step_s"] for r in rows[1:])
+    steady_wall = sum(r["time/step_s"] for r in after)
     res = {
         "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
         # steps after the first over their summed time: partial rollout's steps alternate
         # between short rounds and rounds that must finish the tail, so a median misleads
-        "samples_per_s_steady": round(spec.data.prompts_per_step * spec.data.samples_per_prompt
-                                      * len(rows[1:]) / steady_wall, 3) if rows[1:] else None,
-        "step_s_steady_mean": round(steady_wall / len(rows[1:]), 3) if rows[1:] else None,
+        "samples_per_s_steady": round(spec.data.samples_per_step() / k * len(after)
+                                      / steady_wall, 3) if after else None,
+        "step_s_steady_mean": round(steady_wall / len(after) * k, 3) if after else None,
+        "mini_batches": k,
         "partial_rollout": spec.schedule.partial_rollout,
         "forced_lengths": forced, "response_len": spec.data.response_len.model_dump(),
         "oversample": spec.nodes["generate"].oversample, "stale": spec.nodes["generate"].stale,
