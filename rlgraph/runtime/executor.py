@@ -32,7 +32,7 @@ from typing import Any
 from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError
 from rlgraph.nodes import KINDS
-from rlgraph.runtime.pipeline import Completion, Pending, Task
+from rlgraph.runtime.tasks import Completion, Pending, Task
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.runtime.checkpoint import CheckpointError, kept_step
-from rlgraph.runtime.pipeline import Completion
+from rlgraph.runtime.tasks import Completion
 
 if TYPE_CHECKING:
     from rlgraph.runtime.executor import RayExecutor

@@ -28,8 +28,9 @@ from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle
-from rlgraph.runtime.pipeline import Completion, Pipeline, drive
+from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
+from rlgraph.runtime.tasks import Completion
 from rlgraph.runtime.tracing import Tracer, load_events
 from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
 from rlgraph.weights import BucketMiB

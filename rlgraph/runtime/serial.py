@@ -21,7 +21,8 @@ from rlgraph.compiler import compile_plan
 from rlgraph.compiler.plan import Plan, RoutePlan
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
-from rlgraph.runtime.pipeline import Completion, InlineExecutor, Pipeline, Task, drive
+from rlgraph.runtime.pipeline import Pipeline, drive
+from rlgraph.runtime.tasks import Completion, InlineExecutor, Task
 from rlgraph.weights import BucketMiB
 from rlgraph.worker.workspace import Workspace
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime.metrics import MetricsWriter, step_row
-from rlgraph.runtime.pipeline import Completion
+from rlgraph.runtime.tasks import Completion
 from rlgraph.runtime.tracing import Tracer
 
 

@@ -7,7 +7,7 @@ from rl_support import MICRO, make_spec
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlgraph.runtime.executor import DriverKnown, RayExecutor
-from rlgraph.runtime.pipeline import Pending, Task
+from rlgraph.runtime.tasks import Pending, Task
 from rlgraph.runtime.threads import choose_threads
 from rlgraph.runtime.weight_sync import Route
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.plan import PLAN_VERSION, Plan, PlanError
 from rlgraph.config.load import load_spec
-from rlgraph.runtime.pipeline import InlineExecutor, Pipeline, drive
+from rlgraph.runtime.pipeline import Pipeline, drive
+from rlgraph.runtime.tasks import InlineExecutor
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 

@@ -22,7 +22,7 @@ from rlgraph.config.load import load_spec
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import build_graph
 from rlgraph.runtime.channels import Channel, ChannelError
-from rlgraph.runtime.pipeline import Pending, Pipeline
+from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.state_machine import (
     TRANSITIONS,
     Event,
@@ -30,6 +30,7 @@ from rlgraph.runtime.state_machine import (
     NodeMachine,
     NodeState,
 )
+from rlgraph.runtime.tasks import Pending
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "graphs" / "quickstart.yaml"
 LAYOUTS = {

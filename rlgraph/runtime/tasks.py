@@ -1,0 +1,84 @@
+"""The work the scheduling loop (`runtime.pipeline.drive`) hands an executor and gets back:
+a `Task` started, its `Completion`, and the executors' interface, with the inline one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An input that is the output of a task still running (the task a chained one follows)."""
+
+    node: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Task:
+    """One node instance `(node, step)` started, with its inputs taken from channels.
+
+    `behind` names the running task it is queued behind (chaining), or None; the task must
+    not start before that one ends."""
+
+    node: str
+    kind: str
+    step: int
+    occupies: tuple[str, ...]
+    inputs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    behind: tuple[str, int] | None = None
+
+
+@dataclass
+class Completion:
+    """A finished task: its output (an object reference on Ray) and the info dict it returned."""
+
+    task: Task
+    output: Any
+    info: dict[str, Any]
+    submitted: float = 0.0  # wall-clock time the driver sent it
+
+
+class Executor(Protocol):
+    """Runs the tasks the pipeline starts: on Ray actors (`RayExecutor`) or inline, one at a
+    time, in the driver (`InlineExecutor`)."""
+
+    def submit(self, task: Task) -> None:
+        """Start `task`."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """Tasks finished since the last call (at least one unless `timeout` passes)."""
+        ...
+
+    def __len__(self) -> int:
+        """Tasks submitted and not yet returned by `wait`."""
+        ...
+
+
+class InlineExecutor:
+    """Runs each task in the driver the moment it is submitted (dask's `get_sync`): the same
+    loop, one task at a time, deterministic. `run(task)` returns (output, info); the info
+    gets the task's `start` and `end` (time.perf_counter)."""
+
+    def __init__(self, run: Callable[[Task], tuple[Any, dict[str, Any]]]) -> None:
+        self.run = run
+        self.done: list[Completion] = []
+
+    def submit(self, task: Task) -> None:
+        """Run `task` now; its completion waits for the next `wait`."""
+        start = time.perf_counter()
+        output, info = self.run(task)
+        self.done.append(Completion(task, output, {**info, "start": start,
+                                                   "end": time.perf_counter()}, start))
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """The tasks run since the last call, in the order they ran."""
+        done, self.done = self.done, []
+        return done
+
+    def __len__(self) -> int:
+        return len(self.done)
