@@ -45,7 +45,9 @@ once per mini-batch, so its steps are optimizer steps m = t*K + j (mini-batch j 
 `steps` still counts versions and `start_step` counts a node's calls (mini-steps). The back
 edge gates generate(m) on version >= m // K - max_lag; train's output enters a weight
 carrier's channel only at a version's last mini-batch, keyed by the version, so param_update
-runs once per version. Chaining is off (a carrier's step is not its input's).
+runs once per version. Chaining is off (a carrier's step is not its input's). A group that
+generates and trains streams by time-slicing (its tasks never overlap); its param_update
+refreshes the engine's snapshot after every version but the last (`last_step`).
 
 The simulator's task states map onto the machines': waiting = IDLE / WAITING_INPUT with a
 missing input, ready = WAITING_INPUT with everything met, running = PROCESSING, done =
