@@ -58,6 +58,7 @@ def test_a_known_task_completes_at_once_with_the_running_tasks_output() -> None:
     executor.refs[("train", 2)] = (object(), "info-ref", "train")
     executor.submit(Task("param_update", "param_update", 2, ("g",),
                          {"train": Pending("train", 2)}, ("train", 2)))
+    executor.flush()  # submit buffers; the loop sends what it started together
     assert executor.local and all(not executor._may_complete(t) for t, *_ in executor.local)
     del executor.refs[("train", 2)]  # train finished
     (update,) = executor.wait(timeout=0)
