@@ -6,8 +6,9 @@ behind the running task it follows on the same actor (Ray runs an actor's defaul
 tasks in submission order): an input that is that task's output goes as its (pending)
 reference. `wait` blocks in `ray.wait` until at least one task is done and returns every
 finished one with its output reference and its `info` (span and summary). Per task (or
-fused chain, below) the driver makes one actor call (two for param_update: the sender's half on the train actor, the receiver's half in the generate
-actor's `sync` group, both sent at once) and reads one small dict: no per-tensor traffic.
+fused chain, below) the driver makes one actor call (two for param_update: the sender's
+half on the train actor, the receiver's half in the generate actor's `sync` group, both
+sent at once) and reads one small dict: no per-tensor traffic.
 param_update completes when the receiver has the version staged whole; the sender's
 reference is watched only so that its failure is reported, not waited on. A node whose
 consumers all run on its own actor (logp and ref_logp feeding train in the trainer group)
