@@ -6,6 +6,7 @@ profile (`sweep`), and what a new train pass shape costs with cuDNN's SDPA and w
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -82,7 +83,7 @@ def _attention_check(model, device: str, kv_len: int) -> dict[str, Any]:
     scores = (qf @ k.double().transpose(-1, -2)) * scale
     scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
     ref = (torch.softmax(scores, -1) @ v.double()).reshape(rows, 1, heads, d)
-    mask = varlen_attention.RowLengthMask(pos, done, kv_len).build(rows)
+    mask = varlen_attention.RowLengthMask(pos, done, kv_len, heads // kv_heads).build(rows)
     outs = {"sdpa": sliced(None, q, k, v, keep[:, None, None, :], scaling=scale)[0],
             "varlen": varlen_attention.attention(None, q, k, v, mask, scaling=scale)[0]}
     live = ~done
@@ -169,6 +170,7 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
                            for i in range(32)])
             greedy[kind] = sorted(got, key=lambda c: c.request.request_id)
         del dec, done
+        gc.collect()  # the decoder holds a cycle (its bound step): free its cache now
         if not cpu:
             torch.cuda.empty_cache()
     same, diffs = 0, []
@@ -262,6 +264,7 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
             out[f"profile_{kind}_width{min(widths)}_len{max(lengths)}"] = table
             print(table, flush=True)
         del dec
+        gc.collect()  # the decoder holds a cycle (its bound step): free its cache now
         if not cpu:
             torch.cuda.empty_cache()
     return out

@@ -153,8 +153,8 @@ class StaticDecoder:
         self.cache_len = varlen_attention.padded_len(L) if varlen else L  # whole mask blocks
         self.cache = SlotKVCache(cfg.num_hidden_layers, B, kv_heads, head_dim, self.cache_len,
                                  self.dtype, dev, self.pos)
-        self.row_mask = varlen_attention.RowLengthMask(self.pos, self.done, self.cache_len) \
-            if varlen else None
+        self.row_mask = varlen_attention.RowLengthMask(
+            self.pos, self.done, self.cache_len, heads // kv_heads) if varlen else None
         mode = compile if isinstance(compile, str) else None
         self._step = torch.compile(self._decode_step, dynamic=False, mode=mode) if compile \
             else self._decode_step

@@ -44,15 +44,16 @@ def padded_len(max_len: int) -> int:
 class RowLengthMask:
     """Builds, per decode step, the block mask of slots [0, width): slot b attends positions
     0..pos[b] (blocks up to its own position; a finished slot one block). `pos` and `done` are
-    the decoder's static slot tensors (read when the mask is built and when the kernel runs)."""
+    the decoder's static slot tensors (read when the mask is built and when the kernel runs);
+    `group`: query heads per K/V head, which attend as that many queries of one head."""
 
-    def __init__(self, pos: torch.Tensor, done: torch.Tensor, kv_len: int):
+    def __init__(self, pos: torch.Tensor, done: torch.Tensor, kv_len: int, group: int = 1):
         if not available():
             raise RuntimeError("attention 'varlen' needs torch.nn.attention.flex_attention "
                                "(torch >= 2.5); use attention_kind='sdpa'")
         if kv_len % BLOCK:
             raise ValueError(f"kv_len {kv_len} is not a multiple of {BLOCK} (use padded_len)")
-        self.pos, self.done, self.kv_len = pos, done, kv_len
+        self.pos, self.done, self.kv_len, self.group = pos, done, kv_len, group
         self.indices = torch.arange(kv_len // BLOCK, device=pos.device, dtype=torch.int32)
         params = inspect.signature(BlockMask.from_kv_blocks).parameters
         self._q_blocks = "compute_q_blocks" in params  # forward only: skip the transpose
@@ -71,7 +72,7 @@ class RowLengthMask:
         idx = self.indices.view(1, 1, 1, -1).expand(width, 1, 1, -1).contiguous()
         extra = {"compute_q_blocks": False} if self._q_blocks else {}
         return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=BLOCK, mask_mod=self.mask_mod,
-                                        seq_lengths=(1, self.kv_len), **extra)
+                                        seq_lengths=(self.group, self.kv_len), **extra)
 
 
 def _flex() -> Any:
@@ -91,10 +92,14 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     """transformers attention: one-token queries under a `RowLengthMask` block mask go through
     flex attention (grouped heads, each row its own length); the rest as `static_ops`."""
     if query.shape[2] == 1 and BlockMask is not None and isinstance(attention_mask, BlockMask):
+        b, h, _, d = query.shape
+        kv = key.shape[1]
+        # the g query heads of a K/V head act as g queries of it: flex's split-KV decode kernel
+        # takes grouped heads only when g is a power of two (qwen2.5-0.5b: 14 / 2 = 7)
+        q = query.reshape(b, kv, h // kv, d)
         run = _flex() if query.is_cuda else flex_attention
         with warnings.catch_warnings():  # the CPU's eager flex warns that it is unfused
             warnings.simplefilter("ignore", UserWarning)
-            out = run(query, key, value, block_mask=attention_mask,
-                      scale=kwargs.get("scaling"), enable_gqa=key.shape[1] != query.shape[1])
-        return out.transpose(1, 2), None
+            out = run(q, key, value, block_mask=attention_mask, scale=kwargs.get("scaling"))
+        return out.reshape(b, 1, h, d), None
     return sliced_attention(module, query, key, value, attention_mask, **kwargs)

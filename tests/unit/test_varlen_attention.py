@@ -24,7 +24,7 @@ def test_each_row_reads_its_own_blocks_and_matches_the_sliced_attention(seed: in
     beyond = torch.arange(kv_len)[None, :] > pos[:, None]  # stale K/V a bug would read
     k[beyond[:, None].expand_as(k[..., 0])] = 50.0
     v[beyond[:, None].expand_as(v[..., 0])] = 1e3
-    mask = varlen_attention.RowLengthMask(pos, done, kv_len).build(rows)
+    mask = varlen_attention.RowLengthMask(pos, done, kv_len, heads // kv_heads).build(rows)
     want_blocks = torch.where(done, 0, pos) // varlen_attention.BLOCK + 1
     assert mask.kv_num_blocks.flatten().tolist() == want_blocks.tolist()
     out, _ = varlen_attention.attention(None, q, k, v, mask, scaling=d ** -0.5)
