@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint every N steps (default: every minute; 0: only at the "
                    "end, on Ctrl-C / SIGTERM and on a failure)")
+    p.add_argument("--trust-code", action="store_true",
+                   help="let the graph's reward functions run Python code from files "
+                   "(file.py:function); without it such a graph is refused")
     p.add_argument("--verify-weights", action="store_true",
                    help="check a SHA-256 of the weights at every object-store sync")
     p.add_argument("--no-progress", dest="progress", action="store_false",

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.compiler.plan import Plan
+from rlgraph.compiler.references import code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
+from rlgraph.errors import SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
 from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
@@ -97,6 +99,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
     if every is not None and every < 0:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
+    refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
     if getattr(args, "resume", None):
         out = Path(args.resume)
         meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))
@@ -111,6 +114,20 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         spec.schedule.steps = int(steps)
     plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
     return spec, plan, out or run_dir.claim_default_dir(spec.name)
+
+
+def refuse_code_from_files(spec: Spec, trusted: bool) -> None:
+    """A run executes no Python code from a file (a `file.py:function` reward, or a module
+    found only beside the graph or in the working directory) unless `--trust-code` says so:
+    a graph.yaml is data, and running one must not run code somebody put beside it."""
+    found = [] if trusted else code_from_files(spec)
+    if found:
+        key, ref, path = found[0]
+        err = SpecError(f"'{ref}' would run Python code from {shown(path)}; rlgraph runs no "
+                        "code from files unless you say so", key,
+                        hint="read that file, then rerun with --trust-code")
+        err.source = spec.source
+        raise err
 
 
 def run_main(args: argparse.Namespace) -> int:

@@ -49,6 +49,10 @@ def _module_file(dotted: str) -> tuple[str | None, bool]:
     parts = dotted.split(".")
     for i in range(len(parts)):
         name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None and i < len(parts) - 1 and hasattr(loaded, "__path__"):
+            search = list(loaded.__path__)  # an imported package (an editable install too)
+            continue
         try:
             spec = importlib.machinery.PathFinder.find_spec(name, search)
         except (ImportError, ValueError):
@@ -139,6 +143,35 @@ def check_data_files(files: list[str], key: Key, base: Path | None) -> None:
         if not path.is_file():
             raise SpecError(f"data file '{name}' is not a regular file", (*key, i),
                             hint="give a path to a .jsonl or .parquet file")
+
+
+def code_from_files(spec: Spec) -> list[tuple[Key, str, str]]:
+    """(key, reference, file) of every reward function a run would execute from a file rather
+    than from an installed package: `file.py:function`, or a module found only in the working
+    directory or the graph's folder. `rlgraph run` runs none of them unless told to
+    (`--trust-code`)."""
+    base = base_dir(spec)
+    local = [os.path.realpath(os.getcwd())] + ([os.path.realpath(base)] if base else [])
+    installed = [p for p in sys.path if p and os.path.realpath(p) not in local]
+    found = []
+    for name, node in spec.nodes.items():
+        ref = getattr(node, "fn", None)
+        target, sep, _ = (ref or "").rpartition(":")
+        if not sep or not target:
+            continue
+        if target.endswith(".py"):
+            found.append((("nodes", name, "fn"), ref, str(_resolve(target, base))))
+            continue
+        try:
+            on_path = importlib.machinery.PathFinder.find_spec(target.split(".")[0], installed)
+        except (ImportError, ValueError):
+            on_path = None
+        top = target.split(".")[0]
+        if on_path is None and top not in sys.builtin_module_names and top not in sys.modules:
+            origin, exists = _module_file(target)
+            if exists:
+                found.append((("nodes", name, "fn"), ref, origin or target))
+    return found
 
 
 def check_references(spec: Spec) -> None:

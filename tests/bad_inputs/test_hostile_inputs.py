@@ -139,6 +139,29 @@ def test_reward_module_is_parsed_never_run(tmp_path: Path,
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("ref, file", [("score.py:compute_score", "score.py"),
+                                       ("score_module:compute_score", "score_module.py")])
+def test_run_executes_no_code_from_files_unless_trusted(
+        ref: str, file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "executed"
+    (tmp_path / file).write_text(
+        f"open({str(marker)!r}, 'w').close()\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1.0\n")
+    graph = tmp_path / "graph.yaml"
+    graph.write_text(QUICKSTART.replace("reward: {kind: reward}",
+                                        f"reward: {{kind: reward, fn: '{ref}'}}"))
+    monkeypatch.chdir(tmp_path)  # a module beside the graph, in the working directory
+    out_dir = tmp_path / "run"
+    status = main(["run", str(graph), "--steps", "1", "-o", str(out_dir), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert_refused(status, out, err, "would run Python code from")
+    assert "graph.yaml:" in err and "--trust-code" in err
+    assert not marker.exists(), "run executed the reward file"
+    assert not out_dir.exists(), "a refused run left a run dir behind"
+
+
 # ---------------------------------------------------------------- every numeric key bounded
 
 
