@@ -13,7 +13,7 @@ sequences start, stop and restart independently:
   CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
   replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
   runs through torch.compile first).
-- **attention** (`attention_kind`): "varlen" (the default on CUDA, `varlen_attention.py`):
+- **attention** (`attention_kind`): "varlen" (the default on CUDA without compile, `varlen_attention.py`):
   each row reads the K/V blocks up to its own position, long rows split over the GPU (flex
   attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to a bucketed attention
   length (the longest live sequence rounded up) for every row; grouped-head one-token queries.
@@ -107,7 +107,9 @@ class StaticDecoder:
         AttentionInterface.register(ATTN_NAMES["varlen"], varlen_attention.attention)
         p = next(model.parameters())
         if attention_kind == "auto":
-            attention_kind = "varlen" if p.is_cuda and varlen_attention.available() else "sdpa"
+            # varlen inside a torch.compile'd step has not run on a GPU yet: sdpa there
+            attention_kind = ("varlen" if p.is_cuda and not compile and varlen_attention.available()
+                              else "sdpa")
         if attention_kind not in ATTN_NAMES:
             raise ValueError(f"attention_kind {attention_kind!r}: one of auto, "
                              f"{', '.join(ATTN_NAMES)}")
