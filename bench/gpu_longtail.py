@@ -247,8 +247,9 @@ def plot(path: Path, png: Path) -> None:
 
     res = json.loads(path.read_text())
     modes = {}  # (section, mode) -> run: every throughput section of the file, first repeats
-    sections = [v for k, v in res.items() if k.startswith("throughput") and isinstance(v, dict)]
-    for section, runs in enumerate(sections):
+    sections = [(k, v) for k, v in res.items() if k.startswith("throughput")
+                and isinstance(v, dict)]
+    for section, runs in sections:
         for k, v in runs.items():
             if "events" in v and "@" not in k:
                 modes[(section, k)] = v
@@ -256,7 +257,7 @@ def plot(path: Path, png: Path) -> None:
     axes = [axes] if len(modes) == 1 else axes
     colors = {"generate": "tab:blue", "logp": "tab:orange", "train": "tab:green",
               "reward": "tab:red", "ref_logp": "tab:purple", "param_update": "tab:gray"}
-    for ax, ((_, name), r) in zip(axes, modes.items()):
+    for ax, ((section, name), r) in zip(axes, modes.items()):
         nodes = [n for n in colors if any(e["node"] == n for e in r["events"])]
         for e in r["events"]:
             y = nodes.index(e["node"])
@@ -267,7 +268,8 @@ def plot(path: Path, png: Path) -> None:
         ax.set_yticks(range(len(nodes)), nodes)
         sigma = r["response_len"]["sigma"]
         steps = r["step_s_all"][1:]
-        ax.set_title(f"sigma {sigma:g}, {name}: steps after the first "
+        kernel = ", varlen attention" if section.endswith("varlen") else ""
+        ax.set_title(f"sigma {sigma:g}, {name}{kernel}: steps after the first "
                      f"{', '.join(f'{x:.1f}' for x in steps)} s (predicted "
                      f"{r['predicted_period_s']:.1f} s), lag max {r['lag_max']:g}", fontsize=9)
     axes[-1].set_xlabel("seconds since the first task")

@@ -1,10 +1,12 @@
-"""The engine-level parts of bench/gpu_longtail.py (issue 15): the static decoder with and
-without slot compaction by live rows against the HBM roofline (`decode`), one captured step
-per (attention kernel, width, length) with a profile (`sweep`), and what a new train pass
-shape costs with cuDNN's SDPA and without (`trainshapes`)."""
+"""The engine-level parts of bench/gpu_longtail.py (issue 15): the static decoder's sliced and
+varlen decode attention by live rows against the HBM roofline, on a synchronous and a partial
+rollout position mix (`decode`), one captured step per (attention kernel, width, length) with a
+profile (`sweep`), and what a new train pass shape costs with cuDNN's SDPA and without
+(`trainshapes`)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -38,12 +40,65 @@ def _roofline_bins(trace: list[dict], weights: int, kv: int, bw: float) -> list[
     return out
 
 
+def _mixes(rng, spec, rows: int, longest: int, cpu: bool) -> dict[str, list[tuple[int, int]]]:
+    """(carried prefix, total length) per row of the two position mixes: `sync`, one
+    synchronous batch of forced lognormal lengths (clipped at `longest`); `partial`, a partial
+    round: the same fresh rows but 1/16 of them replaced by carried rows resuming a prefix of
+    1/4..3/4 of max_len with 1/16..1/4 of max_len still to generate (long next to short)."""
+    from rlgraph.presets.tasks import draw_length
+
+    lengths_spec = spec.data.response_len.model_copy(update={"max": longest})
+    fresh = [draw_length(rng, lengths_spec, limit=10**9) for _ in range(rows)]
+    top = 48 if cpu else spec.data.response_len.max
+    carried = []
+    for _ in range(rows // 16):
+        prefix = rng.randint(top // 4, 3 * top // 4)
+        carried.append((prefix, prefix + rng.randint(top // 16, top // 4)))
+    return {"sync": [(0, n) for n in fresh],
+            "partial": carried + [(0, n) for n in fresh[len(carried):]]}
+
+
+def _attention_check(model, device: str, kv_len: int) -> dict[str, Any]:
+    """One layer's decode attention on random bf16 inputs with random per-row positions (a
+    tenth of the rows finished): relative error of the sliced (sdpa) and varlen kernels
+    against a float64 reference, over the live rows."""
+    import torch
+
+    from rlgraph.engines import varlen_attention
+    from rlgraph.engines.static_ops import attention as sliced
+
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    g = torch.Generator(device=device).manual_seed(0)
+    rows = 64
+    q = torch.randn(rows, heads, 1, d, device=device, generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(rows, kv_heads, kv_len, d, device=device, generator=g,
+                        dtype=torch.bfloat16) for _ in range(2))
+    pos = torch.randint(0, kv_len, (rows,), device=device, generator=g)
+    done = torch.rand(rows, device=device, generator=g) < 0.1
+    keep = torch.arange(kv_len, device=device)[None, :] <= pos[:, None]
+    scale = d ** -0.5
+    qf = q.double().reshape(rows, kv_heads, heads // kv_heads, d)
+    scores = (qf @ k.double().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    ref = (torch.softmax(scores, -1) @ v.double()).reshape(rows, 1, heads, d)
+    mask = varlen_attention.RowLengthMask(pos, done, kv_len, heads // kv_heads).build(rows)
+    outs = {"sdpa": sliced(None, q, k, v, keep[:, None, None, :], scaling=scale)[0],
+            "varlen": varlen_attention.attention(None, q, k, v, mask, scaling=scale)[0]}
+    live = ~done
+    return {f"{name}_rel_err": float((o[live].double() - ref[live]).norm() / ref[live].norm())
+            for name, o in outs.items()}
+
+
 def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
                 longest: int | None = None) -> dict[str, Any]:
-    """Static engine on one forced-length synchronous batch, without and with slot compaction
-    (same requests, graphs captured first): wall time, and device ms per decode step by live
-    rows against the HBM roofline of those rows (weights + live K/V over the copy bandwidth
-    measured here)."""
+    """Static engine (slots compacted) with the sliced attention (`sdpa`: every row reads the
+    longest live row's length) and with `varlen` (each row its own length), on two position
+    mixes (`_mixes`), same requests, graphs captured first: wall time, device ms per decode
+    step by live rows against the HBM roofline of those rows (weights + the K/V the live rows
+    need, over the copy bandwidth measured here); plus the kernels' error against float64 and
+    greedy decoding under both kernels (same tokens, log-prob differences)."""
     import random
 
     import torch
@@ -51,7 +106,7 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     from bench.gpu_bench import copy_bandwidth
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
-    from rlgraph.presets.tasks import draw_length
+    from rlgraph.engines.varlen_attention import padded_len
     from rlgraph.worker.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
@@ -64,25 +119,34 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
     rows = rows or (64 if cpu else spec.data.prompts_per_step * spec.data.samples_per_prompt)
-    lengths_spec = spec.data.response_len.model_copy(
-        update={"max": longest or (48 if cpu else min(spec.data.response_len.max, 4096))})
-    rng = random.Random(0)
-    lengths = [draw_length(rng, lengths_spec, limit=10**9) for _ in range(rows)]
+    longest = longest or (48 if cpu else min(spec.data.response_len.max, 4096))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    max_len = len(prompt) + (96 if cpu else spec.data.response_len.max) + 1  # one K/V length
+    mixes = _mixes(random.Random(0), spec, rows, longest, cpu)
     out: dict[str, Any] = {
         "hbm_copy_gb_s": round(bw / 1e9, 1), "weights_bytes": weights,
-        "kv_bytes_per_token": kv, "rows": rows, "response_len": lengths_spec.model_dump(),
-        "lengths": {"mean": round(statistics.fmean(lengths), 1), "max": max(lengths)},
-        "sync_every": spec.nodes["generate"].sync_every, "variants": {}}
-    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
-    for name, compact, kind in (("all_slots", False, "sdpa"), ("compacted", True, "sdpa"),
-                                ("compacted_matmul", True, "matmul")):
-        dec = StaticDecoder(model, max_batch=rows, max_len=len(prompt) + max(lengths) + 1,
-                            timing=not cpu, attn_block=128, compact=compact, trace=True,
+        "kv_bytes_per_token": kv, "rows": rows, "max_len": max_len,
+        "mixes": {m: {"carried_rows": sum(1 for p, _ in xs if p),
+                      "mean_len": round(statistics.fmean(n for _, n in xs), 1),
+                      "max_len": max(n for _, n in xs)} for m, xs in mixes.items()},
+        "sync_every": spec.nodes["generate"].sync_every,
+        "attention_check": _attention_check(model, device, padded_len(max_len)),
+        "variants": {}}
+    print("attention_check", out["attention_check"], flush=True)
+    vocab = cfg.vocab_size
+    greedy: dict[str, list] = {}
+    for mix, kind in (("sync", "sdpa"), ("sync", "varlen"), ("partial", "sdpa"),
+                      ("partial", "varlen")):
+        dec = StaticDecoder(model, max_batch=rows, max_len=max_len, timing=not cpu,
+                            attn_block=128, compact=True, trace=True,
                             sync_every=spec.nodes["generate"].sync_every, attention_kind=kind)
         t = time.perf_counter()
         graphs = dec.warmup(use_top_p=False)
         capture_s = time.perf_counter() - t
-        reqs = [Request(prompt, n, ignore_eos=True) for n in lengths]
+        rng = random.Random(1)
+        reqs = [Request(prompt, n, ignore_eos=True, tokens=[rng.randrange(3, vocab)
+                                                           for _ in range(p)],
+                        logprobs=[0.0] * p, versions=[0] * p) for p, n in mixes[mix]]
         if not cpu:
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -90,8 +154,8 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
         if not cpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
-        assert sorted(len(c.tokens) for c in done) == sorted(lengths)
-        out["variants"][name] = {
+        assert sorted(len(c.tokens) for c in done) == sorted(n for _, n in mixes[mix])
+        out["variants"][f"{mix}/{kind}"] = {
             "wall_s": round(wall, 3), "graphs": graphs, "capture_s": round(capture_s, 2),
             "decode_steps": int(dec.stats["decode_steps"]),
             "slot_steps": int(dec.stats["slot_steps"]),
@@ -100,12 +164,33 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
             "device_ms_per_step": round(dec.stats["decode_ms"] / dec.stats["decode_steps"], 3)
             if dec.stats["decode_ms"] else None,
             "by_live_rows": _roofline_bins(dec.trace or [], weights, kv, bw)}
-        print(name, json.dumps(out["variants"][name]), flush=True)
+        print(f"{mix}/{kind}", json.dumps(out["variants"][f"{mix}/{kind}"]), flush=True)
+        if mix == "sync":  # greedy, 32 rows x 64 tokens: both kernels' tokens and log-probs
+            got = dec.run([Request([*prompt[:4], i + 3], 64, temperature=0.0, request_id=i)
+                           for i in range(32)])
+            greedy[kind] = sorted(got, key=lambda c: c.request.request_id)
         del dec, done
+        gc.collect()  # the decoder holds a cycle (its bound step): free its cache now
         if not cpu:
             torch.cuda.empty_cache()
+    same, diffs = 0, []
+    for a, b in zip(greedy["sdpa"], greedy["varlen"]):
+        n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
+                 len(a.tokens))
+        same += n
+        diffs += [abs(x - y) for x, y in zip(a.logprobs[:n + 1], b.logprobs[:n + 1])]
+    out["greedy_sdpa_vs_varlen"] = {
+        "tokens": 32 * 64, "same_before_first_divergence": same,
+        "logp_abs_diff_mean": round(statistics.fmean(diffs), 5),
+        "logp_abs_diff_max": round(max(diffs), 5)}
     v = out["variants"]
-    out["compacted_speedup_wall"] = round(v["all_slots"]["wall_s"] / v["compacted"]["wall_s"], 2)
+    for mix in mixes:
+        out[f"{mix}_varlen_speedup_wall"] = round(v[f"{mix}/sdpa"]["wall_s"]
+                                                  / v[f"{mix}/varlen"]["wall_s"], 2)
+        if v[f"{mix}/sdpa"]["device_ms_per_step"]:
+            out[f"{mix}_varlen_speedup_device"] = round(
+                v[f"{mix}/sdpa"]["device_ms_per_step"] / v[f"{mix}/varlen"]["device_ms_per_step"],
+                2)
     return out
 
 
@@ -131,12 +216,14 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     widths = [4, 16] if cpu else [16, 32, 64, 128, 256, 512]
     lengths = [64, 128] if cpu else [1024, 4096]
     out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "rows": []}
-    for kind in ("sdpa", "matmul"):
-        dec = StaticDecoder(model, max_batch=max(widths), max_len=max(lengths), timing=True,
+    max_len = max(lengths) if cpu else 8 + spec.data.response_len.max + 1  # as decode_part
+    for kind in ("sdpa", "varlen"):
+        dec = StaticDecoder(model, max_batch=max(widths), max_len=max_len, timing=True,
                             attn_block=128, attention_kind=kind, min_width=min(widths))
         for width in widths:
-            for attn in lengths:
-                dec.pos.fill_(attn - 40)
+            for length in lengths:
+                attn = length if kind == "sdpa" else dec.cache_len  # varlen: rows' own length
+                dec.pos.fill_(length - 40)
                 dec.done.zero_()
                 dec.max_new.fill_(10**6)
                 dec.cur_tok.random_(3, cfg.vocab_size)
@@ -156,8 +243,8 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
                         end.record()
                         end.synchronize()
                         ms = start.elapsed_time(end) / 20
-                roof = (weights + width * (attn - 30) * kv) / bw * 1e3
-                out["rows"].append({"attention": kind, "width": width, "attn_len": attn,
+                roof = (weights + width * (length - 30) * kv) / bw * 1e3
+                out["rows"].append({"attention": kind, "width": width, "attn_len": length,
                                     "ms_per_step": round(ms, 3), "roofline_ms": round(roof, 3),
                                     "over_roofline": round(ms / roof, 2)})
                 print(json.dumps(out["rows"][-1]), flush=True)
@@ -165,17 +252,19 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
             from torch.profiler import ProfilerActivity, profile
 
             dec.cuda_graphs = False
+            attn = max(lengths) if kind == "sdpa" else dec.cache_len
             with torch.no_grad(), dec._attn_impl():
-                dec._run(max(lengths), min(widths), False, False)
+                dec._run(attn, min(widths), False, False)
                 torch.cuda.synchronize()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(3):
-                        dec._run(max(lengths), min(widths), False, False)
+                        dec._run(attn, min(widths), False, False)
                     torch.cuda.synchronize()
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14)
             out[f"profile_{kind}_width{min(widths)}_len{max(lengths)}"] = table
             print(table, flush=True)
         del dec
+        gc.collect()  # the decoder holds a cycle (its bound step): free its cache now
         if not cpu:
             torch.cuda.empty_cache()
     return out

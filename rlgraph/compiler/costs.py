@@ -110,9 +110,17 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
     hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
     replicas = placement.groups[home].replicas if home in placement.groups else 1
     extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
-             "replicas": replicas}
+             "replicas": replicas, "host_processes": _model_processes(spec, placement),
+             "host_slots": placement.slots}
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
+
+
+def _model_processes(spec: Spec, placement: Placement) -> int:
+    """Processes that run model passes (a group holding a node that uses the accelerator,
+    once per replica): on a local CPU cluster, how many compute on the host at once."""
+    return sum(group.replicas for group in placement.groups.values()
+               if any(KINDS[spec.nodes[t].kind].uses_gpu for t in group.tasks))
 
 
 def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,

@@ -13,16 +13,18 @@ sequences start, stop and restart independently:
   CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
   replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
   runs through torch.compile first).
-- **attention**: the cache is sliced to a bucketed attention length (the longest live sequence
-  rounded up), so a step reads the KV it needs; one-token queries attend with grouped heads.
+- **attention** (`attention_kind`): "varlen" (the default on CUDA without compile, `varlen_attention.py`):
+  each row reads the K/V blocks up to its own position, long rows split over the GPU (flex
+  attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to a bucketed attention
+  length (the longest live sequence rounded up) for every row; grouped-head one-token queries.
 - **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
   of two holding the occupied slots; occupied slots beyond it move down first (K/V and state,
   see `compaction.py`), so a long tail of a few rows decodes at a few rows' cost.
 - **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
-- **fast path on a GPU**: `compile=True, fuse=True` (compiled step captured as a graph, fused
-  projections, `fusion.py`; inference-only models): 1.43 / 2.91 ms a step at batch 64 / 256 on
-  an H200, 4.7x / 4.0x the HBM roofline (bench/results/gpu-decode.json).
+- **fast path on a GPU**: `compile=True, fuse=True` (compiled step, fused projections,
+  `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an H200, 4.7x / 4.0x
+  the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
 
 `rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
@@ -42,11 +44,14 @@ from typing import Any
 
 import torch
 
+from rlgraph.engines import varlen_attention
 from rlgraph.engines.compaction import SlotWidths
+from rlgraph.engines.slot_cache import SlotKVCache
 from rlgraph.engines.static_ops import attention, attention_matmul, sample
 from rlgraph.model.build import with_cache
 
-ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul"}
+ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul",
+              "varlen": "rlgraph_static_varlen"}
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (see StaticDecoder._admit)
 
 
@@ -86,55 +91,6 @@ class Completion:
                        versions=list(self.versions))
 
 
-class SlotKVCache:
-    """Preallocated K/V per layer, [slots, kv_heads, max_len, head_dim], written per slot.
-
-    Implements the one method transformers' attention calls (`update`). In "prefill" mode it
-    writes the new keys of rows `rows` at positions 0.. and returns them (the prompt attends to
-    itself, causally); in "decode" mode it writes one key per slot at `pos[slot]` and returns the
-    cache up to `attn_len`.
-    """
-
-    is_compileable = True
-
-    def __init__(self, layers: int, slots: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device, pos: torch.Tensor):
-        shape = (slots, kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.slot_index = torch.arange(slots, device=device)
-        self.pos = pos
-        self.mode = "decode"
-        self.rows: torch.Tensor | None = None
-        self.attn_len = max_len
-        self.width = slots  # decode mode covers slots [0, width)
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               cache_kwargs: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new keys/values; return what the attention reads."""
-        k, v = self.k[layer_idx], self.v[layer_idx]
-        if self.mode == "prefill":
-            t = key.shape[2]
-            k[self.rows, :, :t] = key
-            v[self.rows, :, :t] = value
-            return key, value
-        n = self.width
-        k, v = k[:n], v[:n]
-        k[self.slot_index[:n], :, self.pos[:n]] = key[:, :, 0]
-        v[self.slot_index[:n], :, self.pos[:n]] = value[:, :, 0]
-        return k[:, :, :self.attn_len], v[:, :, :self.attn_len]
-
-    def move(self, src: torch.Tensor, dst: torch.Tensor, upto: int) -> None:
-        """Copy the first `upto` positions of slots `src` to slots `dst`, every layer."""
-        for k, v in zip(self.k, self.v):
-            k[dst, :, :upto] = k[src, :, :upto]
-            v[dst, :, :upto] = v[src, :, :upto]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Unused (positions are always passed explicitly); present for the Cache protocol."""
-        return 0
-
-
 class StaticDecoder:
     """Slots of independent sequences decoded by one static-shape step (see module docstring)."""
 
@@ -143,11 +99,20 @@ class StaticDecoder:
                  attn_block: int | None = 128, cuda_graphs: bool | None = None,
                  compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
                  timing: bool = False, compact: bool = True, min_width: int = 16,
-                 trace: bool = False, attention_kind: str = "sdpa"):
+                 trace: bool = False, attention_kind: str = "auto"):
         from transformers import AttentionInterface
 
         AttentionInterface.register(ATTN_NAMES["sdpa"], attention)
         AttentionInterface.register(ATTN_NAMES["matmul"], attention_matmul)
+        AttentionInterface.register(ATTN_NAMES["varlen"], varlen_attention.attention)
+        p = next(model.parameters())
+        if attention_kind == "auto":
+            # varlen inside a torch.compile'd step has not run on a GPU yet: sdpa there
+            attention_kind = ("varlen" if p.is_cuda and not compile and varlen_attention.available()
+                              else "sdpa")
+        if attention_kind not in ATTN_NAMES:
+            raise ValueError(f"attention_kind {attention_kind!r}: one of auto, "
+                             f"{', '.join(ATTN_NAMES)}")
         self.attention = attention_kind
         if fuse:
             from rlgraph.engines.fusion import fuse_projections
@@ -160,7 +125,6 @@ class StaticDecoder:
         if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
             raise ValueError("StaticDecoder supports full attention only; this model "
                              f"has layer types {sorted(set(cfg.layer_types))}")
-        p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.B, self.L = max_batch, max_len
         self.sync_every = max(1, sync_every)
@@ -187,8 +151,12 @@ class StaticDecoder:
         eos = [] if eos_token_id is None else (
             [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         self.eos = torch.tensor(eos or [-1], **z)
-        self.cache = SlotKVCache(cfg.num_hidden_layers, B, kv_heads, head_dim, L, self.dtype, dev,
-                                 self.pos)
+        varlen = attention_kind == "varlen"
+        self.cache_len = varlen_attention.padded_len(L) if varlen else L  # whole mask blocks
+        self.cache = SlotKVCache(cfg.num_hidden_layers, B, kv_heads, head_dim, self.cache_len,
+                                 self.dtype, dev, self.pos)
+        self.row_mask = varlen_attention.RowLengthMask(
+            self.pos, self.done, self.cache_len, heads // kv_heads) if varlen else None
         mode = compile if isinstance(compile, str) else None
         self._step = torch.compile(self._decode_step, dynamic=False, mode=mode) if compile \
             else self._decode_step
@@ -252,7 +220,8 @@ class StaticDecoder:
             width = self.widths.width_for(len(occupied))
             if occupied[-1] >= width:
                 self._move_slots(SlotWidths.moves(occupied, width), need)
-            attn_len = self.widths.attn_len(width, need)
+            attn_len = self.widths.attn_len(width, need) if self.row_mask is None \
+                else self.cache_len  # varlen: one graph per width, each row its own length
             record = None if self.trace is None else {
                 "live": len(live), "width": width, "attn_len": attn_len, "steps": steps,
                 "live_positions": int(sum(pos[b] for b in live))}
@@ -305,7 +274,8 @@ class StaticDecoder:
         graphs were captured. Run it while no slot is occupied."""
         if not self.cuda_graphs:
             return 0
-        keys = self.widths.keys()
+        keys = self.widths.keys() if self.row_mask is None else \
+            [(w, self.cache_len) for w in self.widths.widths]
         with torch.no_grad(), self._attn_impl():
             for width, attn_len in keys:
                 self._run(attn_len, width, use_top_p, greedy)
@@ -408,7 +378,8 @@ class StaticDecoder:
         n = width
         self.cache.attn_len, self.cache.width = attn_len, n
         pos, ngen, done, cur = self.pos[:n], self.ngen[:n], self.done[:n], self.cur_tok[:n]
-        mask = (self.arange_L[:attn_len][None, :] <= pos[:, None])[:, None, None, :]
+        mask = (self.arange_L[:attn_len][None, :] <= pos[:, None])[:, None, None, :] \
+            if self.row_mask is None else self.row_mask.build(n)
         hidden = self.base(input_ids=cur[:, None], position_ids=pos[:, None],
                            attention_mask=mask, **with_cache(self.base, self.cache),
                            use_cache=True).last_hidden_state

@@ -45,13 +45,27 @@ def compute_units(ctx: CostContext) -> float:
 
 
 def thread_slowdown(ctx: CostContext) -> float:
-    """Time factor of a local CPU process running several torch threads (the group's slots
-    over its replicas): COSTS.local_threaded_process_slowdown, measured; 1 on GPUs or with
-    one thread per process."""
+    """Time factor of a local CPU process's passes (1 on GPUs): with several slots a process
+    runs the faster of one torch thread and one per slot (rlgraph.runtime.threads measures
+    both at start-up and keeps the faster), so COSTS.local_threaded_process_slowdown counts
+    only where it is below 1; and a process that computes alone on a host of several cores
+    (`sole_process_speedup`) runs uncontended, where the CPU figures are measured with every
+    core busy."""
     if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
         return 1.0
     replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
-    return COSTS.local_threaded_process_slowdown if ctx.gpus // replicas > 1 else 1.0
+    threads = (min(1.0, COSTS.local_threaded_process_slowdown) if ctx.gpus // replicas > 1
+               else 1.0)
+    return threads / sole_process_speedup(ctx)
+
+
+def sole_process_speedup(ctx: CostContext) -> float:
+    """COSTS.local_sole_process_speedup where one process runs every model pass of a local
+    host of more than one core (ctx.extra host_processes, host_slots: the compiler's cost
+    pass), else 1."""
+    alone = (int(ctx.extra.get("host_processes", 0)) == 1
+             and int(ctx.extra.get("host_slots", 1)) > 1)
+    return COSTS.local_sole_process_speedup if alone else 1.0
 
 
 def efficiency(ctx: CostContext, local_figure: float) -> float:

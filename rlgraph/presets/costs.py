@@ -32,6 +32,7 @@ class CostConstants:
     generate_call_overhead_s: float = 0.046
     generate_host_seconds_per_row: float = 128e-6
     local_threaded_process_slowdown: float = 1.38
+    local_sole_process_speedup: float = 1.7
     reshard_bytes_per_s: float = 32 * GB / 175
     local_extra_replica_efficiency: float = 0.34
     reward_seconds_per_sample: float = 50e-6
@@ -125,6 +126,14 @@ COST_SOURCES: dict[str, str] = {
                                        "took 0.741 s (1.38x): a tiny model's ops are too small "
                                        "to split and the threads contend; a local process "
                                        "with more than one thread is priced that much slower",
+    "local_sole_process_speedup": "bench/results/vs_trl.json (2-core host, rounds 0-1, the "
+                                  "same workload and torch thread): train took 64 / 62 ms a "
+                                  "step in the sync plan, one process computing with the "
+                                  "other core free, and 103 / 121 ms in one_step_off, two "
+                                  "processes computing at once; generate 43 / 43 ms against "
+                                  "68 / 79 ms: same-round ratios 1.60, 1.96, 1.58, 1.83, "
+                                  "median 1.7; the other CPU figures (train_mfu, ...) are "
+                                  "measured with every core busy",
     "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
                            "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
                            "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "

@@ -161,6 +161,26 @@ class GroupActor:
             return {KEPT: (node, step)}, info
         return out, info
 
+    def run_chain(self, chain: list[tuple[str, int, list[str], list[int], int]],
+                  *batches: Batch) -> tuple[Any, ...]:
+        """Run several tasks in order in one call (`RayExecutor`'s fusion): each is `(node,
+        step, input names, sources, keep)`, a source `i >= 0` naming `batches[i]` and `-1 - j`
+        the output of the chain's task j (handed over in memory). Returns every task's output
+        and info, `(out0, info0, out1, info1, ...)`; a failure names its task
+        (`rlgraph_task` on the exception)."""
+        results: list[tuple[Batch, dict]] = []
+        for node, step, names, sources, keep in chain:
+            inputs = [batches[s] if s >= 0 else results[-1 - s][0] for s in sources]
+            try:
+                results.append(self.run(node, step, names, *inputs, keep=keep))
+            except Exception as exc:
+                if not isinstance(exc, RLGraphError):
+                    exc.rlgraph_task = (node, step)  # type: ignore[attr-defined]
+                raise
+        for _, info in results:
+            info["fused"] = len(chain)  # recorded on the task's span
+        return tuple(item for pair in results for item in pair)
+
     def validate_final(self, node: str, step: int) -> dict[str, float]:
         """Validate node `node`'s figures for the policy this workspace holds now: the run's
         last validation, on the trainer after its final step."""

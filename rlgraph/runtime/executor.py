@@ -1,17 +1,26 @@
 """Runs the pipeline's tasks on Ray actors and reports completions, one small message each.
 
-`submit` sends a task to its node's actor with the input batches as object references (Ray
-moves the data actor to actor); a chained task goes out at once, queued behind the running
-task it follows on the same actor (Ray runs an actor's default-group tasks in submission
-order): an input that is that task's output goes as its (pending) reference. `wait` blocks
-in `ray.wait` until at least one task is done and returns every finished one with its output
-reference and its `info` (span and summary). Per task the driver makes one actor call (two
-for param_update: the sender's half on the train actor, the receiver's half in the generate
-actor's `sync` group, both sent at once) and reads one small dict: no per-tensor traffic.
+`flush` sends each submitted task to its node's actor with the input batches as object
+references (Ray moves the data actor to actor); a chained task goes out at once, queued
+behind the running task it follows on the same actor (Ray runs an actor's default-group
+tasks in submission order): an input that is that task's output goes as its (pending)
+reference. `wait` blocks in `ray.wait` until at least one task is done and returns every
+finished one with its output reference and its `info` (span and summary). Per task (or
+fused chain, below) the driver makes one actor call (two for param_update: the sender's
+half on the train actor, the receiver's half in the generate actor's `sync` group, both
+sent at once) and reads one small dict: no per-tensor traffic.
 param_update completes when the receiver has the version staged whole; the sender's
 reference is watched only so that its failure is reported, not waited on. A node whose
 consumers all run on its own actor (logp and ref_logp feeding train in the trainer group)
 keeps its output there (`keep`): only a stub moves.
+
+Fusion: `submit` only buffers; the buffer goes out when the loop next waits (`flush`), and
+a task the pipeline marks `fuse` joins the unsent call of the tasks it is queued behind on
+the same actor (`GroupActor.run_chain`): the actor runs them in order, hands each output to
+the next in memory and returns every task's output and info, so each still completes with
+its own span and output reference, all when the call ends. That saves the per-call hand-off
+(Ray resolving the previous task's output, the next call's dispatch) between tasks on one
+actor: for colocated sync, generate -> reward -> train becomes one call a step.
 
 Tasks whose result the driver knows (`DriverKnown`) are not sent at all: a validate node off
 its `every` steps, a logp node whose forward the compiler proved redundant (its output is
@@ -72,13 +81,32 @@ class DriverKnown:
         return None
 
 
+class _Call:
+    """Tasks for one actor, sent as one call (`run`, or `run_chain` for several)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.tasks: list[tuple[Task, float]] = []  # (task, submitted)
+        self.inputs: list[list[Any]] = []  # per task: a value / reference, or a _Link
+        self.outputs: list[Any] = []  # output references, once sent
+
+
+class _Link:
+    """The output of task `index` of a call not sent yet."""
+
+    def __init__(self, call: _Call, index: int) -> None:
+        self.call, self.index = call, index
+
+
 class RayExecutor:
     """Submits tasks to the node's actor and collects completions with `ray.wait`."""
 
     def __init__(self, actors: dict[str, Any], routes: dict[str, Route],
-                 keep: dict[str, int] | None = None, known: DriverKnown | None = None) -> None:
+                 keep: dict[str, int] | None = None, known: DriverKnown | None = None,
+                 fuse: bool = True) -> None:
         self.known = known
-        self.local: list[tuple[Task, Any, dict[str, Any], float]] = []  # driver-known tasks
+        self.fuse = fuse  # False: every task its own call (the unfused baseline)
+        self.local: list[list[Any]] = []  # driver-known tasks: [task, output, info, sent]
         self.known_outputs: dict[tuple[str, int], Any] = {}  # their outputs, until completed
         self.actors = actors  # node -> actor (colocated nodes share one)
         self.routes = routes  # param_update node -> route
@@ -86,32 +114,93 @@ class RayExecutor:
         self.pending: dict[Any, tuple[Task, Any, float]] = {}  # info ref -> task, output, sent
         self.refs: dict[tuple[str, int], tuple[Any, Any, str]] = {}  # running: output, info
         self.senders: dict[Any, Task] = {}  # param_update senders' refs, watched for failures
+        self.buffer: list[tuple[Task, float]] = []  # submitted, not sent yet (`flush`)
 
     def submit(self, task: Task) -> None:
-        """Start `task` on its actor (queued behind `task.behind` when chained)."""
-        sent = time.time()
-        values = [self._pending_output(v) if isinstance(v, Pending) else v
-                  for v in task.inputs.values()]
-        known = self.known.output(task, values) if self.known is not None else None
-        if known is not None:
-            self.local.append((task, *known, sent))
-            self.known_outputs[(task.node, task.step)] = known[0]
-            return
-        if task.node in self.routes:
-            info, sender = start_param_update(self.routes[task.node], task.step)
-            if sender is not None:
-                self.senders[sender] = task
-            self._track(task, None, info, sent)
-            return
-        names = list(task.inputs)
-        keep = self.keep.get(task.node, 0)
-        output, info = self.actors[task.node].run.options(num_returns=2).remote(
-            task.node, task.step, names, *values, keep=keep)
-        self._track(task, output, info, sent)
+        """Start `task` on its actor (queued behind `task.behind` when chained); it goes out
+        at the next `flush` (the next `wait`), fused with the tasks before it where it may."""
+        self.buffer.append((task, time.time()))
 
-    def _pending_output(self, pending: Pending) -> Any:
-        """The output (reference) of a task still running, or still to be completed here."""
+    def flush(self) -> None:
+        """Send the buffered tasks in order: a `fuse` task joins its actor's open call; a
+        weight update, or a task that may not fuse, first sends the open call before it."""
+        buffered, self.buffer = self.buffer, []
+        links: dict[tuple[str, int], Any] = {}  # outputs of this flush's tasks
+        calls: dict[int, _Call] = {}  # actor id -> its open call
+        for task, sent in buffered:
+            values = [self._pending_output(v, links) if isinstance(v, Pending) else v
+                      for v in task.inputs.values()]
+            known = self.known.output(task, values) if self.known is not None else None
+            if known is not None:
+                self.local.append([task, *known, sent])
+                links[(task.node, task.step)] = known[0]
+                continue
+            if task.node in self.routes:
+                for call in list(calls.values()):
+                    self._send(call, calls)
+                info, sender = start_param_update(self.routes[task.node], task.step)
+                if sender is not None:
+                    self.senders[sender] = task
+                self._track(task, None, info, sent)
+                continue
+            actor = self.actors[task.node]
+            call = calls.get(id(actor))
+            if call is not None and not (task.fuse and self.fuse):
+                self._send(call, calls)
+                call = None
+            if call is None:
+                call = calls[id(actor)] = _Call(actor)
+            for k, value in enumerate(values):  # a link into another call: send that first
+                if isinstance(value, _Link) and value.call is not call:
+                    if not value.call.outputs:
+                        self._send(value.call, calls)
+                    values[k] = value.call.outputs[value.index]
+            call.tasks.append((task, sent))
+            call.inputs.append(values)
+            links[(task.node, task.step)] = _Link(call, len(call.tasks) - 1)
+        for call in list(calls.values()):
+            self._send(call, calls)
+        for item in self.local:  # a known output that is an output of a call sent now
+            if isinstance(item[1], _Link):
+                item[1] = item[1].call.outputs[item[1].index]
+        for item in self.local:
+            self.known_outputs[(item[0].node, item[0].step)] = item[1]
+
+    def _send(self, call: _Call, calls: dict[int, _Call]) -> None:
+        """One actor call for `call`'s tasks (`run` for one, `run_chain` for several)."""
+        calls.pop(id(call.actor), None)
+        if len(call.tasks) == 1:
+            (task, sent), values = call.tasks[0], call.inputs[0]
+            output, info = call.actor.run.options(num_returns=2).remote(
+                task.node, task.step, list(task.inputs), *values,
+                keep=self.keep.get(task.node, 0))
+            call.outputs = [output]
+            self._track(task, output, info, sent)
+            return
+        args: list[Any] = []
+        plan = []
+        for values in call.inputs:
+            sources = []
+            for value in values:
+                if isinstance(value, _Link):  # an earlier task of this call
+                    sources.append(-1 - value.index)
+                else:
+                    sources.append(len(args))
+                    args.append(value)
+            plan.append(sources)
+        chain = [(task.node, task.step, list(task.inputs), sources,
+                  self.keep.get(task.node, 0)) for (task, _), sources in zip(call.tasks, plan)]
+        refs = call.actor.run_chain.options(num_returns=2 * len(chain)).remote(chain, *args)
+        call.outputs = list(refs[0::2])
+        for (task, sent), output, info in zip(call.tasks, refs[0::2], refs[1::2]):
+            self._track(task, output, info, sent)
+
+    def _pending_output(self, pending: Pending, links: dict[tuple[str, int], Any]) -> Any:
+        """The output (reference) of a task still running, or still to be completed here,
+        or sent in this flush (a `_Link` while its call is open)."""
         key = (pending.node, pending.step)
+        if key in links:
+            return links[key]
         return self.refs[key][0] if key in self.refs else self.known_outputs[key]
 
     def _track(self, task: Task, output: Any, info: Any, sent: float) -> None:
@@ -119,10 +208,11 @@ class RayExecutor:
         self.refs[(task.node, task.step)] = (output, info, task.kind)
 
     def __len__(self) -> int:
-        return len(self.pending) + len(self.local)
+        return len(self.pending) + len(self.local) + len(self.buffer)
 
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Every task finished by now (at least one unless `timeout` passes first)."""
+        self.flush()
         ready = [item for item in self.local if self._may_complete(item[0])]
         if ready:  # driver-known tasks: done now, in the order they were submitted
             now = time.time()
@@ -161,6 +251,17 @@ class RayExecutor:
             task, output, sent = self.pending.pop(ref)
             self.refs.pop((task.node, task.step), None)
             done.append(Completion(task, output, info, sent))
+        # a driver-known weight update that waited for one of these ends with it, in the
+        # same batch (after it): the next generate need not wait for another round
+        follow = [item for item in self.local if item[0].behind is not None
+                  and self._may_complete(item[0])]
+        if follow:
+            now = time.time()
+            for item in follow:
+                self.local.remove(item)
+                self.known_outputs.pop((item[0].node, item[0].step), None)
+            done += [Completion(task, output, {**info, "start": now, "end": now}, sent)
+                     for task, output, info, sent in follow]
         return done
 
     def _get(self, ref: Any, task: Task) -> dict[str, Any]:
@@ -178,7 +279,8 @@ class RayExecutor:
                 raise WorkerError(f"an actor {task.node} depends on died at step {task.step}: "
                                   f"{_first_line(cause)}") from exc
             what = f"{type(cause).__name__}: {_first_line(cause)}" if cause else _first_line(exc)
-            raise WorkerError(f"{task.node} failed at step {task.step}: {what}") from exc
+            node, step = getattr(cause, "rlgraph_task", (task.node, task.step))  # fused call
+            raise WorkerError(f"{node} failed at step {step}: {what}") from exc
         except ray.exceptions.RayActorError as exc:
             raise WorkerError(f"the actor running {task.node} died at step {task.step}: "
                               f"{str(exc).splitlines()[0]}") from exc
@@ -186,6 +288,7 @@ class RayExecutor:
     def cancel_all(self) -> None:
         """Forget pending tasks (their actors are killed by the caller)."""
         self.pending.clear()
+        self.buffer.clear()
         self.local.clear()
         self.known_outputs.clear()
         self.refs.clear()

@@ -32,13 +32,17 @@ Rules:
 - a finished task's output enters its out-channels (WAITING_OUTPUT -> IDLE); the room
   checked at start guarantees it fits, so WAITING_OUTPUT only lasts while a stop drains.
 
-Chaining (what keeps the driver off the critical path): while task X holds group g, the
-next task Y of g may be handed to g's actor at once, queued behind X, when the policy is
-bound to pick Y the moment X ends anyway: Y holds g only, Y has the lowest key among the
-next unstarted steps of every node occupying g (so nothing that becomes ready meanwhile can
-overtake it), and each of Y's inputs is already in its channel or is X's own output of the
-same step (`Pending`: the executor passes X's output reference). Y then starts when X ends
-without waiting for the driver to hear of X; the schedule is the one the simulator predicts.
+Chaining (what keeps the driver off the critical path): while tasks X1..Xn hold group g
+(running, or queued behind each other), the next task Y of g may be handed to g's actor at
+once, queued behind Xn, when the policy is bound to pick Y the moment they end anyway: Y
+holds g only, no Xi is of Y's node, Y has the lowest key among the next unstarted steps of
+every node occupying g (so nothing that becomes ready meanwhile can overtake it), and each
+of Y's inputs is already in its channel or is some Xi's output of the same step (`Pending`:
+the executor passes Xi's output reference). Y then starts when Xn ends without waiting for
+the driver to hear of X1..Xn; the schedule is the one the simulator predicts. Fusion: when
+nothing outside g waits for any Xi (`_fusable`), Y is marked `fuse` and the executor may
+run it in the same actor call as the Xi not yet sent (one call, every task's output and
+span returned), which saves the per-call hand-off between tasks on one actor.
 
 Streaming (`schedule.stream.mini_batches` K > 1): every node but the weight carriers runs
 once per mini-batch, so its steps are optimizer steps m = t*K + j (mini-batch j of version t);
@@ -86,8 +90,7 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
         if stop_requested() and not pipeline.stopping:
             pipeline.stop()
             stopped = True
-        for task in pipeline.startable():
-            executor.submit(task)
+        _start_all(pipeline, executor)
         if not len(executor):
             if pipeline.finished or pipeline.stopping:
                 return stopped
@@ -97,9 +100,18 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
             pipeline.complete(done.task.node, done.task.step, done.output,
                               done.info.get("version"))
             on_done(done)
-        for task in pipeline.startable():  # react first, write metrics after
-            executor.submit(task)
+        _start_all(pipeline, executor)  # react first, write metrics after
         after_wait()
+
+
+def _start_all(pipeline: Pipeline, executor: Executor) -> None:
+    """Submit every task the pipeline starts now, then send them together (an executor with
+    `flush` fuses the chained ones into one actor call each, `runtime.executor`)."""
+    for task in pipeline.startable():
+        executor.submit(task)
+    flush = getattr(executor, "flush", None)
+    if flush is not None:
+        flush()
 
 
 class Pipeline:
@@ -289,10 +301,11 @@ class Pipeline:
             tasks.append(chained)
         return tasks
 
-    def _start(self, machine: NodeMachine, behind: tuple[str, int] | None) -> Task:
+    def _start(self, machine: NodeMachine, behind: tuple[str, int] | None,
+               queue: tuple[tuple[str, int], ...] = (), fuse: bool = False) -> Task:
         inputs: dict[str, Any] = {}
         for src in self._inputs(machine.name):
-            if behind == (src, machine.step):
+            if (src, machine.step) in queue:
                 self.claimed.add((src, machine.name, machine.step))
                 inputs[src] = Pending(src, machine.step)
             else:
@@ -300,7 +313,8 @@ class Pipeline:
         for group in machine.occupies:
             self.holders[group].append((machine.name, machine.step))
         machine.start()
-        return Task(machine.name, machine.kind, machine.step, machine.occupies, inputs, behind)
+        return Task(machine.name, machine.kind, machine.step, machine.occupies, inputs, behind,
+                    fuse)
 
     def _next_step(self, machine: NodeMachine) -> int | None:
         """The step this node runs next, whether armed or not (None: no further step)."""
@@ -311,24 +325,39 @@ class Pipeline:
             machine.name) else nxt
 
     def _chain(self) -> Task | None:
-        """A task that may queue behind the one running task of its group (see above)."""
+        """A task that may queue behind the running and queued tasks of its group (see the
+        module docstring); `fuse` when it may share their actor call (`_fusable`)."""
         for group, holding in self.holders.items():
-            if len(holding) != 1:
+            if not holding:
                 continue
             nexts = [(n, s) for n in self.members[group]
                      if (s := self._next_step(self.machines[n])) is not None]
             if not nexts:
                 continue
             node, step = min(nexts, key=lambda task: self.policy.key(*task))
-            machine, behind = self.machines[node], holding[0]
+            machine, queue = self.machines[node], tuple(holding)
             if (machine.state is not NodeState.WAITING_INPUT or machine.step != step
                     or machine.occupies != (group,) or not self.version_ok(node, step)
+                    or any(n == node for n, _ in queue)
                     or not all(ch.has_room() for ch in self._outputs(node))):
                 continue
-            if all(self.channels[(src, node)].has(step) or behind == (src, step)
+            if all(self.channels[(src, node)].has(step) or (src, step) in queue
                    for src in self._inputs(node)):
-                return self._start(machine, behind)
+                return self._start(machine, queue[-1], queue, self._fusable(group, queue))
         return None
+
+    def _fusable(self, group: str, queue: tuple[tuple[str, int], ...]) -> bool:
+        """Whether a task queued behind `queue` may run in one actor call with it (its
+        completions then all arrive when the call ends): only when nothing outside `group`
+        waits for any queued task, i.e. every consumer of each, and everything a weight
+        carrier among them feeds, occupies `group` alone."""
+
+        def internal(node: str) -> bool:
+            return all(self.machines[dst].occupies == (group,) and (
+                not self.roles[dst].carries_weights or internal(dst))
+                for dst in self.graph.successors(node))
+
+        return all(internal(node) for node, _ in queue)
 
     def complete(self, node: str, step: int, output: Any, version: int | None = None) -> None:
         """`(node, step)` returned `output`; param_update reports the version it delivered."""

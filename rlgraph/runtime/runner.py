@@ -59,6 +59,7 @@ class RunOptions:
     on_step: Callable[[dict[str, Any]], None] | None = None
     on_ready: Callable[[Runner], None] | None = None
     tensorboard: bool = True
+    fuse: bool = True  # chained tasks on one actor share one call (runtime.executor)
 
 
 class Runner:
@@ -277,7 +278,7 @@ class Runner:
                                preloaded=preloaded)
         routes = self._routes()
         executor = RayExecutor(self.actors, routes, self._kept_outputs(),
-                               DriverKnown(self.spec, routes))
+                               DriverKnown(self.spec, routes), fuse=opts.fuse)
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
@@ -367,6 +368,8 @@ class Runner:
         extra: dict[str, Any] = {"submitted": round(tracer.now(done.submitted), 6)}
         if task.node in self.plan.weight_sync:
             extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
+        if info.get("fused"):  # ran in one actor call with the other tasks of its chain
+            extra["fused"] = info["fused"]
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 

@@ -22,7 +22,8 @@ class Task:
     """One node instance `(node, step)` started, with its inputs taken from channels.
 
     `behind` names the running task it is queued behind (chaining), or None; the task must
-    not start before that one ends."""
+    not start before that one ends. `fuse`: it may run in one actor call with the tasks it
+    is queued behind (nothing outside its group waits for them; `Pipeline._fusable`)."""
 
     node: str
     kind: str
@@ -30,6 +31,7 @@ class Task:
     occupies: tuple[str, ...]
     inputs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     behind: tuple[str, int] | None = None
+    fuse: bool = False
 
 
 @dataclass

@@ -58,6 +58,7 @@ def test_a_known_task_completes_at_once_with_the_running_tasks_output() -> None:
     executor.refs[("train", 2)] = (object(), "info-ref", "train")
     executor.submit(Task("param_update", "param_update", 2, ("g",),
                          {"train": Pending("train", 2)}, ("train", 2)))
+    executor.flush()  # submit buffers; the loop sends what it started together
     assert executor.local and all(not executor._may_complete(t) for t, *_ in executor.local)
     del executor.refs[("train", 2)]  # train finished
     (update,) = executor.wait(timeout=0)
@@ -75,3 +76,72 @@ def test_the_thread_choice_is_measured_and_applied() -> None:
         assert choose_threads(model, 1, rows=8, width=8) == (1, {})
     finally:
         torch.set_num_threads(before)
+
+
+class _Method:
+    """Records an actor method's calls; `.options(num_returns=n).remote(...)` gives n refs."""
+
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name, self.returns = log, name, 1
+
+    def options(self, num_returns: int = 1) -> _Method:
+        self.returns = num_returns
+        return self
+
+    def remote(self, *args, **kwargs) -> list[str]:
+        self.log.append((self.name, args, kwargs))
+        call = len(self.log)
+        return [f"ref{call}.{i}" for i in range(self.returns)]
+
+
+class _Actor:
+    def __init__(self, log: list) -> None:
+        self.run, self.run_chain = _Method(log, "run"), _Method(log, "run_chain")
+
+
+def test_chained_tasks_on_one_actor_go_out_as_one_call() -> None:
+    log: list = []
+    actor, other = _Actor(log), _Actor(log)
+    actors = {"generate": actor, "reward": actor, "train": actor, "logp": actor,
+              "judge": other}
+    executor = RayExecutor(actors, {}, keep={"reward": 1}, known=_known(max_lag=0))
+    gen = Task("generate", "generate", 0, ("g",), {"prompts": "p-ref"})
+    logp = Task("logp", "logp", 0, ("g",), {"generate": Pending("generate", 0)},
+                ("generate", 0), fuse=True)
+    reward = Task("reward", "reward", 0, ("g",), {"generate": Pending("generate", 0)},
+                  ("logp", 0), fuse=True)
+    train = Task("train", "train", 0, ("g",), {"generate": Pending("generate", 0),
+                                               "reward": Pending("reward", 0),
+                                               "logp": Pending("logp", 0)},
+                 ("reward", 0), fuse=True)
+    judge = Task("judge", "reward", 0, ("h",), {"generate": Pending("generate", 0)})
+    for task in (gen, logp, reward, train, judge):
+        executor.submit(task)
+    assert not log and len(executor) == 5  # buffered until the loop sends them
+    executor.flush()
+    (name, args, _), (other_name, other_args, _) = log
+    assert name == "run_chain" and other_name == "run"
+    chain, *batches = args
+    # generate's input from the channel; reward and train take earlier outputs in memory
+    # (logp, known to the driver, is generate's batch); reward's output stays (keep)
+    assert [c[:2] for c in chain] == [("generate", 0), ("reward", 0), ("train", 0)]
+    assert batches == ["p-ref"] and chain[0][3] == [0]
+    assert chain[1][3] == [-1] and chain[1][4] == 1
+    assert chain[2][3] == [-1, -2, -1]
+    assert other_args[3] == "ref1.0"  # another actor gets generate's output reference
+    # every task completes with its own output reference; logp's is generate's
+    assert executor.refs[("train", 0)][0] == "ref1.4"
+    (known,) = executor.wait(timeout=0)
+    assert known.task is logp and known.output == "ref1.0"
+
+
+def test_a_task_not_marked_fuse_is_a_call_of_its_own() -> None:
+    log: list = []
+    actor = _Actor(log)
+    executor = RayExecutor({"generate": actor, "train": actor}, {}, fuse=True)
+    executor.submit(Task("generate", "generate", 0, ("g",), {"prompts": "p"}))
+    executor.submit(Task("train", "train", 0, ("g",), {"generate": Pending("generate", 0)},
+                         ("generate", 0)))
+    executor.flush()
+    assert [name for name, *_ in log] == ["run", "run"]
+    assert log[1][1][3] == "ref1.0"  # queued behind it on its output reference

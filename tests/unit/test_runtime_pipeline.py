@@ -55,8 +55,9 @@ def drive(pipeline: Pipeline, seconds: dict[str, float], stop_after_train: int |
     while True:
         for task in pipeline.startable():
             for src, payload in task.inputs.items():
-                if isinstance(payload, Pending):
-                    assert (payload.node, payload.step) == task.behind
+                if isinstance(payload, Pending):  # a task queued before it on its group
+                    key = (payload.node, payload.step)
+                    assert key in ends and ends[key] <= ends[task.behind]
                 else:
                     assert payload["step"] == task.step, (src, payload)
             start = now if task.behind is None else max(now, ends[task.behind])

@@ -171,7 +171,7 @@ def test_prefill_in_token_chunks_matches_one_prefill(model, references, monkeypa
     assert dec.stats["prefills"] >= 4  # 6 prompts of 2-9 tokens, at most 12 padded a chunk
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+@pytest.mark.parametrize("attention", ["sdpa", "matmul", "varlen"])
 def test_compaction_moves_live_rows_down_and_keeps_the_tokens(model, references,
                                                               attention) -> None:
     # six rows finishing at different steps: the step narrows to 4, 2, 1 slots, the live rows
