@@ -66,6 +66,8 @@ MODES = {  # name -> overrides of the throughput graph
     "split-stream4": ["schedule.max_lag=0", "schedule.stream={mini_batches: 4}"],
     "stream4-partial-lag1": ["schedule.partial_rollout=true", "schedule.max_lag=1",
                              "schedule.stream={mini_batches: 4}"],
+    "stream4-colocated-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3",
+                              "schedule.stream={mini_batches: 4}"],  # one GPU: time-sliced
 }
 CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",

@@ -6,7 +6,10 @@ GRPO on this machine's CPU cores) in each mode, the same versions and so the sam
 - sync: one group holding every task on both cores, max_lag 0 (verl's hybrid engine);
 - split_lag0 / stream_lag0: trainer | rollout groups of one core each, max_lag 0, without
   and with `schedule.stream: {mini_batches: K}` (verl fully_async with staleness 0);
-- split_lag1 / stream_lag1: the same at max_lag 1 (one-step-off, and streaming on top).
+- split_lag1 / stream_lag1: the same at max_lag 1 (one-step-off, and streaming on top);
+- colo_stream_lag0 / colo_stream_lag1: sync's one group streaming (generate and train
+  time-sliced, the engine sampling from a snapshot refreshed once per version), max_lag 0,
+  and max_lag 1 with partial rollout.
 
 Streaming trains on each mini-batch of complete groups as generate emits it (K optimizer
 steps per version, one weight sync per version) and generate refills finished rows with new
@@ -22,9 +25,10 @@ speedup over sync. Modes run `--repeats` times interleaved (A B C .. C B A ..) s
 of other load hit every mode alike; each figure is the median run's with min and max, and
 the ratios of interest are taken per repeat (runs of one repeat side by side).
 
-    python bench/streaming.py [--steps 20] [--repeats 3] [--mini-batches 4]
+    python bench/streaming.py [--steps 20] [--repeats 3] [--mini-batches 4] [--modes ..]
+        [--name streaming.json]
 
-Writes bench/results/streaming.json.
+Writes bench/results/streaming.json (or --name).
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ WARMUP = 3  # versions
 FINAL = 8  # versions whose samples give the final reward
 TARGET = 1.3  # streaming over the same plan without it
 COLOCATED = "groups={colocated: {share: 1.0, tasks: [logp, train, generate]}}"
-PAIRS = {"lag0": ("stream_lag0", "split_lag0"), "lag1": ("stream_lag1", "split_lag1")}
+PAIRS = {"lag0": ("stream_lag0", "split_lag0"), "lag1": ("stream_lag1", "split_lag1"),
+         "colocated": ("colo_stream_lag0", "sync")}
 
 
 def modes(k: int) -> dict[str, tuple[str, list[str]]]:
@@ -63,6 +68,11 @@ def modes(k: int) -> dict[str, tuple[str, list[str]]]:
                        ["schedule.max_lag=1", updates]),
         "stream_lag1": (f"trainer | rollout, max_lag 1, streaming {k} mini-batches",
                         ["schedule.max_lag=1", stream]),
+        "colo_stream_lag0": (f"colocated, max_lag 0, streaming {k} mini-batches (time-sliced)",
+                             [COLOCATED, "schedule.max_lag=0", stream]),
+        "colo_stream_lag1": (f"colocated, max_lag 1, partial rollout, streaming {k}",
+                             [COLOCATED, "schedule.max_lag=1", "schedule.partial_rollout=true",
+                              stream]),
     }
 
 
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mini-batches", type=int, default=4)
     parser.add_argument("--modes", default=None, help="comma-separated subset")
+    parser.add_argument("--name", default="streaming.json", help="result file name")
     args = parser.parse_args(argv)
     table = modes(args.mini_batches)
     names = args.modes.split(",") if args.modes else list(table)
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             result["ratios"][f"{stream}/{plain}"] = {**spread(ratios), "per_repeat": ratios,
                                                      "meets_target": statistics.median(
                                                          ratios) >= TARGET}
-    path = write_result("streaming.json", result)
+    path = write_result(args.name, result)
     for name in names:
         m = result["modes"][name]
         print(f"{name:12s} {m['samples_per_s']['median']:7.1f} samples/s "

@@ -19,7 +19,10 @@ per mini-batch; generate's call for mini-batch j of step t waits for the same ve
 whole step did (>= t - max_lag), so the bound holds per mini-batch: a token sampled by
 version v is trained at an optimizer step of version <= v + max_lag. A sample carried from
 one call to the next (continuous refill) is evicted before a call whose version window it
-has left (`engines.partial_rollout`), so carrying never stretches the bound.
+has left (`engines.partial_rollout`), so carrying never stretches the bound. A generate in
+the group that trains streams too: the group time-slices its tasks and the engine samples
+from a snapshot of the weights refreshed by the group's param_update once per version, so
+"sampled by version v" stays true while train updates the policy at every mini-batch.
 """
 
 from __future__ import annotations
@@ -105,25 +108,37 @@ def prove_lag(graph: nx.DiGraph, partial_rollout: bool = False) -> LagProof:
         messages.append("partial_rollout with max_lag 0 must drop every unfinished sample at "
                         "each step (no version may differ); use max_lag >= 1")
     k = int(graph.graph.get("mini_batches", 1))
+    colocated = [g for g in samplers(graph) if k > 1 and colocated_trainer(graph, g)]
     return LagProof(max_lag, pairs, per_edge, max_lag if partial_rollout else 0,
-                    _note(pairs, max_lag), messages, k, _mini_batch_note(k, max_lag))
+                    _note(pairs, max_lag), messages, k,
+                    _mini_batch_note(k, max_lag, colocated))
 
 
-def _mini_batch_note(k: int, max_lag: int) -> str:
+def _mini_batch_note(k: int, max_lag: int, colocated: list[str] = ()) -> str:
     """The streaming bound per mini-batch, in words ('' without streaming)."""
     if k <= 1:
         return ""
-    return (f"streaming {k} mini-batches per version: optimizer step s = t*{k} + j (mini-batch "
+    note = (f"streaming {k} mini-batches per version: optimizer step s = t*{k} + j (mini-batch "
             f"j of step t) trains tokens sampled by version >= t - {max_lag}, so a token "
             f"sampled by version v is trained at optimizer steps of version <= v + {max_lag} "
             f"(steps v*{k} .. (v + {max_lag})*{k} + {k - 1}); each mini-batch's generate call "
             f"waits for version t - {max_lag} and evicts carried samples older than that")
+    if colocated:
+        verb = "shares" if len(colocated) == 1 else "share"
+        note += (f"; {', '.join(colocated)} {verb} the group that trains, so the group "
+                 f"time-slices generate and train and the engine decodes from a snapshot of "
+                 f"the weights its param_update refreshes once per version (the in-place "
+                 f"updates of a version's mini-batches never reach the sampler: a token "
+                 f"tagged v was sampled by version v's weights)")
+    return note
 
 
 def check_stream(spec: Any, graph: nx.DiGraph) -> None:
     """Refuse a `schedule.stream` the runtime cannot honour: the mini-batches must split the
     batch's prompt groups evenly, and every generate that feeds a train must receive its
-    weights through a param_update (a group that both trains and generates cannot stream)."""
+    weights through a param_update. A generate in the group that trains (colocated) streams
+    by time-slicing the group, decoding from a snapshot of the weights that its param_update
+    refreshes once per version, which only the native engine can hold."""
     stream = spec.schedule.stream
     if stream is None:
         return
@@ -135,20 +150,31 @@ def check_stream(spec: Any, graph: nx.DiGraph) -> None:
                         f"(each mini-batch is a whole number of prompt groups)", key,
                         hint=f"use mini_batches: {fits[-1]}, or a prompts_per_step that "
                         f"{k} divides")
-    kinds = dict(graph.nodes(data="kind"))
-    for gen, kind in kinds.items():
-        if not KINDS[kind].samples:
-            continue
+    for gen in samplers(graph):
         fed = any(d for _, _, d in graph.in_edges(gen, data="distance"))
-        group = graph.nodes[gen]["group"]
-        beside = [n for n, k in kinds.items() if KINDS[k].advances_policy
-                  and group is not None and graph.nodes[n]["group"] == group]
-        if beside or not fed:
-            raise SpecError(f"schedule.stream needs '{gen}' in a group of its own, receiving "
-                            "weights from a param_update: a group that trains and generates "
-                            "cannot train while it generates", key,
-                            hint=f"put {gen} in its own group with a param_update (src: train, "
-                            f"dst: {gen}), or remove schedule.stream")
+        if not fed:
+            raise SpecError(f"schedule.stream needs '{gen}' to receive weights from a "
+                            "param_update (once per version); it has none", key,
+                            hint=f"add a param_update node (src: train, dst: {gen}), or "
+                            "remove schedule.stream")
+        engine = getattr(spec.nodes[gen], "engine", "native")
+        if colocated_trainer(graph, gen) is not None and engine != "native":
+            raise SpecError(f"schedule.stream with '{gen}' in the group that trains decodes "
+                            f"from a snapshot of the weights, which engine {engine} cannot "
+                            "hold", key, hint=f"use engine: native, or put {gen} in a group "
+                            "of its own")
+
+
+def samplers(graph: nx.DiGraph) -> list[str]:
+    """The graph's nodes that sample tokens (generate)."""
+    return [n for n, kind in graph.nodes(data="kind") if KINDS[kind].samples]
+
+
+def colocated_trainer(graph: nx.DiGraph, gen: str) -> str | None:
+    """The train node sharing `gen`'s group, if any (the group time-slices them)."""
+    group = graph.nodes[gen]["group"]
+    return next((n for n, kind in graph.nodes(data="kind") if KINDS[kind].advances_policy
+                 and group is not None and graph.nodes[n]["group"] == group), None)
 
 
 def version_gate(graph: nx.DiGraph) -> int:

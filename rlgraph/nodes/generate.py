@@ -76,7 +76,12 @@ class GenerateWorker:
     keeps the whole batch's groups in flight (continuous batching). On a CUDA
     device both decode with the static decoder (rlgraph.engines.static_rollout, `cuda_decode`);
     on CPU through `sampling.Decoder`. Among a group's replicas each samples its `share` of
-    every step's prompts (and keeps its own rollout cache)."""
+    every step's prompts (and keeps its own rollout cache).
+
+    Streaming in a group that also trains (colocated): train updates the policy in place at
+    every mini-batch, so the engine samples from `snapshot`, a second copy of the policy on
+    the same device, refreshed in place (`refresh_snapshot`) by the group's param_update once
+    per version: every token is sampled by exactly the version it is tagged with."""
 
     SNAPSHOTS = 8  # cache states kept by step, for a checkpoint taken while generate runs on
     DATA_PARALLEL = "whole"  # each replica samples its own share of the step's prompts
@@ -93,6 +98,13 @@ class GenerateWorker:
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.snapshots: dict[int, dict[str, Any]] = {}
         schedule = workspace.spec.schedule
+        # colocated streaming: the engine's own copy of the weights (see the class docstring)
+        self.snapshot: Any = None
+        self.snapshot_version = workspace.policy_version
+        if schedule.stream is not None and workspace.optimizer is not None:
+            import copy
+
+            self.snapshot = copy.deepcopy(workspace.policy).requires_grad_(False).eval()
         if schedule.partial_rollout or schedule.stream is not None:
             from rlgraph.engines.partial_rollout import RolloutCache
 
@@ -161,7 +173,7 @@ class GenerateWorker:
             prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
             slots = prompts * data.samples_per_prompt
             self.static = StaticRollout(
-                self.ws.policy, slots=slots,
+                self.sampling_model, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
@@ -170,6 +182,29 @@ class GenerateWorker:
     def _swap(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
         return self.ws.swap_if_staged()
+
+    @property
+    def sampling_model(self) -> Any:
+        """The weights the engine decodes with: the snapshot where the group streams and
+        trains, else the workspace's policy."""
+        return self.ws.policy if self.snapshot is None else self.snapshot
+
+    def sampling_version(self) -> int:
+        """The policy version of `sampling_model`."""
+        return self.ws.policy_version if self.snapshot is None else self.snapshot_version
+
+    def refresh_snapshot(self) -> int:
+        """Copy the trained policy into the snapshot in place (the captured CUDA graphs stay
+        valid) and return the version it now holds; the live version where there is none."""
+        import torch
+
+        with self.ws.lock, torch.no_grad():
+            if self.snapshot is not None:
+                for mine, trained in zip(self.snapshot.state_dict().values(),
+                                         self.ws.policy.state_dict().values(), strict=True):
+                    mine.copy_(trained)
+            self.snapshot_version = self.ws.policy_version
+        return self.snapshot_version
 
     def summary(self, out: Batch) -> dict[str, Any]:
         """What the driver reads of a rollout beside its metrics: the policy version that
@@ -201,7 +236,7 @@ class GenerateWorker:
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
             self._swap()
-            version = self.ws.policy_version
+            version = self.sampling_version()
             generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
             if engine is not None:
                 rollout, metrics = engine.sample(
@@ -209,7 +244,7 @@ class GenerateWorker:
                     policy_version=version, temperature=self.node.temperature,
                     top_p=self.node.top_p, seed=generator.initial_seed(), lengths=lengths)
             else:  # forced lengths: an eos id no token has, and a budget per row
-                rollout = sample(self.ws.policy, prompts, max_new_tokens=data.response_len.max,
+                rollout = sample(self.sampling_model, prompts, max_new_tokens=data.response_len.max,
                                  eos_id=tok.eos_id if lengths is None else -1,
                                  pad_id=tok.pad_id, policy_version=version,
                                  temperature=self.node.temperature, top_p=self.node.top_p,
@@ -231,10 +266,11 @@ class GenerateWorker:
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
             self._swap()
-            version = self.ws.policy_version
-            swap = self._swap if self.cache.mix_versions else lambda: None
+            version = self.sampling_version()
+            swap = self._swap if self.cache.mix_versions and self.snapshot is None \
+                else lambda: None
             groups, metrics = generate_round(
-                self.cache, step, self.ws.policy, version, swap, engine,
+                self.cache, step, self.sampling_model, version, swap, engine,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))

@@ -143,9 +143,16 @@ class ParamUpdateWorker:
 
     def local(self) -> dict[str, Any]:
         """A transfer inside one workspace (train and generate colocated): the policy is
-        already the trained one, nothing moves, the current version is live."""
-        now = time.time()
-        return {"start": now, "end": now, "version": self.ws.policy_version, "bytes": 0,
+        already the trained one and nothing moves, except where the group streams: then
+        generate decodes from a snapshot of the weights, which this refreshes in place (a
+        device copy) to the current version."""
+        start = time.time()
+        receiver = self.ws.worker(self.node.dst)
+        refresh = getattr(receiver, "refresh_snapshot", None)
+        version = self.ws.policy_version if refresh is None else refresh()
+        moved = 0 if getattr(receiver, "snapshot", None) is None else sum(
+            t.numel() * t.element_size() for t in self.ws.policy.state_dict().values())
+        return {"start": start, "end": time.time(), "version": version, "bytes": moved,
                 "buckets": 0}
 
     # ------------------------------------------------------------ object store

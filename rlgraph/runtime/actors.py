@@ -375,9 +375,13 @@ class GroupActor:
         ray.get(refs)
         return info
 
-    def local_param_update(self) -> dict:
-        """param_update within this workspace (train and generate colocated)."""
-        return ws_sync.local_update_info(self.workspace.policy_version)
+    def local_param_update(self, node: str | None = None) -> dict:
+        """param_update `node` within this workspace (train and generate colocated): the
+        version live, or the streaming engine's snapshot refreshed to it."""
+        if node is None:
+            return ws_sync.local_update_info(self.workspace.policy_version)
+        done = self.workspace.worker(node).local()
+        return ws_sync.local_update_info(done["version"])
 
     # ------------------------------------------------------------ checkpoints and checks
 
@@ -448,6 +452,9 @@ class GroupActor:
 
         refs = self._fan_out("load_checkpoint", state)
         self.workspace.load_checkpoint(state)
+        for worker in self.workers.values():  # colocated streaming: the engine's snapshot
+            if getattr(worker, "snapshot", None) is not None:
+                worker.refresh_snapshot()
         ray.get(refs)
         return self.workspace.policy_version
 

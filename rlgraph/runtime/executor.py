@@ -26,7 +26,8 @@ Tasks whose result the driver knows (`DriverKnown`) are not sent at all: a valid
 its `every` steps, a logp node whose forward the compiler proved redundant (its output is
 its input batch; train checks the versions of each batch again and runs the forward itself
 for one that is off-policy) and a param_update inside one actor (the policy is already the
-trained one). Each completes as a span of no length and costs no actor call; validate and
+trained one; not when the group streams: the actor then refreshes its engine's snapshot).
+Each completes as a span of no length and costs no actor call; validate and
 logp complete at once even when chained behind a running task (logp's output is then that
 task's pending reference), which frees the group's chain slot for the next real task: it
 queues behind the running one instead of waiting for the driver. A param_update completes
@@ -64,7 +65,10 @@ class DriverKnown:
         self.every = {n: s.every for n, s in spec.nodes.items() if roles[n].validates}
         self.skipped_logp = ({n for n in spec.nodes if roles[n].proximal_logp}
                              if skip_reason(spec) is not None else set())
-        self.local_updates = {n for n, r in routes.items() if r.src_actor is r.dst_actor}
+        # within one actor nothing moves, except a streaming group's engine snapshot (the
+        # actor copies it: `ParamUpdateWorker.local`)
+        self.local_updates = {n for n, r in routes.items() if r.src_actor is r.dst_actor
+                              and spec.schedule.stream is None}
 
     def output(self, task: Task, inputs: list[Any]) -> tuple[Any, dict[str, Any]] | None:
         """(output, info) of `task` if the driver knows them (times filled in later)."""

@@ -49,7 +49,9 @@ once per mini-batch, so its steps are optimizer steps m = t*K + j (mini-batch j 
 `steps` still counts versions and `start_step` counts a node's calls (mini-steps). The back
 edge gates generate(m) on version >= m // K - max_lag; train's output enters a weight
 carrier's channel only at a version's last mini-batch, keyed by the version, so param_update
-runs once per version. Chaining is off (a carrier's step is not its input's).
+runs once per version. Chaining is off (a carrier's step is not its input's). A group that
+generates and trains streams by time-slicing (its tasks never overlap); its param_update
+refreshes the engine's snapshot after every version but the last (`last_step`).
 
 The simulator's task states map onto the machines': waiting = IDLE / WAITING_INPUT with a
 missing input, ready = WAITING_INPUT with everything met, running = PROCESSING, done =
@@ -199,10 +201,14 @@ class Pipeline:
 
     def last_step(self, node: str) -> int:
         """One past the last step `node` runs: a weight carrier skips weights nobody will use
-        (its step s feeds step s + distance of its back edge); streaming nodes run K calls
-        per version."""
-        if node in self.reach:
+        (its step s feeds step s + distance of its back edge), except a colocated streaming
+        group's, which refreshes its engine's snapshot after every version but the last
+        (verl: weights reach the rollout every K optimizer steps); streaming nodes run K
+        calls per version."""
+        if node in self.reach and not (self.k > 1 and self._within_group(node)):
             return max(self.first_step(node), self.steps - self.reach[node])
+        if node in self.reach:  # a colocated streaming engine's snapshot: fresh every version
+            return max(self.first_step(node), self.steps - 1)
         if self.roles[node].carries_weights:
             return self.steps
         return self.steps * self.k
@@ -214,6 +220,12 @@ class Pipeline:
                 or self.roles[channel.src].carries_weights:
             return step
         return step // self.k if (step + 1) % self.k == 0 else None
+
+    def _within_group(self, carrier: str) -> bool:
+        """A weight carrier whose sender and receiver share a group (a local copy)."""
+        spec = self.graph.nodes[carrier]["spec"]
+        src, dst = (self.graph.nodes[n]["group"] for n in (spec.src, spec.dst))
+        return src is not None and src == dst
 
     def _colocated_train(self, generate: str) -> str | None:
         group = self.graph.nodes[generate]["group"]

@@ -52,13 +52,16 @@ def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
     return out
 
 
-def _move_weights(route: RoutePlan, sender: Workspace, receiver: Workspace) -> dict[str, Any]:
-    """One param_update in process: bucketed export, staged receive, commit."""
-    if sender is not receiver:
-        bucket_mb = BucketMiB.of(route.bucket_mb)
-        for bucket in sender.export_weights(bucket_mb):
-            receiver.receive_bucket(bucket, bucket_mb)
-        receiver.commit_weights(sender.policy_version)
+def _move_weights(node: str, route: RoutePlan, sender: Workspace, receiver: Workspace
+                  ) -> dict[str, Any]:
+    """One param_update in process: bucketed export, staged receive, commit; within one
+    workspace the worker's local transfer (a streaming engine's snapshot refreshed)."""
+    if sender is receiver:
+        return {"version": sender.worker(node).local()["version"], "summary": {}}
+    bucket_mb = BucketMiB.of(route.bucket_mb)
+    for bucket in sender.export_weights(bucket_mb):
+        receiver.receive_bucket(bucket, bucket_mb)
+    receiver.commit_weights(sender.policy_version)
     return {"version": sender.policy_version, "summary": {}}
 
 
@@ -76,7 +79,7 @@ def run_serial(plan: Plan | Spec, steps: int | None = None, seed: int = 0,
     def execute(task: Task) -> tuple[Any, dict[str, Any]]:
         route = plan.weight_sync.get(task.node)
         if route is not None:
-            return None, _move_weights(route, ws_of[route.src], ws_of[route.dst])
+            return None, _move_weights(task.node, route, ws_of[route.src], ws_of[route.dst])
         output = ws_of[task.node].worker(task.node).run(task.step, dict(task.inputs))
         return output, {"summary": {}}
 

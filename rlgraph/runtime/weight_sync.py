@@ -243,7 +243,7 @@ def start_param_update(route: Route, step: int) -> tuple[Any, Any]:
     sender's reference: watched for failures only)."""
     src, dst = route.src_actor, route.dst_actor
     if src is dst:
-        ref = src.local_param_update.remote()
+        ref = src.local_param_update.remote(route.name)
         return ref, None
     if route.transport == "nccl":
         sent = src.send_weights.remote(route.name)

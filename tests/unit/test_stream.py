@@ -36,6 +36,9 @@ LONGTAIL = ROOT / "graphs" / "longtail.yaml"
 STEPS = 6
 
 
+COLOCATED = "groups={all: {share: 1, tasks: [generate, logp, ref_logp, train]}}"
+
+
 def streamed(k: int, max_lag: int, *more: str):
     return load_spec(QUICKSTART, [f"schedule.stream.mini_batches={k}",
                                   f"schedule.max_lag={max_lag}", *more])
@@ -49,10 +52,14 @@ def test_mini_batches_must_split_the_batch_and_generate_must_be_fed() -> None:
         compile_plan(streamed(5, 1))
     assert err.value.key == ("schedule", "stream", "mini_batches")
     assert "use mini_batches: 4" in err.value.render()
-    hybrid = streamed(2, 0, "groups={all: {share: 1, tasks: [generate, logp, ref_logp, "
-                            "train]}}")
-    with pytest.raises(SpecError, match="cannot train while it generates"):
-        compile_plan(hybrid)
+    unfed = streamed(2, 1, COLOCATED)
+    del unfed.nodes["param_update"]
+    with pytest.raises(SpecError, match="receive weights from a param_update") as err:
+        compile_plan(unfed)
+    assert err.value.key == ("schedule", "stream", "mini_batches")
+    foreign = streamed(2, 0, COLOCATED, "nodes.generate.engine=sglang")
+    with pytest.raises(SpecError, match="engine sglang cannot hold"):
+        compile_plan(foreign)
     with pytest.raises(SpecError):
         streamed(0, 1)  # at least one mini-batch
 
@@ -73,6 +80,18 @@ def test_plan_proves_the_lag_per_mini_batch_and_times_every_mini_batch() -> None
     assert sync[0]["start"] >= max(e["end"] for e in trains) - 1e-12
     plain = compile_plan(load_spec(QUICKSTART))
     assert plan.schedule.sync_period_s == pytest.approx(plain.schedule.sync_period_s)
+
+
+def test_a_colocated_group_streams_time_sliced_from_a_snapshot() -> None:
+    """Generate beside train: the proof says the engine samples from a snapshot refreshed once
+    per version, and the group's period is its pieces' sum (nothing overlaps)."""
+    plan = compile_plan(streamed(4, 1, COLOCATED))
+    assert plan.lag.max_policy_lag == 1 and "snapshot" in plan.lag.per_mini_batch
+    events = plan.schedule.events
+    assert_groups_never_overlap(events)
+    step = [e for e in events if e["step"] == 2 and e["node"] != "reward"]
+    busy = sum(e["end"] - e["start"] for e in step)
+    assert plan.schedule.period_s == pytest.approx(busy, rel=0.05)
 
 
 def test_streaming_prices_generate_at_its_steady_width() -> None:
@@ -248,6 +267,57 @@ def test_serial_streaming_run_keeps_every_token_within_the_bound() -> None:
     assert all(r["lag/max"] <= plan.lag.max_policy_lag for r in rows)
     assert max(r["lag/max"] for r in rows) == 1, "generate ran a version ahead"
     assert all(r["samples"] == 4 for r in rows)  # one prompt group of 4 per mini-batch
+
+
+def test_colocated_streaming_samples_each_version_from_its_snapshot(monkeypatch) -> None:
+    """Generate and train in one group (one process): at a version's first mini-batch the
+    engine's weights are the trainer's, inside the version the trainer has moved on and the
+    engine still holds the version's weights; every token within the bound, and every token
+    tagged v was sampled by version v's weights (its behaviour log-prob is their forward)."""
+    from rlgraph.engines.cpu_decode import token_logp
+    from rlgraph.nodes.generate import GenerateWorker
+    from rlgraph.runtime import serial
+
+    k, versions = 2, 2
+    spec = load_spec(LONGTAIL, [f"schedule.stream.mini_batches={k}", "schedule.max_lag=1",
+                                "schedule.partial_rollout=true", "model.warm_start.steps=0",
+                                "data.prompts_per_step=2", "nodes.train.lr=1e-2",
+                                "data.response_len={mean: 6, max: 24, dist: lognormal}",
+                                "groups={all: {share: 1, tasks: [generate, logp, train]}}"])
+    plan = compile_plan(spec)
+    boundary: dict[int, dict[str, torch.Tensor]] = {}  # version -> the trainer's weights
+    calls: list[tuple[int, int, bool, bool]] = []
+    batches: dict[int, dict] = {}
+    run = GenerateWorker.run
+
+    def spy(self, step, inputs=None):
+        policy = {n: t.clone() for n, t in self.ws.policy.state_dict().items()}
+        if step % k == 0:
+            boundary[step // k] = policy
+        snap = self.snapshot.state_dict()
+        same = all(torch.equal(snap[n], t) for n, t in policy.items())
+        held = all(torch.equal(snap[n], t) for n, t in boundary[step // k].items())
+        calls.append((step, self.snapshot_version, same, held))
+        batches[step] = out = run(self, step, inputs)
+        return out
+
+    monkeypatch.setattr(GenerateWorker, "run", spy)
+    result = serial.run_serial(plan, steps=versions)
+    assert [(m, v) for m, v, _, _ in calls] == [(m, m // k) for m in range(versions * k)]
+    assert all(held for *_, held in calls), "the snapshot moved inside a version"
+    assert [same for _, _, same, _ in calls] == [m % k == 0 for m in range(versions * k)]
+    rows = [r["metrics"] for r in result.metrics]
+    assert all(r["lag/max"] <= plan.lag.max_policy_lag for r in rows)
+    model = serial.build_workspaces(plan)["train"].policy  # version 0, then each boundary's
+    for m, batch in batches.items():
+        tagged = batch["token_version"]
+        for v in tagged[batch["response_mask"].bool()].unique().tolist():
+            model.load_state_dict(boundary[v])
+            with torch.no_grad():
+                logp = token_logp(model, batch["sequences"], batch["attention_mask"],
+                                  batch["prompt_len"], batch["temperature"])
+            mine = (tagged == v) & batch["response_mask"].bool()
+            assert torch.allclose(logp[mine], batch["behavior_logp"][mine], atol=1e-4), (m, v)
 
 
 # ---------------------------------------------------------------- rlgraph tune

@@ -55,9 +55,17 @@ def run(folder: Path, graph: Path, resume: bool = False, stop_after: int | None 
     return plan, runner.run()
 
 
-def test_streaming_run_lag_syncs_and_exact_resume(cluster, tmp_path: Path) -> None:
+COLOCATED = ("  trainer: {share: 0.5, tasks: [train]}\n"
+             "  rollout: {share: 0.5, tasks: [generate]}\n",
+             "  all: {share: 1.0, tasks: [generate, train]}\n")
+
+
+@pytest.mark.parametrize("colocated", [False, True], ids=["split", "colocated"])
+def test_streaming_run_lag_syncs_and_exact_resume(cluster, tmp_path: Path, colocated) -> None:
+    """Split, or generate beside train in one group (one actor): there the engine samples
+    from a snapshot its param_update refreshes every version, so staleness 0 holds."""
     graph = tmp_path / "stream.yaml"
-    graph.write_text(GRAPH)
+    graph.write_text(GRAPH.replace(*COLOCATED) if colocated else GRAPH)
     base = tmp_path / "base"
     plan, result = run(base, graph)
     rows = read_rows(base / "metrics.jsonl")
