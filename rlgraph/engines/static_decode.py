@@ -13,10 +13,11 @@ sequences start, stop and restart independently:
   CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
   replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
   runs through torch.compile first).
-- **attention** (`attention_kind`): "varlen" (the default on CUDA without compile, `varlen_attention.py`):
-  each row reads the K/V blocks up to its own position, long rows split over the GPU (flex
-  attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to a bucketed attention
-  length (the longest live sequence rounded up) for every row; grouped-head one-token queries.
+- **attention** (`attention_kind`): "varlen" (`varlen_attention.py`; the default on CUDA
+  without compile): each row reads the K/V blocks up to its own position, long rows split
+  over the GPU (flex attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to
+  a bucketed attention length (the longest live sequence rounded up) for every row;
+  grouped-head one-token queries.
 - **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
   of two holding the occupied slots; occupied slots beyond it move down first (K/V and state,
   see `compaction.py`), so a long tail of a few rows decodes at a few rows' cost.
