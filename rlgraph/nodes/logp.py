@@ -100,7 +100,8 @@ class LogpWorker:
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
-        if self.may_skip and on_policy(batch, step):
+        version = step // self.ws.spec.schedule.mini_batches  # streaming: K steps a version
+        if self.may_skip and on_policy(batch, version):
             return batch  # train checks the versions again against the weights it holds
         batch[self.key] = self.forward(batch)
         return batch

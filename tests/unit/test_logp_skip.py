@@ -94,3 +94,19 @@ def test_a_plan_priced_as_verls_hybrid_engine_keeps_old_log_prob() -> None:
     verl = compile_plan(load_spec(graph, ["nodes.generate.engine=sglang"]))
     assert ours["costs"]["logp"]["seconds"] == 0.0
     assert verl["costs"]["logp"]["seconds"] > 0.0
+
+
+def test_a_streamed_batch_of_its_version_skips_the_forward() -> None:
+    """Streaming (K optimizer steps a version): logp's step t*K + j is version t's."""
+    from rlgraph.config.schema import StreamSpec
+
+    spec = _spec()
+    spec = spec.model_copy(update={"schedule": spec.schedule.model_copy(
+        update={"stream": StreamSpec(mini_batches=2)})})
+    ws = Workspace(spec, TASKS, seed=0)
+    batch = _scored(ws, step=3)
+    valid = batch["response_mask"].bool()
+    mine = {**batch, "token_version": torch.where(valid, 1, -1)}  # version 1 = steps 2 and 3
+    assert "old_logp" not in ws.worker("logp").run(3, {"generate": mine})
+    other = {**batch, "token_version": torch.where(valid, 3, -1)}  # the step, not the version
+    assert "old_logp" in ws.worker("logp").run(3, {"generate": other})
