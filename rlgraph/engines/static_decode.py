@@ -106,11 +106,15 @@ class StaticDecoder:
         AttentionInterface.register(ATTN_NAMES["sdpa"], attention)
         AttentionInterface.register(ATTN_NAMES["matmul"], attention_matmul)
         AttentionInterface.register(ATTN_NAMES["varlen"], varlen_attention.attention)
-        p = next(model.parameters())
+        p, cfg = next(model.parameters()), model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         if attention_kind == "auto":
             # varlen inside a torch.compile'd step has not run on a GPU yet: sdpa there
-            attention_kind = ("varlen" if p.is_cuda and not compile and varlen_attention.available()
-                              else "sdpa")
+            attention_kind = ("varlen" if p.is_cuda and not compile
+                              and varlen_attention.available(head_dim) else "sdpa")
+        if attention_kind == "varlen" and not varlen_attention.available(head_dim):
+            raise ValueError(f"attention_kind 'varlen' needs flex attention and heads of at "
+                             f"least {varlen_attention.MIN_HEAD_DIM} (this model's: {head_dim})")
         if attention_kind not in ATTN_NAMES:
             raise ValueError(f"attention_kind {attention_kind!r}: one of auto, "
                              f"{', '.join(ATTN_NAMES)}")
@@ -122,7 +126,6 @@ class StaticDecoder:
         self.model = model.eval()
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
-        cfg = model.config
         if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
             raise ValueError("StaticDecoder supports full attention only; this model "
                              f"has layer types {sorted(set(cfg.layer_types))}")

@@ -31,9 +31,12 @@ except ImportError:  # pragma: no cover - older torch
 _compiled: Any = None
 
 
-def available() -> bool:
-    """Whether this torch has flex attention."""
-    return flex_attention is not None
+MIN_HEAD_DIM = 16  # flex attention's kernels need q/k/v heads of at least 16 (torch 2.11)
+
+
+def available(head_dim: int = MIN_HEAD_DIM) -> bool:
+    """Whether this torch has flex attention and its kernels take heads of `head_dim`."""
+    return flex_attention is not None and head_dim >= MIN_HEAD_DIM
 
 
 def padded_len(max_len: int) -> int:
@@ -48,7 +51,7 @@ class RowLengthMask:
     `group`: query heads per K/V head, which attend as that many queries of one head."""
 
     def __init__(self, pos: torch.Tensor, done: torch.Tensor, kv_len: int, group: int = 1):
-        if not available():
+        if flex_attention is None:
             raise RuntimeError("attention 'varlen' needs torch.nn.attention.flex_attention "
                                "(torch >= 2.5); use attention_kind='sdpa'")
         if kv_len % BLOCK:
