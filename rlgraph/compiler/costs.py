@@ -110,17 +110,24 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
     hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
     replicas = placement.groups[home].replicas if home in placement.groups else 1
     extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
-             "replicas": replicas, "host_processes": _model_processes(spec, placement),
+             "replicas": replicas, "host_processes": _host_processes(spec, placement),
              "host_slots": placement.slots}
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
 
 
-def _model_processes(spec: Spec, placement: Placement) -> int:
-    """Processes that run model passes (a group holding a node that uses the accelerator,
-    once per replica): on a local CPU cluster, how many compute on the host at once."""
-    return sum(group.replicas for group in placement.groups.values()
-               if any(KINDS[spec.nodes[t].kind].uses_gpu for t in group.tasks))
+def _host_processes(spec: Spec, placement: Placement) -> int:
+    """On a local CPU cluster, how many processes compute on the host every step: each group
+    holding a model node (once per replica), and each node outside the groups that is not a
+    weight carrier (a reward scored in an actor of its own, which takes the batch in and out
+    of the object store: the vs-TRL `tuned` plan's generate and train ran 1.8x slower beside
+    such a reward actor than with the reward in their group, 2026-11-25)."""
+    grouped = {t for group in placement.groups.values() for t in group.tasks}
+    models = sum(group.replicas for group in placement.groups.values()
+                 if any(KINDS[spec.nodes[t].kind].uses_gpu for t in group.tasks))
+    alone = sum(1 for name, node in spec.nodes.items()
+                if name not in grouped and not KINDS[node.kind].carries_weights)
+    return models + alone
 
 
 def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,

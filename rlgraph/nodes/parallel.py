@@ -60,9 +60,9 @@ def thread_slowdown(ctx: CostContext) -> float:
 
 
 def sole_process_speedup(ctx: CostContext) -> float:
-    """COSTS.local_sole_process_speedup where one process runs every model pass of a local
-    host of more than one core (ctx.extra host_processes, host_slots: the compiler's cost
-    pass), else 1."""
+    """COSTS.local_sole_process_speedup where one process computes alone on a local host of
+    more than one core: it runs every model pass and no reward runs in an actor of its own
+    (ctx.extra host_processes, host_slots: the compiler's cost pass), else 1."""
     alone = (int(ctx.extra.get("host_processes", 0)) == 1
              and int(ctx.extra.get("host_slots", 1)) > 1)
     return COSTS.local_sole_process_speedup if alone else 1.0

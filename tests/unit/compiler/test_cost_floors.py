@@ -98,8 +98,10 @@ def test_a_local_process_is_priced_as_the_runtime_runs_it() -> None:
     # 1.38x slower (measured on the 2-core host), a process of two slots runs one thread;
     # computing alone on that host it runs uncontended (COSTS.local_sole_process_speedup,
     # measured in bench/results/vs_trl.json), which only its passes' compute gains
-    def step(cpus: int, replicas: int | None = None, split: bool = False) -> dict[str, float]:
-        group = {"share": 1.0, "tasks": ["generate", "logp", "train"]}
+    def step(cpus: int, replicas: int | None = None, split: bool = False,
+             reward_apart: bool = False) -> dict[str, float]:
+        tasks = ["generate", "logp", "train"] + ([] if reward_apart else ["reward"])
+        group = {"share": 1.0, "tasks": tasks}
         if replicas:
             group["replicas"] = replicas
         groups = {"all": group} if not split else {
@@ -117,6 +119,8 @@ def test_a_local_process_is_priced_as_the_runtime_runs_it() -> None:
     assert alone["train"] > one["train"] / COSTS.local_sole_process_speedup  # floors stay
     assert split["train"] == pytest.approx(one["train"])  # two processes share the host
     assert replicas["train"] < one["train"]  # two one-thread processes share the work
+    # a reward scored in an actor of its own computes beside the group: not alone
+    assert step(2, reward_apart=True)["train"] == pytest.approx(one["train"])
 
 
 def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
