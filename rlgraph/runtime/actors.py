@@ -125,12 +125,10 @@ class GroupActor:
 
         data = self.spec.data
         rows = data.prompts_per_step * data.samples_per_prompt // self.replicas.world
-        samples = any(self.spec.kind_of(t).samples for t in self.tasks)
         try:
             self.threads, self.thread_seconds = choose_threads(
                 self.workspace.policy, self.threads, rows,
-                data.prompt_len + data.response_len.max, self.seed,
-                decode_steps=data.response_len.max if samples else 0)
+                data.prompt_len + data.response_len.max, self.seed)
         except Exception:  # a backend whose forward takes other arguments: keep every slot
             return
 
