@@ -18,7 +18,7 @@ Modes, each a fresh process as a user would start it:
   engine); the old-log-prob forward is skipped (on-policy, trained once);
 - sync_replicas: the same colocated plan as two data-parallel replicas of one core each;
 - one_step_off: trainer | rollout groups of one core each, max_lag 1;
-- tuned: the plan `rlgraph tune` proposes for the sync graph (written to `--work`).
+- tuned: the plan `rlgraph tune` proposes for the one-step-off graph (written to `--work`).
 
 rlgraph's held-out accuracy is the run's final validation (`val/accuracy`: greedy, the
 same 1000 prompts, the same `compute_score`, after the last step). Round r seeds both
