@@ -375,13 +375,10 @@ class GroupActor:
         ray.get(refs)
         return info
 
-    def local_param_update(self, node: str | None = None) -> dict:
+    def local_param_update(self, node: str) -> dict:
         """param_update `node` within this workspace (train and generate colocated): the
         version live, or the streaming engine's snapshot refreshed to it."""
-        if node is None:
-            return ws_sync.local_update_info(self.workspace.policy_version)
-        done = self.workspace.worker(node).local()
-        return ws_sync.local_update_info(done["version"])
+        return ws_sync.local_update_info(self.workspace.worker(node).local()["version"])
 
     # ------------------------------------------------------------ checkpoints and checks
 
@@ -453,8 +450,8 @@ class GroupActor:
         refs = self._fan_out("load_checkpoint", state)
         self.workspace.load_checkpoint(state)
         for worker in self.workers.values():  # colocated streaming: the engine's snapshot
-            if getattr(worker, "snapshot", None) is not None:
-                worker.refresh_snapshot()
+            if hasattr(worker, "refresh_snapshot"):
+                worker.refresh_snapshot()  # without a snapshot: only reads the version
         ray.get(refs)
         return self.workspace.policy_version
 

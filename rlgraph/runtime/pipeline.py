@@ -105,13 +105,11 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
 
 
 def _start_all(pipeline: Pipeline, executor: Executor) -> None:
-    """Submit every task the pipeline starts now, then send them together (an executor with
-    `flush` fuses the chained ones into one actor call each, `runtime.executor`)."""
+    """Submit every task the pipeline starts now, then send them together (the Ray executor
+    fuses the chained ones into one actor call each, `runtime.executor`)."""
     for task in pipeline.startable():
         executor.submit(task)
-    flush = getattr(executor, "flush", None)
-    if flush is not None:
-        flush()
+    executor.flush()
 
 
 class Pipeline:

@@ -52,6 +52,10 @@ class Executor(Protocol):
         """Start `task`."""
         ...
 
+    def flush(self) -> None:
+        """Send the tasks submitted since the last flush (together, where they may fuse)."""
+        ...
+
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Tasks finished since the last call (at least one unless `timeout` passes)."""
         ...
@@ -76,6 +80,9 @@ class InlineExecutor:
         output, info = self.run(task)
         self.done.append(Completion(task, output, {**info, "start": start,
                                                    "end": time.perf_counter()}, start))
+
+    def flush(self) -> None:
+        """Nothing to send: `submit` ran the task already."""
 
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """The tasks run since the last call, in the order they ran."""
