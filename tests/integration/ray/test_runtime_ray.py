@@ -123,7 +123,10 @@ def test_stopped_run_resumes_at_k_and_trains_the_same_prompts(runs, tmp_path):
     baseline_folder = runs[1][0]
     k = 3
     _, stopped = run(tmp_path, 1, stop_after=k)
-    assert stopped.stopped and stopped.next_step == k
+    # a train step already queued in the group's actor when the stop arrives still finishes
+    # (chained tasks are not recalled): the run stops at k or one step later, never loses one
+    assert stopped.stopped and stopped.next_step in (k, k + 1)
+    k = stopped.next_step
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.step == k and ckpt.meta["policy_version"] == k
     buffered = sorted(s for _, s in ckpt.rollout)
