@@ -63,11 +63,10 @@ MODES = {  # name -> overrides of the throughput graph
     "partial-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3"],
     # no logp node (`without_logp`): train takes the old log-probs from the rollout (the
     # behaviour log-probs, verl fully_async), so no proximal forward at all
-    "partial-lag3-rolloutlogp": ["schedule.partial_rollout=true", "schedule.max_lag=3",
-                                 "nodes.train.old_logp=rollout"],
-    "partial-lag3-rolloutlogp-os2": ["schedule.partial_rollout=true", "schedule.max_lag=3",
-                                     "nodes.train.old_logp=rollout",
-                                     "nodes.generate.oversample=2.0"],
+    **{f"partial-lag{lag}-rolloutlogp{tag}": [
+        "schedule.partial_rollout=true", f"schedule.max_lag={lag}",
+        "nodes.train.old_logp=rollout", *over] for lag in (3, 4)
+       for tag, over in (("", []), ("-os2", ["nodes.generate.oversample=2.0"]))},
     # two GPUs (give the groups as overrides): trainer | rollout, unstreamed and streamed
     "split": ["schedule.max_lag=0"],
     "split-stream4": ["schedule.max_lag=0", "schedule.stream={mini_batches: 4}"],
@@ -76,7 +75,7 @@ MODES = {  # name -> overrides of the throughput graph
     "stream4-colocated-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3",
                               "schedule.stream={mini_batches: 4}"],  # one GPU: time-sliced
 }
-NO_LOGP = {"partial-lag3-rolloutlogp", "partial-lag3-rolloutlogp-os2"}  # modes without_logp
+NO_LOGP = {m for m, ov in MODES.items() if "nodes.train.old_logp=rollout" in ov}  # without_logp
 CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",
        "nodes.train.micro_tokens=256", "nodes.logp.micro_tokens=256", "cluster.local=true"]
