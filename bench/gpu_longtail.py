@@ -2,7 +2,7 @@
 a long-tailed workload (issue 15), side by side in one process.
 
   PYTHONUNBUFFERED=1 python bench/gpu_longtail.py
-      [--parts throughput,decode,sweep,trainshapes,learning] [--repeats 1]
+      [--parts throughput,decode,sweep,compiled,trainshapes,learning] [--repeats 1]
       [--modes sync,partial-lag1,partial-lag2,partial-lag3] [--steps 5] [--out DIR] [--name NAME]
       [--cpu] [key=value ...]
   python bench/gpu_longtail.py --plot bench/results/gpu-longtail-1gpu.json \\
@@ -20,9 +20,10 @@ per call, device ms per decode step, tokens carried / dropped / restarted, versi
 the response lengths trained on against those started (mean, p90, p99: forced lengths are
 known per data position, the run's ledger says which positions were trained), and the
 compiler's uncalibrated prediction (`rlgraph compile`'s period_s) beside the measured period.
-decode, sweep, trainshapes: the engine-level measurements of bench/longtail_engine.py (slot
-compaction by live rows against the HBM roofline; one step per kernel, width and length; the
-cost of a new train pass shape with and without cuDNN's SDPA).
+decode, sweep, compiled, trainshapes: the engine-level measurements of bench/longtail_engine.py
+(slot compaction by live rows against the HBM roofline; one step per kernel, width and length;
+varlen attention in a torch.compile'd step against the uncompiled one, with a greedy token
+check; the cost of a new train pass shape with and without cuDNN's SDPA).
 learning: the correctness check, bench/graphs_gpu/longtail-colocated.yaml (tiny preset after
 its warm start, the countdown task, lengths chosen by the model) on one GPU, synchronous vs
 partial rollout: reward, lag, lengths.
@@ -236,7 +237,10 @@ def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
     modes = {"sync": base,
              "partial-lag2": [*base, *partial, "schedule.max_lag=2"],
              "partial-lag3-rolloutlogp": without_logp(graph, [
-                 *base, *partial, "schedule.max_lag=3", "nodes.train.old_logp=rollout"])}
+                 *base, *partial, "schedule.max_lag=3", "nodes.train.old_logp=rollout"]),
+             "partial-lag4-rolloutlogp-os2": without_logp(graph, [
+                 *base, *partial, "schedule.max_lag=4", "nodes.train.old_logp=rollout",
+                 "nodes.generate.oversample=2.0"])}
     out = {}
     for name, ov in modes.items():
         r = run_mode(f"learning-{name}", graph, ov, steps, runs, forced=False)
@@ -365,6 +369,9 @@ def main() -> int:
         save()
     if "sweep" in parts:
         res["step_sweep"] = step_sweep_part(args.cpu, overrides)
+        save()
+    if "compiled" in parts:  # varlen attention in the torch.compile'd step against without
+        res["step_sweep_compiled"] = step_sweep_part(args.cpu, overrides, compiled=True)
         save()
     if "decode" in parts:
         res["decode"] = decode_part(args.cpu, overrides, args.decode_rows, args.decode_max)
