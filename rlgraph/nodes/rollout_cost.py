@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlgraph.nodes import lengths
+from rlgraph.nodes import lengths, rollout_rounds
 from rlgraph.nodes.base import CostContext, NodeSpec
 from rlgraph.nodes.parallel import compute_units, efficiency, thread_slowdown
 from rlgraph.presets.costs import COSTS
@@ -50,7 +50,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add) — on engine native's SDPA, which runs one
+    (the two run one after the other, so they add) — on transformers' SDPA (the dynamic
+    decode; the static engine's split-KV varlen kernel does not pay it: bench/results/
+    gpu-longtail-1gpu.json decode_varlen, sync/varlen, H100: 3.48-3.54 ms a step at 1-16
+    live rows against 3.46 ms at 32), which runs one
     block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
     stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
     read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
@@ -62,8 +65,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
-    if node.engine == "native" and gpu.sms:  # torch's SDPA: one block per (row, KV head)
-        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)
+    if node.engine == "native" and gpu.sms and not static_engine(node, ctx):
+        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
@@ -110,25 +113,37 @@ def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return steps * decode_step_seconds(width, context, node, ctx), steps, width
 
 
+def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
+                   model: lengths.LengthModel) -> tuple[float, float, float, float]:
+    """(decode seconds, decode steps, mean live rows, re-encoded tokens) of one steady-state
+    partial-rollout round of a replica: the simulated round's stretches (live rows, their
+    mean context) each priced by `decode_step_seconds`; the static engine checks for
+    complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
+    every step. Generate is assumed to run fresher than the bound (its weights as new as its
+    step allows), the case where carrying pays; a round that holds the oldest version the
+    bound allows admits no spares (`rollout_rounds.simulate`'s generate_lag)."""
+    data = ctx.spec.data
+    k = data.samples_per_prompt
+    prompts = max(1, math.ceil(per_replica / k))
+    check = node.sync_every if static_engine(node, ctx) else 1
+    profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
+                                      int(ctx.spec.schedule.max_lag), str(node.stale), check,
+                                      int(data.prompt_len))
+    seconds = sum(steps * decode_step_seconds(rows, context, node, ctx)
+                  for steps, rows, context in profile.segments)
+    busy = sum(steps for steps, _, _ in profile.segments)
+    live = sum(steps * rows for steps, rows, _ in profile.segments) / max(busy, 1e-12)
+    return seconds, profile.steps, live, profile.reencoded_tokens
+
+
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
     decode (see the module).
 
-    Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
-    batch of groups is complete, carrying the rest over. A step makes one token per decoding
-    row, so a call takes at least n * E[L] / live steps, live = min(alive * oversample * n,
-    what the KV cache holds), where `alive` is the fraction of in-flight rows still
-    decoding: a finished row waits (holding no KV) for the longest sample of its group, the
-    expected longest of k = samples_per_prompt lengths, so alive = E[L] / E[max of k].
-    Engine native admits new groups only when a round starts, so a round also lasts the T
-    steps with E[ceil(max of k / T)] = oversample (`lengths.round_steps`), rounded up to
-    the static engine's sync_every checks.
-    Measured on CPU (tests' micro Llama, 4 samples per prompt, steps per call after warm-up):
-    oversample 2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps; oversample 1.5 took 1.86-1.88
-    (the last groups of few spares set the pace there); oversample 1 decodes the whole batch.
-    Every call also re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n
-    of them). This assumes generate runs fresher than the bound; a call that holds the oldest
-    version the bound allows admits no spares and decodes like the synchronous batch."""
+    Partial rollout (engines/partial_rollout): `partial_rounds`, the decode steps, live rows
+    and their contexts of the cache's rounds as `rollout_rounds.simulate` finds them, and the
+    carried rows' prompt + prefix re-encoded every round (prefill).
+    """
     data, shape, gpu = ctx.spec.data, ctx.shape, ctx.gpu
     tp = node.tp
     batch = data.samples_per_step()
@@ -152,21 +167,12 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len
     if ctx.spec.schedule.partial_rollout:
-        alive = mean / lengths.expected_max(model, data.samples_per_prompt)
-        live = held(alive * node.oversample * per_replica)
-        partial_steps = per_replica * mean / live
-        if node.engine == "native":  # rounds admit only at their start (engines/partial_rollout)
-            rounds = lengths.round_steps(model, data.samples_per_prompt, node.oversample)
-            if static_engine(node, ctx):  # it checks for complete groups every sync_every steps
-                rounds = math.ceil(rounds / node.sync_every) * node.sync_every
-            partial_steps = max(partial_steps, rounds)
-        partial = partial_steps * decode_step_seconds(
-            live, data.prompt_len + second / (2 * mean), node, ctx)
-        if partial < decode:
-            decode, steps = partial, partial_steps
-            how = (f"partial rollout: {node.oversample:g}x rows in flight, "
-                   f"{alive:.0%} of them decoding")
-        prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
+        partial, partial_steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        decode, steps = partial, partial_steps
+        how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
+               f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
+               f"{reencode:.3g} tokens re-encoded")
+        prefill_tokens += reencode * replicas
     if ctx.spec.schedule.stream is not None:
         cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
                                                    model)

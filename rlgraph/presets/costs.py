@@ -41,6 +41,8 @@ class CostConstants:
     object_store_bytes_per_s: float = 0.76 * GB
     train_state_bytes_per_param: float = 16.0
     usable_memory_fraction: float = 0.90
+    logits_bytes_forward: float = 28.0
+    logits_bytes_backward: float = 34.0
 
 
 COSTS = CostConstants()
@@ -163,6 +165,17 @@ COST_SOURCES: dict[str, str] = {
     "train_state_bytes_per_param": "mixed-precision Adam: bf16 weights (2) + bf16 grads (2) + "
                                    "fp32 master weights, momentum and variance (12) = 16 B per "
                                    "parameter (ZeRO, Rajbhandari et al. 2020)",
+    "logits_bytes_forward": "bytes moved per logit by rlgraph.engines.cpu_decode.token_logp's "
+                            "forward, counted from its code: the lm_head writes bf16 logits "
+                            "(2), `.float()` reads them and writes fp32 (2 + 4), the "
+                            "temperature division reads and writes fp32 (4 + 4), log_softmax "
+                            "reads them twice (max and sum) and writes once (12): 28 bytes "
+                            "per vocabulary entry and position",
+    "logits_bytes_backward": "the backward of the same ops, counted the same way: the gather's "
+                             "gradient written into zeros (4), log_softmax's backward reads "
+                             "the gradient and the output, reduces once and writes (16), the "
+                             "division's backward reads and writes (8), the cast back to "
+                             "bf16 reads fp32 and writes bf16 (6): 34 bytes",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }

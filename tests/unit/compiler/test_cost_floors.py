@@ -57,9 +57,9 @@ def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
 
 
 def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
-    # engine native's SDPA runs one block per (row, KV head): below the SM count, more rows
-    # read their KV in the same time; above it, each row adds its KV at full bandwidth
-    spec = spec_of()
+    # the dynamic decode's SDPA runs one block per (row, KV head): below the SM count, more
+    # rows read their KV in the same time; above it, each row adds its KV at full bandwidth
+    spec = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
     ctx = context(spec)
     node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
     full = h100.sms // shape.kv_heads  # rows that fill every SM
@@ -74,6 +74,13 @@ def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
     assert attention(full, 4000) == pytest.approx(full * one_row, rel=0.02)
     assert attention(2 * full, 4000) == pytest.approx(2 * attention(full, 4000), rel=0.02)
     assert attention(4, 4000) == pytest.approx(attention(full, 4000), rel=0.02)
+    # the static engine's split-KV varlen kernel streams every row's KV at full bandwidth
+    static = spec_of()
+    sctx = context(static)
+    for rows in (1, 4, full):
+        assert (decode_step_seconds(rows, 4000, static.nodes["generate"], sctx)
+                - decode_step_seconds(rows, 0, static.nodes["generate"], sctx)
+                ) == pytest.approx(rows * one_row, rel=0.02)
 
 
 def test_rlgraph_runtime_generate_pays_its_host_time_per_call_and_row() -> None:
