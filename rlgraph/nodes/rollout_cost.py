@@ -46,7 +46,25 @@ def static_engine(node: Any, ctx: CostContext) -> bool:
     return node.engine == "native" and not local and node.cuda_decode != "dynamic"
 
 
-def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
+def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -> float:
+    """The static engine's varlen attention (flex decoding, engines/varlen_attention) runs
+    one block per (slot, KV head) and KV split, splits = SMs // (width x KV heads) x 2 and
+    at least 1 (torch's `flex_decoding.get_split_k`; width: the engine's compacted slot
+    count, the power of two >= rows, 16 at least), each split reading its share of its own
+    row's blocks: the step's attention lasts at least the longest row's K/V of one KV head
+    over its splits at one block's streaming rate (COSTS.split_kv_block_bytes_per_s)."""
+    shape, gpu = ctx.shape, ctx.gpu
+    if not static_engine(node, ctx) or not gpu.sms or longest <= 0:
+        return 0.0
+    heads = max(1, shape.kv_heads // node.tp)
+    width = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
+    splits = max(1, gpu.sms // (width * heads) * 2)
+    per_head = longest * shape.kv_bytes_per_token() / node.tp / heads
+    return per_head / splits / COSTS.split_kv_block_bytes_per_s
+
+
+def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext,
+                        longest: float = 0.0) -> float:
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
@@ -58,7 +76,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
     read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
     rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
-    (floor + 2 all-reduce latencies when tp > 1). A local CPU cluster: max(compute at
+    (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
+    least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
+    context) and the host spends COSTS.static_decode_host_seconds_per_step between its
+    steps. A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
@@ -67,6 +88,7 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
     if node.engine == "native" and gpu.sms and not static_engine(node, ctx):
         kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
+    kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
@@ -76,7 +98,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
         return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    return gemms + kv + sampling + fixed
+    host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
+    return gemms + kv + sampling + fixed + host
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -96,7 +119,8 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     for i in range(SEGMENTS):
         t = (i + 0.5) * width
         alive = max(1.0, live * model.survival(t)) if t < end else 1.0
-        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx)
+        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx,
+                                               longest=prompt + t)
     return seconds, steps + end
 
 
@@ -129,10 +153,10 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
                                       int(ctx.spec.schedule.max_lag), str(node.stale), check,
                                       int(data.prompt_len))
-    seconds = sum(steps * decode_step_seconds(rows, context, node, ctx)
-                  for steps, rows, context in profile.segments)
-    busy = sum(steps for steps, _, _ in profile.segments)
-    live = sum(steps * rows for steps, rows, _ in profile.segments) / max(busy, 1e-12)
+    seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
+                  for steps, rows, context, longest in profile.segments)
+    busy = sum(steps for steps, *_ in profile.segments)
+    live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
     return seconds, profile.steps, live, profile.reencoded_tokens
 
 

@@ -31,7 +31,8 @@ class RoundProfile:
     """Mean figures of one steady-state round (per replica)."""
 
     steps: float  # decode steps a round runs
-    segments: tuple[tuple[float, float, float], ...]  # (steps, live rows, mean context) / round
+    # (steps a round, live rows, their mean context, the longest live row's context)
+    segments: tuple[tuple[float, float, float, float], ...]
     reencoded_tokens: float  # prompt + prefix tokens of carried rows re-encoded a round
     reencoded_square: float  # sum of their squared lengths (attention of the re-encode)
     carried_groups: float  # groups in flight carried into a round
@@ -63,7 +64,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     in_flight = max(prompts, math.ceil(oversample * prompts))
     groups: list[dict] = []  # {"round": admitted, "left": [remaining], "done": [decoded]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0}
-    segments: list[tuple[float, float, float]] = []
+    segments: list[tuple[float, float, float, float]] = []
     counted = 0
     for t in range(ROUNDS):
         floor = t - max_lag  # oldest version batch t may train
@@ -102,7 +103,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
         runs = sorted((min(r, stop), prompt_len + d) for g in groups
                       for r, d in zip(g["left"], g["done"], strict=True) if r > 0)
         steady = t >= WARMUP
-        if steady and stop > 0:
+        if steady:  # a round whose batch is already complete decodes nothing, and counts
             counted += 1
             totals["steps"] += stop
             totals["re"] += re_tokens
@@ -114,7 +115,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                 s = (j + 0.5) * width
                 alive = [c + s for r, c in runs if r > s]
                 if alive:
-                    segments.append((width, len(alive), sum(alive) / len(alive)))
+                    segments.append((width, len(alive), sum(alive) / len(alive), max(alive)))
         for g in groups:
             g["done"] = [d + min(r, stop) for r, d in zip(g["left"], g["done"], strict=True)]
             g["left"] = [max(0, r - stop) for r in g["left"]]
@@ -127,16 +128,17 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                         totals["carried"] / n, totals["tokens"] / n)
 
 
-def _merge(segments: list[tuple[float, float, float]], rounds: int
-           ) -> tuple[tuple[float, float, float], ...]:
-    """The rounds' stretches pooled by live rows (steps per round, live rows, mean context):
-    a few bins of similar width, so a cost of (rows, context) is summed over few points."""
-    bins: dict[int, list[float]] = {}
-    for steps, live, context in segments:
-        key = int(math.log2(max(1.0, live)) * 4)
-        b = bins.setdefault(key, [0.0, 0.0, 0.0])
+def _merge(segments: list[tuple[float, float, float, float]], rounds: int
+           ) -> tuple[tuple[float, float, float, float], ...]:
+    """The rounds' stretches pooled by live rows and longest context (steps per round, live
+    rows, mean context, longest context): few points for a cost of (rows, contexts)."""
+    bins: dict[tuple[int, int], list[float]] = {}
+    for steps, live, context, longest in segments:
+        key = (int(math.log2(max(1.0, live)) * 4), int(math.log2(max(1.0, longest)) * 4))
+        b = bins.setdefault(key, [0.0, 0.0, 0.0, 0.0])
         b[0] += steps
         b[1] += steps * live
         b[2] += steps * live * context
-    return tuple((s / rounds, rows / s, kv / rows) for s, rows, kv in
+        b[3] += steps * longest
+    return tuple((s / rounds, rows / s, kv / rows, top / s) for s, rows, kv, top in
                  (bins[key] for key in sorted(bins)) if s > 0 and rows > 0)

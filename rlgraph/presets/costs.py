@@ -42,6 +42,8 @@ class CostConstants:
     train_state_bytes_per_param: float = 16.0
     usable_memory_fraction: float = 0.90
     logits_bytes_forward: float = 28.0
+    split_kv_block_bytes_per_s: float = 11e9
+    static_decode_host_seconds_per_step: float = 0.66e-3
     logits_bytes_backward: float = 34.0
 
 
@@ -176,6 +178,21 @@ COST_SOURCES: dict[str, str] = {
                              "the gradient and the output, reduces once and writes (16), the "
                              "division's backward reads and writes (8), the cast back to "
                              "bf16 reads fp32 and writes bf16 (6): 34 bytes",
+    "split_kv_block_bytes_per_s": "bench/results/gpu-longtail-1gpu.json decode_varlen (H100, "
+                                  "the static engine's varlen attention, one call): at widths "
+                                  "128-512 (one KV split per slot and KV head, torch's "
+                                  "get_split_k) the partial mix (32 carried rows, longest "
+                                  "8038 tokens) took 8.28-8.68 ms a step against 3.98-4.50 ms "
+                                  "for the sync mix (longest 3626, and far shorter at those "
+                                  "widths): ~4.5 ms for one block to stream the longest row's "
+                                  "K/V of one KV head (8038 x 6144 B = 49 MB), 11 GB/s",
+    "static_decode_host_seconds_per_step": "bench/results/gpu-longtail-1gpu.json decode_varlen "
+                                           "(H100, sync/varlen): 15.845 s of wall time over "
+                                           "3632 decode steps of 3.70 device ms each: 0.66 ms "
+                                           "a step of host work between the static engine's "
+                                           "graph replays (launch, finished-row checks every "
+                                           "sync_every steps, compaction); 0.85 / 0.91 ms in "
+                                           "the same call's sync/sdpa and partial/varlen",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }
