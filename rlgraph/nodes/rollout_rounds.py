@@ -37,6 +37,7 @@ class RoundProfile:
     reencoded_square: float  # sum of their squared lengths (attention of the re-encode)
     carried_groups: float  # groups in flight carried into a round
     decoded_tokens: float  # tokens decoded a round (each sample's tokens once)
+    dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
 
 
 def draw(m: LengthModel, u: float) -> int:
@@ -63,16 +64,18 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     rng = random.Random(seed)
     in_flight = max(prompts, math.ceil(oversample * prompts))
     groups: list[dict] = []  # {"round": admitted, "left": [remaining], "done": [decoded]}
-    totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0}
+    totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
+              "dropped": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
     for t in range(ROUNDS):
         floor = t - max_lag  # oldest version batch t may train
-        if stale in ("drop", "restart"):
-            kept = []
+        if groups:  # evict: a group holding a token older than the floor (finish: the
+            kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
                 if any(d and g["round"] - generate_lag < floor for d in g["done"]):
-                    if stale == "drop":
+                    if stale != "restart":
+                        totals["dropped"] += k if t >= WARMUP else 0
                         continue
                     g["left"] = [r + d for r, d in zip(g["left"], g["done"], strict=True)]
                     g["done"] = [0] * k
@@ -125,7 +128,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     n = max(1, counted)
     merged = _merge(segments, n)
     return RoundProfile(totals["steps"] / n, merged, totals["re"] / n, totals["re2"] / n,
-                        totals["carried"] / n, totals["tokens"] / n)
+                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n)
 
 
 def _merge(segments: list[tuple[float, float, float, float]], rounds: int

@@ -182,3 +182,27 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
     whole, split = (data_parallel_imbalance(node, ctx, m) for m in (1, 16))
     assert whole == pytest.approx(1.0, abs=0.01)  # 512 rows a rank: the longest is a sliver
     assert split > whole + 0.05
+
+
+def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> None:
+    # flex decoding: splits = SMs // (width x KV heads) x 2 (at least 1), width the power of
+    # two >= rows (16 at least); one block streams its share of the longest row's K/V
+    from rlgraph.nodes.rollout_cost import split_kv_seconds
+
+    spec = spec_of()
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    per_head = 8000 * shape.kv_bytes_per_token() / shape.kv_heads
+    one = per_head / COSTS.split_kv_block_bytes_per_s
+    wide = h100.sms // shape.kv_heads + 1  # one split per (slot, KV head)
+    assert split_kv_seconds(wide, 8000, node, ctx) == pytest.approx(one)
+    assert split_kv_seconds(wide, 16000, node, ctx) == pytest.approx(2 * one)
+    splits = h100.sms // (16 * shape.kv_heads) * 2
+    assert split_kv_seconds(3, 8000, node, ctx) == pytest.approx(one / splits)
+    # a long row among many short ones: the step is at least its blocks, not the mean KV
+    many = decode_step_seconds(wide, 500, node, ctx, longest=8000)
+    assert many >= decode_step_seconds(wide, 500, node, ctx) + one - wide * 500 * (
+        shape.kv_bytes_per_token() / (h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency))
+    # the dynamic decode (transformers' SDPA) has no such term
+    dynamic = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
+    assert split_kv_seconds(wide, 8000, dynamic.nodes["generate"], context(dynamic)) == 0
