@@ -143,21 +143,24 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     partial-rollout round of a replica: the simulated round's stretches (live rows, their
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
-    every step. Generate is assumed to run fresher than the bound (its weights as new as its
+    every step. Streaming (`schedule.stream`): the version's mini-batch calls, K of them.
+    Generate is assumed to run fresher than the bound (its weights as new as its
     step allows), the case where carrying pays; a round that holds the oldest version the
     bound allows admits no spares (`rollout_rounds.simulate`'s generate_lag)."""
-    data = ctx.spec.data
+    data, schedule = ctx.spec.data, ctx.spec.schedule
     k = data.samples_per_prompt
-    prompts = max(1, math.ceil(per_replica / k))
+    stride = schedule.mini_batches if schedule.stream is not None else 1
+    prompts = max(1, math.ceil(per_replica / k / stride))
     check = node.sync_every if static_engine(node, ctx) else 1
     profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
-                                      int(ctx.spec.schedule.max_lag), str(node.stale), check,
-                                      int(data.prompt_len))
+                                      int(schedule.max_lag), str(node.stale), check,
+                                      int(data.prompt_len), stride=stride)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
                   for steps, rows, context, longest in profile.segments)
     busy = sum(steps for steps, *_ in profile.segments)
     live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
-    return seconds, profile.steps, live, profile.reencoded_tokens
+    return (seconds * stride, profile.steps * stride, live,
+            profile.reencoded_tokens * stride)
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -197,7 +200,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
                f"{reencode:.3g} tokens re-encoded")
         prefill_tokens += reencode * replicas
-    if ctx.spec.schedule.stream is not None:
+    if ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout:
         cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
                                                    model)
         if cont < decode:

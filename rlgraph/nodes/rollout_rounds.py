@@ -56,35 +56,42 @@ def draw(m: LengthModel, u: float) -> int:
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
-             seed: int = 0) -> RoundProfile:
-    """Run ROUNDS rounds of the cache with lengths drawn from `m` (seeded) and average the
-    steady ones. `generate_lag`: versions the round's weights lag its step (0 where generate
-    runs after the previous train step, as in one colocated group); a group admitted at
-    round r then holds tokens of version r - generate_lag."""
+             seed: int = 0, stride: int = 1) -> RoundProfile:
+    """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
+    ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
+    generate runs after the previous train step, as in one colocated group). `stride` K > 1:
+    streaming, one call per mini-batch of `prompts` groups, version = call // K, the whole
+    batch's K x oversample x prompts groups in flight, admitted only while their version can
+    still be trained (`RolloutCache.refill`)."""
     rng = random.Random(seed)
-    in_flight = max(prompts, math.ceil(oversample * prompts))
-    groups: list[dict] = []  # {"round": admitted, "left": [remaining], "done": [decoded]}
+    in_flight = max(prompts, math.ceil(oversample * stride * prompts))
+    groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
               "dropped": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
-    for t in range(ROUNDS):
-        floor = t - max_lag  # oldest version batch t may train
+    warm = WARMUP * stride
+    for t in range(ROUNDS * stride):
+        version = t // stride - generate_lag
+        floor = t // stride - max_lag  # oldest version batch t may train
         if groups:  # evict: a group holding a token older than the floor (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
-                if any(d and g["round"] - generate_lag < floor for d in g["done"]):
+                if any(d and g["version"] < floor for d in g["done"]):
                     if stale != "restart":
-                        totals["dropped"] += k if t >= WARMUP else 0
+                        totals["dropped"] += k if t >= warm else 0
                         continue
                     g["left"] = [r + d for r, d in zip(g["left"], g["done"], strict=True)]
                     g["done"] = [0] * k
-                    g["round"] = t
+                    g["version"] = version
                 kept.append(g)
             groups = kept
         carried = len(groups)
-        can_carry = t - generate_lag > t - max_lag
-        target = in_flight if can_carry else prompts
+        if stride > 1:  # streaming: as many as this version's window can still train
+            window = (version + max_lag) * stride + stride - t
+            target = min(in_flight, max(1, window) * prompts)
+        else:
+            target = in_flight if version > t - max_lag else prompts
         re_tokens = re_square = 0.0
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
             for r, d in zip(g["left"], g["done"], strict=True):
@@ -92,11 +99,11 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                     re_tokens += prompt_len + d
                     re_square += (prompt_len + d) ** 2
         while len(groups) < target:
-            groups.append({"round": t, "left": [draw(m, rng.random()) for _ in range(k)],
-                           "done": [0] * k})
+            groups.append({"version": version,
+                           "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k})
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
         must = [i for i, g in enumerate(groups)
-                if any(g["done"]) and g["round"] - generate_lag < t + 1 - max_lag]
+                if any(g["done"]) and g["version"] < (t + 1) // stride - max_lag]
         must = must[:prompts] if stale == "finish" else []
         end = sorted(need)[prompts - 1]
         if must:
@@ -105,7 +112,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
         stop = min(longest, math.ceil(end / check_every) * check_every)
         runs = sorted((min(r, stop), prompt_len + d) for g in groups
                       for r, d in zip(g["left"], g["done"], strict=True) if r > 0)
-        steady = t >= WARMUP
+        steady = t >= warm
         if steady:  # a round whose batch is already complete decodes nothing, and counts
             counted += 1
             totals["steps"] += stop

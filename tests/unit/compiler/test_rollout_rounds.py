@@ -16,20 +16,25 @@ from rlgraph.nodes.rollout_rounds import ROUNDS, WARMUP, draw, simulate
 
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
-                 stale: str, check: int, prompt_len: int) -> tuple[float, float]:
+                 stale: str, check: int, prompt_len: int, stride: int = 1
+                 ) -> tuple[float, float]:
     """(mean decode steps, mean re-encoded tokens) of the steady rounds of the runtime's
     cache, each round decoded one token a step for every unfinished sample (version = step,
     as in one colocated group) until `prompts` groups and the must-finish ones are complete,
-    checked every `check` steps; lengths drawn in admission order with simulate's seed."""
+    checked every `check` steps; lengths drawn in admission order with simulate's seed.
+    `stride` K > 1: streaming, a call per mini-batch, version = call // K (as the worker
+    builds the cache: oversample x K, prompts a mini-batch's)."""
     rng = random.Random(0)
-    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k, oversample=oversample,
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                         oversample=oversample * stride, stride=stride,
                          max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
                          prompt_of=lambda position: [1] * prompt_len,
                          length_of=lambda position, sample: draw(m, rng.random()))
     steps_total = reencoded_total = 0.0
-    for t in range(ROUNDS):
-        cache.evict(t, t)
-        cache.refill(t, t)
+    for t in range(ROUNDS * stride):
+        version = t // stride
+        cache.evict(t, version)
+        cache.refill(t, version)
         reencoded = sum(prompt_len + len(s.tokens) for g in cache.groups for s in g.samples
                         if s.tokens and not s.finished)
         must = cache.must_finish(t)
@@ -45,30 +50,34 @@ def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_la
                 for s in live:
                     s.tokens.append(0)
                     s.logps.append(0.0)
-                    s.versions.append(t)
+                    s.versions.append(version)
                     s.finished = len(s.tokens) >= s.budget
                 live = [s for s in live if not s.finished]
                 steps += 1
                 if not live:
                     break
         cache.take()
-        if t >= WARMUP:
+        if t >= WARMUP * stride:
             steps_total += steps
             reencoded_total += reencoded
-    rounds = ROUNDS - WARMUP
+    rounds = (ROUNDS - WARMUP) * stride
     return steps_total / rounds, reencoded_total / rounds
 
 
-@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check"), [
-    (1.5, 1.5, 3, "finish", 8), (1.0, 1.5, 1, "finish", 1), (1.0, 2.0, 2, "drop", 4),
-    (1.5, 1.5, 2, "restart", 8), (1.0, 1.0, 0, "finish", 8)])
+@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check", "stride"), [
+    (1.5, 1.5, 3, "finish", 8, 1), (1.0, 1.5, 1, "finish", 1, 1), (1.0, 2.0, 2, "drop", 4, 1),
+    (1.5, 1.5, 2, "restart", 8, 1), (1.0, 1.0, 0, "finish", 8, 1),
+    (1.5, 1.5, 3, "finish", 8, 4), (1.0, 1.0, 1, "finish", 1, 2)])
 def test_simulated_rounds_decode_what_the_rollout_cache_decodes(
-        sigma: float, oversample: float, max_lag: int, stale: str, check: int) -> None:
+        sigma: float, oversample: float, max_lag: int, stale: str, check: int,
+        stride: int) -> None:
     # the same lengths through the runtime's cache and the model's simulation: the same
-    # decode steps and the same carried tokens re-encoded, round for round
+    # decode steps and the same carried tokens re-encoded, round for round (streaming too)
     m = LengthModel(256, 2048, "lognormal", sigma)
-    profile = simulate(m, 16, 4, oversample, max_lag, stale, check, 8)
-    steps, reencoded = cache_rounds(m, 16, 4, oversample, max_lag, stale, check, 8)
+    per_call = 16 // stride
+    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride)
+    steps, reencoded = cache_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8,
+                                    stride)
     assert profile.steps == pytest.approx(steps)
     assert profile.reencoded_tokens == pytest.approx(reencoded)
 
