@@ -172,6 +172,24 @@ def logits_traffic(ctx: CostContext, tokens: float, flops_per_param: int) -> flo
     return tokens * ctx.shape.vocab * per_logit / hbm
 
 
+def mask_traffic(ctx: CostContext, model: lengths.LengthModel, square: float,
+                 flops_per_param: int) -> float:
+    """Seconds of the padding mask in rlgraph's passes on a GPU: rows of different lengths
+    give transformers a [rows, 1, S, S] bf16 additive mask, with which its SDPA path repeats
+    the K/V heads and runs the memory-efficient kernel with a bias (not flash: transformers'
+    `use_gqa_in_sdpa` takes GQA only without a mask), which reads the bias once per query
+    head and layer in the forward and twice in the backward (dQ, dK/dV): layers x heads x
+    sum of S^2 x 2 bytes x (1 or 3) at HBM speed. None with fixed lengths (no padding, no
+    mask), on a local CPU cluster or priced as verl (which packs sequences)."""
+    if (ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec)
+            or model.mean >= model.max):
+        return 0.0
+    shape = ctx.shape
+    reads = 3 if flops_per_param > 2 else 1
+    hbm = ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
+    return shape.layers * (shape.heads or shape.kv_heads) * square * 2 * reads / hbm
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
@@ -222,6 +240,10 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     if logits:
         seconds += logits
         ctx.extra["detail"] += f" + fp32 logits {logits:.3g} s"
+    mask = mask_traffic(ctx, model, square, flops_per_param)
+    if mask:
+        seconds += mask
+        ctx.extra["detail"] += f" + padding-mask bias {mask:.3g} s"
     exchange = expert_all_to_all(node, ctx, tokens, passes)
     if exchange:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"

@@ -206,3 +206,26 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
     # the dynamic decode (transformers' SDPA) has no such term
     dynamic = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
     assert split_kv_seconds(wide, 8000, dynamic.nodes["generate"], context(dynamic)) == 0
+
+
+def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backward() -> None:
+    # variable lengths: transformers' SDPA runs the bias-reading kernel, layers x query heads x
+    # sum of S^2 bf16 per read; fixed lengths: no padding, no mask; verl packs: none either
+    from rlgraph.nodes import lengths
+    from rlgraph.nodes.parallel import mask_traffic
+
+    varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                           "response_len": {"mean": 512, "max": 4096}})
+    ctx = context(varied)
+    model = lengths.of(varied.data.response_len)
+    shape, h100 = ctx.shape, GPU_PRESETS["H100"]
+    read = shape.layers * shape.heads * 1e9 * 2 / (h100.hbm_bytes_per_s
+                                                    * COSTS.decode_hbm_efficiency * 4)
+    assert mask_traffic(ctx, model, 1e9, 2) == pytest.approx(read)
+    assert mask_traffic(ctx, model, 1e9, 6) == pytest.approx(3 * read)
+    fixed = spec_of()
+    assert mask_traffic(context(fixed), lengths.of(fixed.data.response_len), 1e9, 6) == 0
+    verl = spec_of(data=varied.data.model_dump(), nodes=dict(NODES, generate={"engine": "sglang"}))
+    assert mask_traffic(context(verl), model, 1e9, 6) == 0
+    costs = costs_of(varied)
+    assert "padding-mask bias" in costs["train"].detail and "fp32 logits" in costs["train"].detail
