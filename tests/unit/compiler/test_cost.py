@@ -24,7 +24,7 @@ from rlgraph.compiler.calibrate import (
 from rlgraph.compiler.costs import switch_seconds
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
-from rlgraph.nodes.lengths import LengthModel, expected_max, moments, round_steps
+from rlgraph.nodes.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
@@ -46,6 +46,32 @@ def test_decode_is_nearly_flat_in_batch() -> None:
     large = seconds(spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4,
                                   "prompt_len": 64, "response_len": 512}), "generate")
     assert small < large < 1.25 * small  # twice the batch, far less than twice the time
+
+
+def round_steps(m: LengthModel, k: int, oversample: float) -> float:
+    """Decode steps of one partial-rollout round in steady state, when a round admits new
+    groups only at its start and ends once a batch of groups is complete: a group of k
+    samples needs M = max of its k lengths steps, i.e. ceil(M / T) rounds of T steps, and
+    with `oversample` batches' worth of groups in flight and one batch leaving per round,
+    E[ceil(M / T)] = oversample (Little's law); T solves it (max for oversample <= 1)."""
+    if oversample <= 1:
+        return m.max
+
+    def rounds(t: float) -> float:  # E[ceil(M / t)] = sum over j >= 0 of P(M > j t)
+        total, j = 0.0, 0
+        while j * t < m.max:
+            total += 1.0 - m.cdf(j * t) ** k
+            j += 1
+        return total
+
+    lo, hi = 1e-3 * m.max, m.max
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if rounds(mid) > oversample:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def test_partial_rollout_is_cheaper_than_sync_for_long_tails() -> None:

@@ -6,15 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from rl_support import COST_NODES as NODES
 from rl_support import cost_spec as spec_of
 from rl_support import costs_of
 
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.nodes.base import CostContext
-from rlgraph.nodes.lengths import LengthModel, expected_max, round_steps
 from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS
@@ -150,19 +147,6 @@ def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
                                            rel=1e-2)
     assert driver(two[1]) == driver(one[1]) < driver(longer[1])
     assert "driver" not in logp(1, 4096, "native")[1]
-
-
-@settings(max_examples=25, deadline=None, derandomize=True)
-@given(mean=st.floats(8, 4000), spread=st.floats(1.5, 20.0), sigma=st.floats(0.2, 2.0),
-       k=st.integers(1, 16), oversample=st.floats(1.05, 4.0))
-def test_partial_rounds_without_refill_last_at_least_the_steady_state(
-        mean: float, spread: float, sigma: float, k: int, oversample: float) -> None:
-    # a round that admits only at its start lasts no less than the steady-state throughput's
-    # E[max of k] / oversample, at most max; more groups in flight never lengthen it
-    model = LengthModel(mean, mean * spread, "lognormal", sigma)
-    rounds = round_steps(model, k, oversample)
-    assert expected_max(model, k) / oversample * (1 - 1e-6) <= rounds <= model.max
-    assert round_steps(model, k, oversample * 1.5) <= rounds * (1 + 1e-6)
 
 
 def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
