@@ -2,7 +2,7 @@
 a long-tailed workload (issue 15), side by side in one process.
 
   PYTHONUNBUFFERED=1 python bench/gpu_longtail.py
-      [--parts throughput,decode,sweep,trainshapes,learning] [--repeats 1]
+      [--parts throughput,decode,sweep,compiled,trainshapes,learning] [--repeats 1]
       [--modes sync,partial-lag1,partial-lag2,partial-lag3] [--steps 5] [--out DIR] [--name NAME]
       [--cpu] [key=value ...]
   python bench/gpu_longtail.py --plot bench/results/gpu-longtail-1gpu.json \\
@@ -20,9 +20,10 @@ per call, device ms per decode step, tokens carried / dropped / restarted, versi
 the response lengths trained on against those started (mean, p90, p99: forced lengths are
 known per data position, the run's ledger says which positions were trained), and the
 compiler's uncalibrated prediction (`rlgraph compile`'s period_s) beside the measured period.
-decode, sweep, trainshapes: the engine-level measurements of bench/longtail_engine.py (slot
-compaction by live rows against the HBM roofline; one step per kernel, width and length; the
-cost of a new train pass shape with and without cuDNN's SDPA).
+decode, sweep, compiled, trainshapes: the engine-level measurements of bench/longtail_engine.py
+(slot compaction by live rows against the HBM roofline; one step per kernel, width and length;
+varlen attention in a torch.compile'd step against the uncompiled one, with a greedy token
+check; the cost of a new train pass shape with and without cuDNN's SDPA).
 learning: the correctness check, bench/graphs_gpu/longtail-colocated.yaml (tiny preset after
 its warm start, the countdown task, lengths chosen by the model) on one GPU, synchronous vs
 partial rollout: reward, lag, lengths.
@@ -61,6 +62,12 @@ MODES = {  # name -> overrides of the throughput graph
     "partial-lag1": ["schedule.partial_rollout=true", "schedule.max_lag=1"],
     "partial-lag2": ["schedule.partial_rollout=true", "schedule.max_lag=2"],
     "partial-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3"],
+    # no logp node (`without_logp`): train takes the old log-probs from the rollout (the
+    # behaviour log-probs, verl fully_async), so no proximal forward at all
+    **{f"partial-lag{lag}-rolloutlogp{tag}": [
+        "schedule.partial_rollout=true", f"schedule.max_lag={lag}",
+        "nodes.train.old_logp=rollout", *over] for lag in (3, 4)
+       for tag, over in (("", []), ("-os2", ["nodes.generate.oversample=2.0"]))},
     # two GPUs (give the groups as overrides): trainer | rollout, unstreamed and streamed
     "split": ["schedule.max_lag=0"],
     "split-stream4": ["schedule.max_lag=0", "schedule.stream={mini_batches: 4}"],
@@ -69,9 +76,38 @@ MODES = {  # name -> overrides of the throughput graph
     "stream4-colocated-lag3": ["schedule.partial_rollout=true", "schedule.max_lag=3",
                               "schedule.stream={mini_batches: 4}"],  # one GPU: time-sliced
 }
+NO_LOGP = {m for m, ov in MODES.items() if "nodes.train.old_logp=rollout" in ov}  # without_logp
 CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.0}",
        "nodes.train.micro_tokens=256", "nodes.logp.micro_tokens=256", "cluster.local=true"]
+
+
+def without_logp(graph: Path, overrides: list[str]) -> list[str]:
+    """`overrides` plus two that drop every logp node of `graph` (an override cannot delete a
+    key): its nodes and groups, with `overrides` applied, less the logp nodes, as whole
+    mappings."""
+    from rlgraph.config.load import apply_overrides
+    from rlgraph.config.safe_yaml import read_graph
+    from rlgraph.nodes import KINDS
+
+    data, source = read_graph(graph)
+    apply_overrides(data, overrides, source)
+    logp = {n for n, v in data["nodes"].items() if KINDS[v["kind"]].proximal_logp}
+    nodes = {n: v for n, v in data["nodes"].items() if n not in logp}
+    groups = {g: {**v, "tasks": [t for t in v["tasks"] if t not in logp]}
+              for g, v in data["groups"].items()}
+    return [*overrides, f"nodes={json.dumps(nodes)}", f"groups={json.dumps(groups)}"]
+
+
+def old_logp_source(spec) -> str:
+    """Where train's old (proximal) log-probs come from in this graph."""
+    from rlgraph.nodes import KINDS
+
+    if any(KINDS[n.kind].proximal_logp for n in spec.nodes.values()):
+        return "logp node (a proximal forward; skipped on an on-policy batch)"
+    if any(getattr(n, "old_logp", None) == "rollout" for n in spec.nodes.values()):
+        return "the rollout (behaviour log-probs, no forward: verl fully_async)"
+    return "train's own proximal forward (skipped on an on-policy batch)"
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:
@@ -155,9 +191,16 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
         "samples_per_s_steady": round(spec.data.samples_per_step() / k * len(after)
                                       / steady_wall, 3) if after else None,
         "step_s_steady_mean": round(steady_wall / len(after) * k, 3) if after else None,
+        # partial rollout's long and short steps come in pairs: an odd count of them ends on
+        # a short one and overstates the rate; this figure keeps an even number (1..2m)
+        "samples_per_s_even_steps": round(spec.data.samples_per_step() / k * even
+                                          / sum(r["time/step_s"] for r in after[:even]), 3)
+        if (even := len(after) // 2 * 2) else None,
         "mini_batches": k,
         "partial_rollout": spec.schedule.partial_rollout,
         "forced_lengths": forced, "response_len": spec.data.response_len.model_dump(),
+        "old_logp_from": old_logp_source(spec),
+        "logp_from_rollout_steps": sum(r.get("logp/from_rollout", 0.0) for r in rows),
         "oversample": spec.nodes["generate"].oversample, "stale": spec.nodes["generate"].stale,
         "sync_every": spec.nodes["generate"].sync_every,
         **run_figures(spec, plan, result, step_s, calibrated),
@@ -195,15 +238,21 @@ def learning_part(steps: int, cpu: bool, runs: Path) -> dict[str, Any]:
     base = ["cluster={nodes: 1, gpus_per_node: 1, gpu: H200}"]
     if cpu:
         base += ["model.warm_start.steps=20", "data.prompts_per_step=8", "cluster.local=true"]
+    partial = ["schedule.partial_rollout=true", "nodes.generate.stale=finish"]
     modes = {"sync": base,
-             "partial-lag2": [*base, "schedule.partial_rollout=true", "schedule.max_lag=2",
-                              "nodes.generate.stale=finish"]}
+             "partial-lag2": [*base, *partial, "schedule.max_lag=2"],
+             "partial-lag3-rolloutlogp": without_logp(graph, [
+                 *base, *partial, "schedule.max_lag=3", "nodes.train.old_logp=rollout"]),
+             "partial-lag4-rolloutlogp-os2": without_logp(graph, [
+                 *base, *partial, "schedule.max_lag=4", "nodes.train.old_logp=rollout",
+                 "nodes.generate.oversample=2.0"])}
     out = {}
     for name, ov in modes.items():
         r = run_mode(f"learning-{name}", graph, ov, steps, runs, forced=False)
         tail = r["per_step"]["reward/mean"][-5:]
         out[name] = {k: r[k] for k in ("samples_per_s", "step_s_median", "lag_max",
-                                        "lag_violations", "max_lag", "predicted_period_s")}
+                                        "lag_violations", "max_lag", "predicted_period_s",
+                                        "old_logp_from", "logp_from_rollout_steps")}
         out[name].update(reward_last5_mean=round(statistics.fmean(tail), 4),
                          reward_last5=tail, reward=r["per_step"]["reward/mean"],
                          length_mean=r["per_step"]["response/length_mean"],
@@ -268,7 +317,7 @@ def plot(path: Path, png: Path) -> None:
         ax.set_yticks(range(len(nodes)), nodes)
         sigma = r["response_len"]["sigma"]
         steps = r["step_s_all"][1:]
-        kernel = ", varlen attention" if section.endswith("varlen") else ""
+        kernel = ", varlen attention" if section.endswith(("varlen", "rolloutlogp")) else ""
         ax.set_title(f"sigma {sigma:g}, {name}{kernel}: steps after the first "
                      f"{', '.join(f'{x:.1f}' for x in steps)} s (predicted "
                      f"{r['predicted_period_s']:.1f} s), lag max {r['lag_max']:g}", fontsize=9)
@@ -326,6 +375,9 @@ def main() -> int:
     if "sweep" in parts:
         res["step_sweep"] = step_sweep_part(args.cpu, overrides)
         save()
+    if "compiled" in parts:  # varlen attention in the torch.compile'd step against without
+        res["step_sweep_compiled"] = step_sweep_part(args.cpu, overrides, compiled=True)
+        save()
     if "decode" in parts:
         res["decode"] = decode_part(args.cpu, overrides, args.decode_rows, args.decode_max)
         print("decode", json.dumps(res["decode"]), flush=True)
@@ -335,9 +387,11 @@ def main() -> int:
         for rep in range(args.repeats):
             for mode in args.modes.split(","):
                 key = mode if rep == 0 else f"{mode}@{rep}"
+                graph = GRAPHS / "longtail-1gpu.yaml"
+                ov = [*overrides, *MODES[mode]]
                 try:
                     res["throughput"][key] = run_mode(
-                        mode, GRAPHS / "longtail-1gpu.yaml", [*overrides, *MODES[mode]],
+                        mode, graph, without_logp(graph, ov) if mode in NO_LOGP else ov,
                         args.steps, runs, forced=True)
                 except Exception as exc:  # record it and go on to the next mode
                     res["throughput"][key] = {"error": f"{type(exc).__name__}: {exc}"}

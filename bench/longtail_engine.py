@@ -194,10 +194,12 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     return out
 
 
-def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
+def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> dict[str, Any]:
     """One captured decode step replayed at each (attention kernel, width, attention length),
     every row live at that length: device ms per step against the roofline of those rows; and
-    the kernels of one eager step (torch.profiler) at a narrow width and long context."""
+    the kernels of one eager step (torch.profiler) at a narrow width and long context.
+    `compiled`: varlen attention with the step uncompiled against torch.compile'd (CUDA graphs
+    both), widths 1-512, and whether greedy decoding gives the same tokens (no profile)."""
     import torch
 
     from bench.gpu_bench import copy_bandwidth
@@ -215,11 +217,21 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
     bw = (copy_bandwidth(torch.device(device)) if not cpu else 10.0) * 1e9
     widths = [4, 16] if cpu else [16, 32, 64, 128, 256, 512]
     lengths = [64, 128] if cpu else [1024, 4096]
+    variants = [("sdpa", False), ("varlen", False)]
+    if compiled:
+        widths = [1, 4] if cpu else [1, 4, 16, 64, 256, 512]
+        variants = [("varlen", False), ("varlen", True)]
     out: dict[str, Any] = {"hbm_copy_gb_s": round(bw / 1e9, 1), "rows": []}
     max_len = max(lengths) if cpu else 8 + spec.data.response_len.max + 1  # as decode_part
-    for kind in ("sdpa", "varlen"):
+    tokens = {}
+    for kind, comp in variants:
+        began = time.perf_counter()
         dec = StaticDecoder(model, max_batch=max(widths), max_len=max_len, timing=True,
-                            attn_block=128, attention_kind=kind, min_width=min(widths))
+                            attn_block=128, attention_kind=kind, min_width=min(widths),
+                            compile=comp)
+        if compiled:
+            tokens[comp] = _greedy_tokens(dec, cfg.vocab_size)
+            out[f"greedy_s_compiled_{comp}"] = round(time.perf_counter() - began, 1)
         for width in widths:
             for length in lengths:
                 attn = length if kind == "sdpa" else dec.cache_len  # varlen: rows' own length
@@ -244,11 +256,12 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
                         end.synchronize()
                         ms = start.elapsed_time(end) / 20
                 roof = (weights + width * (length - 30) * kv) / bw * 1e3
-                out["rows"].append({"attention": kind, "width": width, "attn_len": length,
-                                    "ms_per_step": round(ms, 3), "roofline_ms": round(roof, 3),
+                out["rows"].append({"attention": kind, "compiled": comp, "width": width,
+                                    "attn_len": length, "ms_per_step": round(ms, 3),
+                                    "roofline_ms": round(roof, 3),
                                     "over_roofline": round(ms / roof, 2)})
                 print(json.dumps(out["rows"][-1]), flush=True)
-        if not cpu:
+        if not cpu and not compiled:
             from torch.profiler import ProfilerActivity, profile
 
             dec.cuda_graphs = False
@@ -267,7 +280,26 @@ def step_sweep_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
         gc.collect()  # the decoder holds a cycle (its bound step): free its cache now
         if not cpu:
             torch.cuda.empty_cache()
+    if compiled:
+        same = sum(tokens[False][r] == tokens[True][r] for r in tokens[False])
+        out["greedy_same_tokens"] = f"{same} of {len(tokens[False])} sequences"
+        out["greedy_first_token_differing"] = [
+            next((i for i, (a, b) in enumerate(zip(tokens[False][r], tokens[True][r]))
+                  if a != b), None) for r in tokens[False]]
     return out
+
+
+def _greedy_tokens(dec: Any, vocab: int) -> dict[int, list[int]]:
+    """Greedy continuations of 6 fixed prompts (16 to 256 new tokens, at most what fits)."""
+    import torch
+
+    from rlgraph.engines.static_decode import Request
+
+    reqs = [Request(prompt=torch.randint(3, min(vocab, 20), (8,), generator=torch.Generator()
+                                         .manual_seed(i)).tolist(),
+                    max_new_tokens=min(16 << (i % 5), dec.L - 8), temperature=0.0, ignore_eos=True,
+                    request_id=i) for i in range(6)]
+    return {c.request.request_id: list(c.tokens) for c in dec.run(reqs)}
 
 
 def train_shapes_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:

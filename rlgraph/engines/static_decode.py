@@ -109,7 +109,9 @@ class StaticDecoder:
         p, cfg = next(model.parameters()), model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         if attention_kind == "auto":
-            # varlen inside a torch.compile'd step has not run on a GPU yet: sdpa there
+            # varlen inside a torch.compile'd step runs (1.1-1.4x faster on an H200) but its
+            # greedy tokens part from the uncompiled step's and the attention recompiles per
+            # layer and width (gpu-longtail-1gpu.json: decode_compiled): sdpa there
             attention_kind = ("varlen" if p.is_cuda and not compile
                               and varlen_attention.available(head_dim) else "sdpa")
         if attention_kind == "varlen" and not varlen_attention.available(head_dim):

@@ -41,6 +41,11 @@ class TrainSpec(ParallelNodeSpec):
                         description="passes over the batch (verl: ppo_epochs)")
     warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
                               description="linear lr warmup, in train steps")
+    old_logp: Literal["proximal", "rollout"] = Field(
+        default="proximal", description="without a logp node, the old log-probs of an "
+        "off-policy batch: 'proximal' recomputes them with the weights the step starts from "
+        "(decoupled PPO); 'rollout' takes the behaviour log-probs the sampler recorded, no "
+        "forward (verl fully_async: old_log_prob from the rollout)")
 
 
 def train_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -143,7 +148,7 @@ class TrainWorker:
         with ws.lock:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
-            own_forward = False
+            own_forward = from_rollout = False
             k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
             window = on_policy(batch, ws.policy_version)  # sampled by this version's weights
             if "old_logp" in batch:
@@ -153,6 +158,10 @@ class TrainWorker:
                 # version's own (the rollout's log-probs, verl fully_async), as the step's
                 # start is for an unstreamed step's mini-batches: the clip stays anchored
                 t["old_logp"] = t["behavior_logp"].clone()
+            elif self.node.old_logp == "rollout" and not (self.trained_once and window):
+                # the behaviour policy is the proximal one: the clip anchors to the sampler's
+                # log-probs and the importance weight is 1 (verl fully_async's choice)
+                t["old_logp"], from_rollout = t["behavior_logp"].clone(), True
             elif self.trained_once and window:
                 # the proximal policy is the trained one: its log-probs are the first (and
                 # only) forward of `_update`, detached; the ratio is 1 (logp.py's docstring)
@@ -196,6 +205,7 @@ class TrainWorker:
             "stream/mini_batch": float(step % k),
             "actor/lr": lr,
             "logp/skipped": float(own_forward),
+            "logp/from_rollout": float(from_rollout),
             "train/new_pass_shapes": float(self.new_shapes),
             **{f"train/{k}": v - allocator[k] for k, v in _allocator_counters(device).items()},
         })

@@ -110,3 +110,25 @@ def test_a_streamed_batch_of_its_version_skips_the_forward() -> None:
     assert "old_logp" not in ws.worker("logp").run(3, {"generate": mine})
     other = {**batch, "token_version": torch.where(valid, 3, -1)}  # the step, not the version
     assert "old_logp" in ws.worker("logp").run(3, {"generate": other})
+
+
+def test_old_logp_from_the_rollout_takes_the_behaviour_log_probs_without_a_forward() -> None:
+    """train.old_logp: rollout (verl fully_async): an off-policy batch trains with the
+    sampler's log-probs as the proximal ones, the same step as a logp node that gave them."""
+    torch.manual_seed(0)
+    rollout, given_ = (Workspace(_spec(old_logp=o), TASKS, seed=0)
+                       for o in ("rollout", "proximal"))
+    batch = _scored(rollout)
+    valid = batch["response_mask"].bool()
+    stale = {**batch, "step": 2, "token_version": torch.where(valid, 0, -1),  # other weights
+             "behavior_logp": batch["behavior_logp"] - 0.3 * valid}
+    rollout.policy_version = given_.policy_version = 2  # sampled two versions ago
+    out = rollout.worker("train").run(2, {"reward": stale})
+    ref = given_.worker("train").run(2, {"reward": {**stale,
+                                                    "old_logp": stale["behavior_logp"]}})
+    assert out["metrics"]["logp/from_rollout"] == 1.0 and out["metrics"]["lag/max"] == 2.0
+    assert ref["metrics"]["logp/from_rollout"] == 0.0
+    for key in ("loss/policy", "actor/grad_norm", "actor/is_weight_mean"):
+        assert abs(out["metrics"][key] - ref["metrics"][key]) < 1e-6, key
+    for a, b in zip(rollout.policy.parameters(), given_.policy.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
