@@ -77,7 +77,7 @@ def gpu_rows() -> list[dict[str, Any]]:
 
 # gpu-longtail-1gpu.json's throughput sections on the current runtime (the earlier ones ran
 # the sdpa decode attention, before round 4's varlen kernel; their `table` keeps them)
-LONGTAIL = {"throughput_sigma_1.5_varlen": None}
+LONGTAIL = {"throughput_sigma_1.5_varlen": None, "throughput_sigma_1.5_rolloutlogp": None}
 STREAM_SECTIONS = {"throughput": None}  # gpu-stream-1gpu.json (a version per step)
 
 
@@ -99,10 +99,24 @@ def longtail_rows() -> list[dict[str, Any]]:
                     continue
                 if name.startswith("gpu-stream") and mode == "sync":
                     continue  # the same sync as gpu-longtail-1gpu's, one call earlier
-                measured = run.get("step_s_steady_mean") or run["step_s_median"]
+                measured = steady_step(run)
                 rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
                                   list(run.get("overrides", [])), float(measured), superseded))
     return rows
+
+
+def steady_step(run: dict[str, Any]) -> float:
+    """Mean step after the warm-up step 0 (a streamed run: its version's); a partial
+    rollout's short and long rounds alternate, so its steps count in whole pairs (an odd
+    count ending on a short step would understate the period)."""
+    if run.get("mini_batches", 1) > 1:  # streamed: step_s_all holds optimizer steps
+        return float(run["step_s_steady_mean"])
+    after = (run.get("step_s_all") or [])[1:]
+    if run.get("partial_rollout") and len(after) % 2:
+        after = after[:-1]
+    if not after:
+        return float(run.get("step_s_steady_mean") or run["step_s_median"])
+    return sum(after) / len(after)
 
 
 @contextlib.contextmanager
