@@ -45,6 +45,7 @@ once the train step it follows has (the version it delivers exists only then).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -336,7 +337,8 @@ class RayExecutor:
             by_actor.setdefault(id(actor), (actor, []))[1].append((task.node, task.step))
         refs = [actor.recall.options(concurrency_group=CONTROL).remote(tasks)
                 for actor, tasks in by_actor.values()]
-        ray.get(refs)  # in place before the loop waits again
+        with contextlib.suppress(ray.exceptions.RayActorError):  # `wait` reports a death
+            ray.get(refs)  # in place before the loop waits again
 
     def _get(self, ref: Any, task: Task, timeout: float | None = None) -> Any:
         """The info of a finished task; a failure becomes a WorkerError (or the user's
