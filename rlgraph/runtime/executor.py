@@ -275,13 +275,17 @@ class RayExecutor:
                 self._get(ref, self.senders.pop(ref))  # raises if the sender failed
             except Exception as exc:
                 self.failure = self.failure or exc
-        ready = set(ready)
+        ready = [r for r in self.pending if r in set(ready)]  # in the order they were sent
+        try:
+            fetched = dict(zip(ready, ray.get(ready)))  # one round trip for the batch
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
+            fetched = {}  # one by one below: each failure names its task
         done, lost = [], set()  # lost: tasks that failed or never started
-        for ref in [r for r in self.pending if r in ready]:  # in the order they were sent
+        for ref in ready:
             task, output, sent = self.pending.pop(ref)
             self.refs.pop((task.node, task.step), None)
             try:
-                info = self.info(ref, task)
+                info = self.info(ref, task, fetched=fetched)
             except Exception as exc:  # the tasks that did finish are handed back first
                 self.failure = self.failure or exc
                 lost.add((task.node, task.step))
@@ -309,10 +313,11 @@ class RayExecutor:
                 done.append(Completion(task, output, {**info, "start": now, "end": now}, sent))
         return done
 
-    def info(self, ref: Any, task: Task, timeout: float | None = None) -> dict[str, Any] | NotRun:
-        """The info of a finished task (`NotRun` if it never started); its failure, or its
-        fused call's `TaskFailure`, raises as `_get` says."""
-        info = self._get(ref, task, timeout)
+    def info(self, ref: Any, task: Task, timeout: float | None = None,
+             fetched: dict[Any, Any] | None = None) -> dict[str, Any] | NotRun:
+        """The info of a finished task (`NotRun` if it never started; from `fetched` when
+        there); its failure, or its fused call's `TaskFailure`, raises as `_get` says."""
+        info = fetched[ref] if fetched and ref in fetched else self._get(ref, task, timeout)
         if isinstance(info, TaskFailure):
             raise_failure(info)
         return info

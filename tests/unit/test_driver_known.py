@@ -178,7 +178,8 @@ def test_a_failure_inside_a_fused_call_keeps_the_tasks_before_it(monkeypatch) ->
              "ref1.3": TaskFailure.of("reward", 0, ZeroDivisionError("no samples")),
              "ref1.5": NotRun("an earlier task of its fused call did not finish")}
     monkeypatch.setattr(ray, "wait", lambda refs, **_: (list(refs), []))
-    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: infos[ref])
+    monkeypatch.setattr(ray, "get", lambda refs, timeout=None: (
+        [infos[r] for r in refs] if isinstance(refs, list) else infos[refs]))
     done = executor.wait(timeout=0)
     assert [(d.task, d.recalled) for d in done] == [(gen, False), (train, True)]
     assert done[0].output == "ref1.0"
