@@ -404,9 +404,9 @@ class Pipeline:
         self._settle()
 
     def withdraw(self, node: str, step: int) -> None:
-        """A stop recalled `(node, step)` from its actor before it started: the node is done
-        at its previous step and frees its groups (its inputs are not needed any more: a
-        generate output stays in the rollout buffer until a train step takes it)."""
+        """`(node, step)` never started (a stop recalled it from its actor, or a task before
+        it in its fused call failed): the node is done at its previous step and frees its
+        groups (a generate output it took stays in the rollout buffer until trained on)."""
         machine = self.machines[node]
         if machine.state is not NodeState.PROCESSING or machine.step != step:
             raise RuntimeError(f"withdrawal of {node}({step}) while it is "
