@@ -8,10 +8,9 @@ the running task, staging the new version in the workspace's second buffer; ever
 the default group first swaps in a version staged whole (`Workspace.swap_if_staged`).
 Batches travel between actors as object references (the driver never touches them); each
 call returns the output batch and, separately, a small `info` dict (span and scalar
-summary) that is all the driver reads. A stop recalls the tasks queued here that have not
-started (`recall`, in the `control` group, beside the running task): each returns `NotRun`
-instead of running. Only the actor knows whether a task has started, so the decision is made
-here; Ray's own `ray.cancel` of an actor task that has started drops its results (Ray 2.60).
+summary) that is all the driver reads. A stop `recall`s the tasks queued here that have not
+started: each returns `NotRun` (only the actor knows what has started; Ray 2.60's
+`ray.cancel` of a started actor task drops its results).
 
 Data parallelism (rlgraph.worker.replicas): a group of W replicas is W actors; the driver talks to
 rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
@@ -182,8 +181,7 @@ class GroupActor:
         ended = False  # a task failed or was recalled: the rest do not run
         for node, step, names, sources, keep in chain:
             if ended:
-                results.append((None, NotRun("an earlier task of its fused call did not "
-                                             "finish")))
+                results.append((None, NotRun("a task before it in its fused call did not finish")))
                 continue
             inputs = [batches[s] if s >= 0 else results[-1 - s][0] for s in sources]
             try:
