@@ -75,6 +75,36 @@ def gpu_rows() -> list[dict[str, Any]]:
     return rows
 
 
+# gpu-longtail-1gpu.json's throughput sections on the current runtime (the earlier ones ran
+# the sdpa decode attention, before round 4's varlen kernel; their `table` keeps them)
+LONGTAIL = {"throughput_sigma_1.5_varlen": None}
+STREAM_SECTIONS = {"throughput": None}  # gpu-stream-1gpu.json (a version per step)
+
+
+def longtail_rows() -> list[dict[str, Any]]:
+    """One row per mode of the one-GPU long-tail runs (`bench/gpu_longtail.py`: the sync and
+    partial-rollout steps, and the streamed plan's versions), measured as the benchmark's
+    throughput basis (`step_s_steady_mean`: a partial rollout's short and long rounds
+    alternate, so a median of steps misstates the period)."""
+    rows = []
+    for name, sections in (("gpu-longtail-1gpu.json", LONGTAIL),
+                           ("gpu-stream-1gpu.json", STREAM_SECTIONS)):
+        file = RESULTS / name
+        if not file.is_file():
+            continue
+        result = json.loads(file.read_text())
+        for section, superseded in sections.items():
+            for mode, run in (result.get(section) or {}).items():
+                if not isinstance(run, dict) or "graph" not in run:
+                    continue
+                if name.startswith("gpu-stream") and mode == "sync":
+                    continue  # the same sync as gpu-longtail-1gpu's, one call earlier
+                measured = run.get("step_s_steady_mean") or run["step_s_median"]
+                rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
+                                  list(run.get("overrides", [])), float(measured), superseded))
+    return rows
+
+
 @contextlib.contextmanager
 def logp_forward_priced(ran: bool) -> Iterator[None]:
     """Price the old-log-prob forward even where the compiler proves it redundant, for a run
@@ -157,7 +187,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     """Price every run, write the JSON, print the table."""
-    gpu, cpu = gpu_rows(), cpu_rows()
+    gpu, cpu = gpu_rows() + longtail_rows(), cpu_rows()
     rows = gpu + cpu
     current = [r for r in rows if not r["superseded_runtime"]]
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,

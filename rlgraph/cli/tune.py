@@ -131,6 +131,12 @@ def print_tune(result: TuneResult, footer: str, file: IO[str] | None = None) -> 
     if result.input_error:
         console.print(f"your plan is refused: {result.input_error}")
     console.print(tune_table(result))
+    beyond = result.beyond_bound
+    if beyond:
+        console.print(f"beyond your bound: partial rollout at max_lag {beyond['max_lag']} "
+                      f"would take {beyond['period_s']:.3g} s a step "
+                      f"({beyond['speedup_vs_best']:.2f}x plan 1); allow it with "
+                      f"schedule.partial_rollout=true schedule.max_lag={beyond['max_lag']}")
     console.print(footer)
 
 

@@ -119,30 +119,3 @@ def expected_max_normal(n: int) -> float:
         else:
             hi = mid
     return lo
-
-
-@lru_cache(maxsize=4096)
-def round_steps(m: LengthModel, k: int, oversample: float) -> float:
-    """Decode steps of one partial-rollout round in steady state, when a round admits new
-    groups only at its start and ends once a batch of groups is complete: a group of k
-    samples needs M = max of its k lengths steps, i.e. ceil(M / T) rounds of T steps, and
-    with `oversample` batches' worth of groups in flight and one batch leaving per round,
-    E[ceil(M / T)] = oversample (Little's law); T solves it (max for oversample <= 1)."""
-    if oversample <= 1:
-        return m.max
-
-    def rounds(t: float) -> float:  # E[ceil(M / t)] = sum over j >= 0 of P(M > j t)
-        total, j = 0.0, 0
-        while j * t < m.max:
-            total += 1.0 - m.cdf(j * t) ** k
-            j += 1
-        return total
-
-    lo, hi = 1e-3 * m.max, m.max
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if rounds(mid) > oversample:
-            lo = mid
-        else:
-            hi = mid
-    return hi

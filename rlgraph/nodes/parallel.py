@@ -157,6 +157,39 @@ def driver_transfer(ctx: CostContext, response_bytes: int) -> float:
     return data.samples_per_step() * per_row / COSTS.object_store_bytes_per_s
 
 
+def logits_traffic(ctx: CostContext, tokens: float, flops_per_param: int) -> float:
+    """Seconds of rlgraph's log-prob head over `tokens` positions on a GPU: `token_logp`
+    writes the vocabulary's logits and reads and writes them again in fp32 (cast, temperature,
+    log_softmax; COSTS.logits_bytes_forward per logit), and a backward pass
+    (flops_per_param > 2) adds COSTS.logits_bytes_backward, all memory-bound at HBM speed,
+    per replica's share of the tokens. 0 on a local CPU cluster (inside its measured MFU)
+    and priced as verl's hybrid engine (its own log-prob kernels)."""
+    if ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec):
+        return 0.0
+    per_logit = COSTS.logits_bytes_forward + (COSTS.logits_bytes_backward
+                                              if flops_per_param > 2 else 0.0)
+    hbm = ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
+    return tokens * ctx.shape.vocab * per_logit / hbm
+
+
+def mask_traffic(ctx: CostContext, model: lengths.LengthModel, square: float,
+                 flops_per_param: int) -> float:
+    """Seconds of the padding mask in rlgraph's passes on a GPU: rows of different lengths
+    give transformers a [rows, 1, S, S] bf16 additive mask, with which its SDPA path repeats
+    the K/V heads and runs the memory-efficient kernel with a bias (not flash: transformers'
+    `use_gqa_in_sdpa` takes GQA only without a mask), which reads the bias once per query
+    head and layer in the forward and twice in the backward (dQ, dK/dV): layers x heads x
+    sum of S^2 x 2 bytes x (1 or 3) at HBM speed. None with fixed lengths (no padding, no
+    mask), on a local CPU cluster or priced as verl (which packs sequences)."""
+    if (ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec)
+            or model.mean >= model.max):
+        return 0.0
+    shape = ctx.shape
+    reads = 3 if flops_per_param > 2 else 1
+    hbm = ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
+    return shape.layers * (shape.heads or shape.kv_heads) * square * 2 * reads / hbm
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
@@ -203,6 +236,14 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
                               else ""))
     seconds = ((matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
                * thread_slowdown(ctx))
+    logits = logits_traffic(ctx, tokens, flops_per_param)
+    if logits:
+        seconds += logits
+        ctx.extra["detail"] += f" + fp32 logits {logits:.3g} s"
+    mask = mask_traffic(ctx, model, square, flops_per_param)
+    if mask:
+        seconds += mask
+        ctx.extra["detail"] += f" + padding-mask bias {mask:.3g} s"
     exchange = expert_all_to_all(node, ctx, tokens, passes)
     if exchange:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlgraph.nodes import lengths
+from rlgraph.nodes import lengths, rollout_rounds
 from rlgraph.nodes.base import CostContext, NodeSpec
 from rlgraph.nodes.parallel import compute_units, efficiency, thread_slowdown
 from rlgraph.presets.costs import COSTS
@@ -46,24 +46,49 @@ def static_engine(node: Any, ctx: CostContext) -> bool:
     return node.engine == "native" and not local and node.cuda_decode != "dynamic"
 
 
-def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext) -> float:
+def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -> float:
+    """The static engine's varlen attention (flex decoding, engines/varlen_attention) runs
+    one block per (slot, KV head) and KV split, splits = SMs // (width x KV heads) x 2 and
+    at least 1 (torch's `flex_decoding.get_split_k`; width: the engine's compacted slot
+    count, the power of two >= rows, 16 at least), each split reading its share of its own
+    row's blocks: the step's attention lasts at least the longest row's K/V of one KV head
+    over its splits at one block's streaming rate (COSTS.split_kv_block_bytes_per_s)."""
+    shape, gpu = ctx.shape, ctx.gpu
+    if not static_engine(node, ctx) or not gpu.sms or longest <= 0:
+        return 0.0
+    heads = max(1, shape.kv_heads // node.tp)
+    width = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
+    splits = max(1, gpu.sms // (width * heads) * 2)
+    per_head = longest * shape.kv_bytes_per_token() / node.tp / heads
+    return per_head / splits / COSTS.split_kv_block_bytes_per_s
+
+
+def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext,
+                        longest: float = 0.0) -> float:
     """One decode step of a replica over `rows` live rows whose context is `context` tokens,
     kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
     and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add) — on engine native's SDPA, which runs one
+    (the two run one after the other, so they add) — on transformers' SDPA (the dynamic
+    decode; the static engine's split-KV varlen kernel does not pay it: bench/results/
+    gpu-longtail-1gpu.json decode_varlen, sync/varlen, H100: 3.48-3.54 ms a step at 1-16
+    live rows against 3.46 ms at 32), which runs one
     block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
     stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
     read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
     rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
-    (floor + 2 all-reduce latencies when tp > 1). A local CPU cluster: max(compute at
+    (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
+    least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
+    context) and the host spends COSTS.static_decode_host_seconds_per_step between its
+    steps. A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
-    if node.engine == "native" and gpu.sms:  # torch's SDPA: one block per (row, KV head)
-        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)
+    if node.engine == "native" and gpu.sms and not static_engine(node, ctx):
+        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
+    kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
@@ -73,7 +98,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
         return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    return gemms + kv + sampling + fixed
+    host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
+    return gemms + kv + sampling + fixed + host
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
@@ -93,7 +119,8 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     for i in range(SEGMENTS):
         t = (i + 0.5) * width
         alive = max(1.0, live * model.survival(t)) if t < end else 1.0
-        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx)
+        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx,
+                                               longest=prompt + t)
     return seconds, steps + end
 
 
@@ -110,25 +137,40 @@ def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return steps * decode_step_seconds(width, context, node, ctx), steps, width
 
 
+def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
+                   model: lengths.LengthModel) -> tuple[float, float, float, float]:
+    """(decode seconds, decode steps, mean live rows, re-encoded tokens) of one steady-state
+    partial-rollout round of a replica: the simulated round's stretches (live rows, their
+    mean context) each priced by `decode_step_seconds`; the static engine checks for
+    complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
+    every step. Streaming (`schedule.stream`): the version's mini-batch calls, K of them.
+    Generate is assumed to run fresher than the bound (its weights as new as its
+    step allows), the case where carrying pays; a round that holds the oldest version the
+    bound allows admits no spares (`rollout_rounds.simulate`'s generate_lag)."""
+    data, schedule = ctx.spec.data, ctx.spec.schedule
+    k = data.samples_per_prompt
+    stride = schedule.mini_batches if schedule.stream is not None else 1
+    prompts = max(1, math.ceil(per_replica / k / stride))
+    check = node.sync_every if static_engine(node, ctx) else 1
+    profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
+                                      int(schedule.max_lag), str(node.stale), check,
+                                      int(data.prompt_len), stride=stride)
+    seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
+                  for steps, rows, context, longest in profile.segments)
+    busy = sum(steps for steps, *_ in profile.segments)
+    live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
+    return (seconds * stride, profile.steps * stride, live,
+            profile.reencoded_tokens * stride)
+
+
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
     decode (see the module).
 
-    Partial rollout (engines/partial_rollout) keeps `oversample * n` rows in flight and stops once a
-    batch of groups is complete, carrying the rest over. A step makes one token per decoding
-    row, so a call takes at least n * E[L] / live steps, live = min(alive * oversample * n,
-    what the KV cache holds), where `alive` is the fraction of in-flight rows still
-    decoding: a finished row waits (holding no KV) for the longest sample of its group, the
-    expected longest of k = samples_per_prompt lengths, so alive = E[L] / E[max of k].
-    Engine native admits new groups only when a round starts, so a round also lasts the T
-    steps with E[ceil(max of k / T)] = oversample (`lengths.round_steps`), rounded up to
-    the static engine's sync_every checks.
-    Measured on CPU (tests' micro Llama, 4 samples per prompt, steps per call after warm-up):
-    oversample 2 / 3 took 0.93-1.16 / 0.77-0.80 x mean steps; oversample 1.5 took 1.86-1.88
-    (the last groups of few spares set the pace there); oversample 1 decodes the whole batch.
-    Every call also re-encodes the carried rows (prompt + prefix, about (oversample - 1) * n
-    of them). This assumes generate runs fresher than the bound; a call that holds the oldest
-    version the bound allows admits no spares and decodes like the synchronous batch."""
+    Partial rollout (engines/partial_rollout): `partial_rounds`, the decode steps, live rows
+    and their contexts of the cache's rounds as `rollout_rounds.simulate` finds them, and the
+    carried rows' prompt + prefix re-encoded every round (prefill).
+    """
     data, shape, gpu = ctx.spec.data, ctx.shape, ctx.gpu
     tp = node.tp
     batch = data.samples_per_step()
@@ -152,22 +194,13 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len
     if ctx.spec.schedule.partial_rollout:
-        alive = mean / lengths.expected_max(model, data.samples_per_prompt)
-        live = held(alive * node.oversample * per_replica)
-        partial_steps = per_replica * mean / live
-        if node.engine == "native":  # rounds admit only at their start (engines/partial_rollout)
-            rounds = lengths.round_steps(model, data.samples_per_prompt, node.oversample)
-            if static_engine(node, ctx):  # it checks for complete groups every sync_every steps
-                rounds = math.ceil(rounds / node.sync_every) * node.sync_every
-            partial_steps = max(partial_steps, rounds)
-        partial = partial_steps * decode_step_seconds(
-            live, data.prompt_len + second / (2 * mean), node, ctx)
-        if partial < decode:
-            decode, steps = partial, partial_steps
-            how = (f"partial rollout: {node.oversample:g}x rows in flight, "
-                   f"{alive:.0%} of them decoding")
-        prefill_tokens += (node.oversample - 1) * batch * (data.prompt_len + mean / 2)
-    if ctx.spec.schedule.stream is not None:
+        partial, partial_steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        decode, steps = partial, partial_steps
+        how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
+               f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
+               f"{reencode:.3g} tokens re-encoded")
+        prefill_tokens += reencode * replicas
+    if ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout:
         cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
                                                    model)
         if cont < decode:

@@ -41,6 +41,10 @@ class CostConstants:
     object_store_bytes_per_s: float = 0.76 * GB
     train_state_bytes_per_param: float = 16.0
     usable_memory_fraction: float = 0.90
+    logits_bytes_forward: float = 28.0
+    split_kv_block_bytes_per_s: float = 11e9
+    static_decode_host_seconds_per_step: float = 0.66e-3
+    logits_bytes_backward: float = 34.0
 
 
 COSTS = CostConstants()
@@ -163,6 +167,32 @@ COST_SOURCES: dict[str, str] = {
     "train_state_bytes_per_param": "mixed-precision Adam: bf16 weights (2) + bf16 grads (2) + "
                                    "fp32 master weights, momentum and variance (12) = 16 B per "
                                    "parameter (ZeRO, Rajbhandari et al. 2020)",
+    "logits_bytes_forward": "bytes moved per logit by rlgraph.engines.cpu_decode.token_logp's "
+                            "forward, counted from its code: the lm_head writes bf16 logits "
+                            "(2), `.float()` reads them and writes fp32 (2 + 4), the "
+                            "temperature division reads and writes fp32 (4 + 4), log_softmax "
+                            "reads them twice (max and sum) and writes once (12): 28 bytes "
+                            "per vocabulary entry and position",
+    "logits_bytes_backward": "the backward of the same ops, counted the same way: the gather's "
+                             "gradient written into zeros (4), log_softmax's backward reads "
+                             "the gradient and the output, reduces once and writes (16), the "
+                             "division's backward reads and writes (8), the cast back to "
+                             "bf16 reads fp32 and writes bf16 (6): 34 bytes",
+    "split_kv_block_bytes_per_s": "bench/results/gpu-longtail-1gpu.json decode_varlen (H100, "
+                                  "the static engine's varlen attention, one call): at widths "
+                                  "128-512 (one KV split per slot and KV head, torch's "
+                                  "get_split_k) the partial mix (32 carried rows, longest "
+                                  "8038 tokens) took 8.28-8.68 ms a step against 3.98-4.50 ms "
+                                  "for the sync mix (longest 3626, and far shorter at those "
+                                  "widths): ~4.5 ms for one block to stream the longest row's "
+                                  "K/V of one KV head (8038 x 6144 B = 49 MB), 11 GB/s",
+    "static_decode_host_seconds_per_step": "bench/results/gpu-longtail-1gpu.json decode_varlen "
+                                           "(H100, sync/varlen): 15.845 s of wall time over "
+                                           "3632 decode steps of 3.70 device ms each: 0.66 ms "
+                                           "a step of host work between the static engine's "
+                                           "graph replays (launch, finished-row checks every "
+                                           "sync_every steps, compaction); 0.85 / 0.91 ms in "
+                                           "the same call's sync/sdpa and partial/varlen",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }

@@ -46,6 +46,7 @@ from rlgraph.compiler.timed_graph import timed_graph
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
+from rlgraph.tune.beyond import beyond_bound
 from rlgraph.tune.space import (
     PRUNE_TOLERANCE,
     Candidate,
@@ -117,6 +118,8 @@ class TuneResult:
     seconds: float
     seed: int
     stats: dict[str, int] = field(default_factory=dict)
+    # the best plan with partial rollout at a max_lag beyond the user's bound (not adopted)
+    beyond_bound: dict[str, Any] | None = None
 
     def speedup_vs_input(self, plan: Plan) -> float | None:
         """The user's period over this plan's (None when the user's plan is refused)."""
@@ -133,7 +136,7 @@ class TuneResult:
                 "input": self.input.to_dict() if self.input else None,
                 "input_error": self.input_error, "sync_period_s": self.sync_period_s,
                 "method": self.method, "exact": self.exact, "seconds": self.seconds,
-                "seed": self.seed, "stats": self.stats}
+                "seed": self.seed, "stats": self.stats, "beyond_bound": self.beyond_bound}
 
 
 class Leaderboard:
@@ -477,7 +480,9 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
     stats = dict(evaluator.stats)
     return TuneResult(best, ranked[:top], mine, input_error, sync, plan, used,
                       used == "enumeration" and not search.timed_out,
-                      time.perf_counter() - started, seed, stats)
+                      time.perf_counter() - started, seed, stats,
+                      beyond_bound(best.spec, best.period_s,
+                                   (lambda spec: _carried(spec, scale)) if scale else None))
 
 
 def _as_candidate(space: SearchSpace, plan: Plan | None) -> Candidate | None:

@@ -332,16 +332,25 @@ class Evaluator:
 
     def table(self, block: Block, size: int, partial: bool, tp: int | None) -> dict[str, float]:
         """Seconds of the block's tasks on `size` GPUs, of the weight nodes homed in it (the
-        smaller of within / across machines) and of nodes in no group."""
+        smaller of within / across machines) and of nodes in no group: at max_lag 0 (logp
+        may be skipped), with partial rollout the least over the lags searched (a round's
+        decode depends on the lag: `rollout_rounds`)."""
         key = (block, size, partial, tp)
-        if key in self._tables:
-            return self._tables[key]
+        if key not in self._tables:
+            lags = self.space.lags_for(True) if partial else (0,)
+            tables = [self._table_at(block, size, partial, tp, lag) for lag in lags or (1,)]
+            self._tables[key] = {n: min(t[n] for t in tables) for n in tables[0]}
+        return self._tables[key]
+
+    def _table_at(self, block: Block, size: int, partial: bool, tp: int | None, lag: int
+                  ) -> dict[str, float]:
+        """`table` at one max_lag."""
         space = self.space
         rest = tuple(t for t in space.tasks if t not in block)
         blocks = (block, rest) if rest else (block,)
         graph, names = self._graph(blocks)
         spec = space.variant({n: GroupSpec(share=0.5, tasks=list(b))
-                              for n, b in zip(names, blocks)}, 0, partial, tp)
+                              for n, b in zip(names, blocks)}, lag, partial, tp)
         span = max(1, math.ceil(size / space.per_node))
         out: dict[str, float] = {}
         for across in (False, True) if space.machines > 1 else (False,):
@@ -360,7 +369,6 @@ class Evaluator:
                     out[name] = cost.seconds
                 elif name in self.weight_nodes and home and home[0] == names[0]:
                     out[name] = min(out.get(name, math.inf), cost.seconds)
-        self._tables[key] = out
         return out
 
     def block_load(self, block: Block, size: int, partial: bool, tp: int | None) -> float:

@@ -6,15 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from rl_support import COST_NODES as NODES
 from rl_support import cost_spec as spec_of
 from rl_support import costs_of
 
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.nodes.base import CostContext
-from rlgraph.nodes.lengths import LengthModel, expected_max, round_steps
 from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS
@@ -57,9 +54,9 @@ def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
 
 
 def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
-    # engine native's SDPA runs one block per (row, KV head): below the SM count, more rows
-    # read their KV in the same time; above it, each row adds its KV at full bandwidth
-    spec = spec_of()
+    # the dynamic decode's SDPA runs one block per (row, KV head): below the SM count, more
+    # rows read their KV in the same time; above it, each row adds its KV at full bandwidth
+    spec = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
     ctx = context(spec)
     node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
     full = h100.sms // shape.kv_heads  # rows that fill every SM
@@ -74,6 +71,13 @@ def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
     assert attention(full, 4000) == pytest.approx(full * one_row, rel=0.02)
     assert attention(2 * full, 4000) == pytest.approx(2 * attention(full, 4000), rel=0.02)
     assert attention(4, 4000) == pytest.approx(attention(full, 4000), rel=0.02)
+    # the static engine's split-KV varlen kernel streams every row's KV at full bandwidth
+    static = spec_of()
+    sctx = context(static)
+    for rows in (1, 4, full):
+        assert (decode_step_seconds(rows, 4000, static.nodes["generate"], sctx)
+                - decode_step_seconds(rows, 0, static.nodes["generate"], sctx)
+                ) == pytest.approx(rows * one_row, rel=0.02)
 
 
 def test_rlgraph_runtime_generate_pays_its_host_time_per_call_and_row() -> None:
@@ -145,19 +149,6 @@ def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
     assert "driver" not in logp(1, 4096, "native")[1]
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
-@given(mean=st.floats(8, 4000), spread=st.floats(1.5, 20.0), sigma=st.floats(0.2, 2.0),
-       k=st.integers(1, 16), oversample=st.floats(1.05, 4.0))
-def test_partial_rounds_without_refill_last_at_least_the_steady_state(
-        mean: float, spread: float, sigma: float, k: int, oversample: float) -> None:
-    # a round that admits only at its start lasts no less than the steady-state throughput's
-    # E[max of k] / oversample, at most max; more groups in flight never lengthen it
-    model = LengthModel(mean, mean * spread, "lognormal", sigma)
-    rounds = round_steps(model, k, oversample)
-    assert expected_max(model, k) / oversample * (1 - 1e-6) <= rounds <= model.max
-    assert round_steps(model, k, oversample * 1.5) <= rounds * (1 + 1e-6)
-
-
 def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
     # verl's trainer.balance_batch gives every rank about the same tokens for a pass over the
     # whole batch: only the longest sequence bounds the slowest rank; split into mini-batches,
@@ -175,3 +166,50 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
     whole, split = (data_parallel_imbalance(node, ctx, m) for m in (1, 16))
     assert whole == pytest.approx(1.0, abs=0.01)  # 512 rows a rank: the longest is a sliver
     assert split > whole + 0.05
+
+
+def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> None:
+    # flex decoding: splits = SMs // (width x KV heads) x 2 (at least 1), width the power of
+    # two >= rows (16 at least); one block streams its share of the longest row's K/V
+    from rlgraph.nodes.rollout_cost import split_kv_seconds
+
+    spec = spec_of()
+    ctx = context(spec)
+    node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
+    per_head = 8000 * shape.kv_bytes_per_token() / shape.kv_heads
+    one = per_head / COSTS.split_kv_block_bytes_per_s
+    wide = h100.sms // shape.kv_heads + 1  # one split per (slot, KV head)
+    assert split_kv_seconds(wide, 8000, node, ctx) == pytest.approx(one)
+    assert split_kv_seconds(wide, 16000, node, ctx) == pytest.approx(2 * one)
+    splits = h100.sms // (16 * shape.kv_heads) * 2
+    assert split_kv_seconds(3, 8000, node, ctx) == pytest.approx(one / splits)
+    # a long row among many short ones: the step is at least its blocks, not the mean KV
+    many = decode_step_seconds(wide, 500, node, ctx, longest=8000)
+    assert many >= decode_step_seconds(wide, 500, node, ctx) + one - wide * 500 * (
+        shape.kv_bytes_per_token() / (h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency))
+    # the dynamic decode (transformers' SDPA) has no such term
+    dynamic = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
+    assert split_kv_seconds(wide, 8000, dynamic.nodes["generate"], context(dynamic)) == 0
+
+
+def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backward() -> None:
+    # variable lengths: transformers' SDPA runs the bias-reading kernel, layers x query heads x
+    # sum of S^2 bf16 per read; fixed lengths: no padding, no mask; verl packs: none either
+    from rlgraph.nodes import lengths
+    from rlgraph.nodes.parallel import mask_traffic
+
+    varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                           "response_len": {"mean": 512, "max": 4096}})
+    ctx = context(varied)
+    model = lengths.of(varied.data.response_len)
+    shape, h100 = ctx.shape, GPU_PRESETS["H100"]
+    read = shape.layers * shape.heads * 1e9 * 2 / (h100.hbm_bytes_per_s
+                                                    * COSTS.decode_hbm_efficiency * 4)
+    assert mask_traffic(ctx, model, 1e9, 2) == pytest.approx(read)
+    assert mask_traffic(ctx, model, 1e9, 6) == pytest.approx(3 * read)
+    fixed = spec_of()
+    assert mask_traffic(context(fixed), lengths.of(fixed.data.response_len), 1e9, 6) == 0
+    verl = spec_of(data=varied.data.model_dump(), nodes=dict(NODES, generate={"engine": "sglang"}))
+    assert mask_traffic(context(verl), model, 1e9, 6) == 0
+    costs = costs_of(varied)
+    assert "padding-mask bias" in costs["train"].detail and "fp32 logits" in costs["train"].detail

@@ -284,3 +284,21 @@ def test_cli_calibrate_reads_a_run_dirs_trace(tmp_path, capsys):
     assert main(["tune", str(TUNE / "separate-wins.yaml"), "--calibrate",
                  str(tmp_path / "missing")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_long_tail_beyond_the_users_lag_bound_is_reported_not_adopted(capsys):
+    # the one-GPU long-tail graph allows no lag: the search keeps the synchronous plan, and
+    # reports partial rollout at a larger max_lag (the long tail the sync batch waits for)
+    graph = ROOT / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+    result = tune(load_spec(graph))
+    assert result.best.max_lag == 0 and not result.best.partial_rollout
+    beyond = result.beyond_bound
+    assert beyond is not None and beyond["partial_rollout"] and beyond["max_lag"] >= 1
+    assert beyond["period_s"] < result.best.period_s / 1.5
+    assert result.to_dict()["beyond_bound"] == beyond
+    # no tail: every response as long as the others, nothing to gain beyond the bound
+    flat = load_spec(graph, ["data.response_len={mean: 512, max: 512}"])
+    assert tune(flat).beyond_bound is None
+    assert main(["tune", str(graph), "-o", str(ROOT / "out" / "tune-beyond.yaml")]) == 0
+    assert "beyond your bound: partial rollout at max_lag" in capsys.readouterr().out
+    (ROOT / "out" / "tune-beyond.yaml").unlink()

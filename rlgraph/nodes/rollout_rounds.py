@@ -1,0 +1,154 @@
+"""What partial rollout's rounds decode in steady state, by a seeded simulation of the rollout
+cache's rules (`engines.partial_rollout`) over the response-length distribution.
+
+A round holds `ceil(oversample * P)` prompt groups of k samples (the carried ones first, then
+new ones in data order), decodes every unfinished sample one token a step, and stops at the
+first check (every `check_every` steps) where P groups are complete and, with `stale: finish`,
+every group that the next batch could no longer train (a token `max_lag` versions old) is
+complete too; it emits the first P complete groups in admission order and carries the rest,
+whose prompt + prefix the next round re-encodes. The round's cost is not its mean width: the
+rows still decoding late in a round are the long carried ones, so a step's KV reads follow
+the live rows' own contexts, which this records per stretch of the round.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+from rlgraph.nodes.lengths import LengthModel
+
+SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
+ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out
+WARMUP = 6
+
+
+@dataclass(frozen=True)
+class RoundProfile:
+    """Mean figures of one steady-state round (per replica)."""
+
+    steps: float  # decode steps a round runs
+    # (steps a round, live rows, their mean context, the longest live row's context)
+    segments: tuple[tuple[float, float, float, float], ...]
+    reencoded_tokens: float  # prompt + prefix tokens of carried rows re-encoded a round
+    reencoded_square: float  # sum of their squared lengths (attention of the re-encode)
+    carried_groups: float  # groups in flight carried into a round
+    decoded_tokens: float  # tokens decoded a round (each sample's tokens once)
+    dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
+
+
+def draw(m: LengthModel, u: float) -> int:
+    """The length at quantile u of the clipped distribution (as `rl.data.draw_length`)."""
+    if m.mean >= m.max:
+        return int(m.max)
+    if m.dist == "pareto":
+        low = m.mean * (m.alpha - 1) / m.alpha
+        x = low / max(1e-12, 1.0 - u) ** (1 / m.alpha)
+    else:
+        mu = math.log(m.mean) - m.sigma ** 2 / 2
+        x = math.exp(mu + m.sigma * NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
+    return int(min(m.max, max(1, round(x))))
+
+
+@lru_cache(maxsize=512)
+def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
+             stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
+             seed: int = 0, stride: int = 1) -> RoundProfile:
+    """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
+    ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
+    generate runs after the previous train step, as in one colocated group). `stride` K > 1:
+    streaming, one call per mini-batch of `prompts` groups, version = call // K, the whole
+    batch's K x oversample x prompts groups in flight, admitted only while their version can
+    still be trained (`RolloutCache.refill`)."""
+    rng = random.Random(seed)
+    in_flight = max(prompts, math.ceil(oversample * stride * prompts))
+    groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
+    totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
+              "dropped": 0.0}
+    segments: list[tuple[float, float, float, float]] = []
+    counted = 0
+    warm = WARMUP * stride
+    for t in range(ROUNDS * stride):
+        version = t // stride - generate_lag
+        floor = t // stride - max_lag  # oldest version batch t may train
+        if groups:  # evict: a group holding a token older than the floor (finish: the
+            kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
+            for g in groups:
+                if any(d and g["version"] < floor for d in g["done"]):
+                    if stale != "restart":
+                        totals["dropped"] += k if t >= warm else 0
+                        continue
+                    g["left"] = [r + d for r, d in zip(g["left"], g["done"], strict=True)]
+                    g["done"] = [0] * k
+                    g["version"] = version
+                kept.append(g)
+            groups = kept
+        carried = len(groups)
+        if stride > 1:  # streaming: as many as this version's window can still train
+            window = (version + max_lag) * stride + stride - t
+            target = min(in_flight, max(1, window) * prompts)
+        else:
+            target = in_flight if version > t - max_lag else prompts
+        re_tokens = re_square = 0.0
+        for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
+            for r, d in zip(g["left"], g["done"], strict=True):
+                if r > 0 and d > 0:
+                    re_tokens += prompt_len + d
+                    re_square += (prompt_len + d) ** 2
+        while len(groups) < target:
+            groups.append({"version": version,
+                           "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k})
+        need = [max(g["left"]) for g in groups]  # steps until each group is complete
+        must = [i for i, g in enumerate(groups)
+                if any(g["done"]) and g["version"] < (t + 1) // stride - max_lag]
+        must = must[:prompts] if stale == "finish" else []
+        end = sorted(need)[prompts - 1]
+        if must:
+            end = max(end, max(need[i] for i in must))
+        longest = max(need)
+        stop = min(longest, math.ceil(end / check_every) * check_every)
+        runs = sorted((min(r, stop), prompt_len + d) for g in groups
+                      for r, d in zip(g["left"], g["done"], strict=True) if r > 0)
+        steady = t >= warm
+        if steady:  # a round whose batch is already complete decodes nothing, and counts
+            counted += 1
+            totals["steps"] += stop
+            totals["re"] += re_tokens
+            totals["re2"] += re_square
+            totals["carried"] += carried
+            totals["tokens"] += sum(r for r, _ in runs)
+            width = stop / SEGMENTS
+            for j in range(SEGMENTS):
+                s = (j + 0.5) * width
+                alive = [c + s for r, c in runs if r > s]
+                if alive:
+                    segments.append((width, len(alive), sum(alive) / len(alive), max(alive)))
+        for g in groups:
+            g["done"] = [d + min(r, stop) for r, d in zip(g["left"], g["done"], strict=True)]
+            g["left"] = [max(0, r - stop) for r in g["left"]]
+        complete = [i for i, g in enumerate(groups) if max(g["left"]) == 0][:prompts]
+        chosen = set(complete)
+        groups = [g for i, g in enumerate(groups) if i not in chosen]
+    n = max(1, counted)
+    merged = _merge(segments, n)
+    return RoundProfile(totals["steps"] / n, merged, totals["re"] / n, totals["re2"] / n,
+                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n)
+
+
+def _merge(segments: list[tuple[float, float, float, float]], rounds: int
+           ) -> tuple[tuple[float, float, float, float], ...]:
+    """The rounds' stretches pooled by live rows and longest context (steps per round, live
+    rows, mean context, longest context): few points for a cost of (rows, contexts)."""
+    bins: dict[tuple[int, int], list[float]] = {}
+    for steps, live, context, longest in segments:
+        key = (int(math.log2(max(1.0, live)) * 4), int(math.log2(max(1.0, longest)) * 4))
+        b = bins.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+        b[0] += steps
+        b[1] += steps * live
+        b[2] += steps * live * context
+        b[3] += steps * longest
+    return tuple((s / rounds, rows / s, kv / rows, top / s) for s, rows, kv, top in
+                 (bins[key] for key in sorted(bins)) if s > 0 and rows > 0)
