@@ -8,7 +8,9 @@ the running task, staging the new version in the workspace's second buffer; ever
 the default group first swaps in a version staged whole (`Workspace.swap_if_staged`).
 Batches travel between actors as object references (the driver never touches them); each
 call returns the output batch and, separately, a small `info` dict (span and scalar
-summary) that is all the driver reads.
+summary) that is all the driver reads. A stop `recall`s the tasks queued here that have not
+started: each returns `NotRun` (only the actor knows what has started; Ray 2.60's
+`ray.cancel` of a started actor task drops its results).
 
 Data parallelism (rlgraph.worker.replicas): a group of W replicas is W actors; the driver talks to
 rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
@@ -31,9 +33,11 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.rl.batch import Batch, concat_rows, group_rows, merge, take_rows
 from rlgraph.runtime import weight_sync as ws_sync
+from rlgraph.runtime.tasks import NotRun, TaskFailure
 from rlgraph.weights import BucketMiB
 
 KEPT = "__kept_in_actor__"  # a stub batch: the real one stays in the actor that made it
+CONTROL = "control"  # concurrency group of `recall`: reaches the actor while a task runs
 
 
 def summarize(worker: Any, out: Batch) -> dict[str, Any]:
@@ -87,6 +91,7 @@ class GroupActor:
         self.workspace: Any = None
         self.workers: dict[str, Any] = {}
         self.kept: dict[tuple[str, int], list[Any]] = {}  # (node, step) -> [batch, consumers]
+        self.recalled: set[tuple[str, int]] = set()  # tasks a stop took back (not to start)
         self.outbox = ws_sync.Outbox()  # object-store param_update: buckets not yet pulled
         if world == 1:
             self._build()
@@ -145,7 +150,10 @@ class GroupActor:
         """Run `node` on step `step` with its inputs (resolved by Ray from references, or
         kept here by an earlier task); `after` is a dependency only (the task this one was
         queued behind). With `keep=n` the output stays in this actor for its n consumers,
-        all on this actor, and only a stub travels: no batch is pickled twice in one place."""
+        all on this actor, and only a stub travels: no batch is pickled twice in one place.
+        A task recalled by a stop before it started returns `(None, NotRun)`."""
+        if (node, step) in self.recalled:
+            return None, NotRun("recalled by a stop before it started")
         inputs = {name: self._resolve(batch) for name, batch in zip(names, batches)}
         start = time.time()
         shared: dict[str, float] = {}
@@ -166,20 +174,30 @@ class GroupActor:
         """Run several tasks in order in one call (`RayExecutor`'s fusion): each is `(node,
         step, input names, sources, keep)`, a source `i >= 0` naming `batches[i]` and `-1 - j`
         the output of the chain's task j (handed over in memory). Returns every task's output
-        and info, `(out0, info0, out1, info1, ...)`; a failure names its task
-        (`rlgraph_task` on the exception)."""
-        results: list[tuple[Batch, dict]] = []
+        and info, `(out0, info0, out1, info1, ...)`, as separate calls would: a task that
+        raises returns a `TaskFailure` as its info, the tasks before it their results, and the
+        ones after it (or after a task a stop recalled) `NotRun`."""
+        results: list[tuple[Any, Any]] = []
+        ended = False  # a task failed or was recalled: the rest do not run
         for node, step, names, sources, keep in chain:
+            if ended:
+                results.append((None, NotRun("a task before it in its fused call did not finish")))
+                continue
             inputs = [batches[s] if s >= 0 else results[-1 - s][0] for s in sources]
             try:
                 results.append(self.run(node, step, names, *inputs, keep=keep))
             except Exception as exc:
-                if not isinstance(exc, RLGraphError):
-                    exc.rlgraph_task = (node, step)  # type: ignore[attr-defined]
-                raise
+                results.append((None, TaskFailure.of(node, step, exc)))
+            ended = not isinstance(results[-1][1], dict)
         for _, info in results:
-            info["fused"] = len(chain)  # recorded on the task's span
+            if isinstance(info, dict):
+                info["fused"] = len(chain)  # recorded on the task's span
         return tuple(item for pair in results for item in pair)
+
+    def recall(self, tasks: list[tuple[str, int]]) -> None:
+        """A stop: these tasks, queued here, do not start (`run` returns `NotRun` for each);
+        one that has started already finishes. Runs in the `control` group."""
+        self.recalled |= {(node, step) for node, step in tasks}  # one step under the GIL
 
     def validate_final(self, node: str, step: int) -> dict[str, float]:
         """Validate node `node`'s figures for the policy this workspace holds now: the run's
@@ -461,7 +479,7 @@ def start_actor(spec: Spec, tasks: list[str], *, seed: int, threads: int, device
     """A `GroupActor` (replica `rank` of `world`) as a Ray actor with the given resources."""
     import ray
 
-    groups = {ws_sync.RECEIVE: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS}
+    groups = {ws_sync.RECEIVE: 1, ws_sync.SERVE: ws_sync.SERVE_THREADS, CONTROL: 1}
     cls = ray.remote(concurrency_groups=groups)(GroupActor)
     return cls.options(max_restarts=0, **options).remote(
         spec, tasks, seed, threads, device, os.getcwd(), rank, world)

@@ -20,7 +20,16 @@ the same actor (`GroupActor.run_chain`): the actor runs them in order, hands eac
 the next in memory and returns every task's output and info, so each still completes with
 its own span and output reference, all when the call ends. That saves the per-call hand-off
 (Ray resolving the previous task's output, the next call's dispatch) between tasks on one
-actor: for colocated sync, generate -> reward -> train becomes one call a step.
+actor: for colocated sync, generate -> reward -> train becomes one call a step. A fused call
+fails as separate calls would: the tasks before the one that raised complete, that one's
+`TaskFailure` raises as its own error would, the rest did not run; an actor that dies during
+the call is reported as running one of its tasks (which one is not known).
+
+Failures and stops. The tasks of a `wait` that finished are handed back even when another
+of them failed; the failure raises at the next `flush` or `wait`, before anything more is
+sent, so the pipeline (and an emergency checkpoint) holds every output that exists. A stop
+`recall`s the tasks sent but not started: the actors drop them (`GroupActor.recall`) and
+each comes back as a `recalled` completion, whose step the pipeline withdraws.
 
 Tasks whose result the driver knows (`DriverKnown`) are not sent at all: a validate node off
 its `every` steps, a logp node whose forward the compiler proved redundant (its output is
@@ -36,13 +45,16 @@ once the train step it follows has (the version it delivers exists only then).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError
 from rlgraph.nodes import KINDS
-from rlgraph.runtime.tasks import Completion, Pending, Task
+from rlgraph.runtime.actors import CONTROL
+from rlgraph.runtime.tasks import Completion, NotRun, Pending, Task, TaskFailure
 from rlgraph.runtime.weight_sync import Route, local_update_info, start_param_update
 
 
@@ -53,6 +65,20 @@ def _first_line(err: BaseException) -> str:
 
 class WorkerError(RLGraphError):
     """A worker failed on a task; the message names the node, the step and the cause."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a task that failed in an actor, as text (the cause of its
+    WorkerError, so error.log shows where it raised)."""
+
+
+def raise_failure(failure: TaskFailure) -> None:
+    """Raise a fused task's failure as its own call's would have been raised (`_get`)."""
+    if isinstance(failure.error, RLGraphError):
+        raise failure.error
+    what = f"{type(failure.error).__name__}: {_first_line(failure.error)}"
+    raise WorkerError(f"{failure.node} failed at step {failure.step}: {what}") from (
+        RemoteTraceback(failure.trace))
 
 
 class DriverKnown:
@@ -115,6 +141,8 @@ class RayExecutor:
         self.refs: dict[tuple[str, int], tuple[Any, Any, str]] = {}  # running: output, info
         self.senders: dict[Any, Task] = {}  # param_update senders' refs, watched for failures
         self.buffer: list[tuple[Task, float]] = []  # submitted, not sent yet (`flush`)
+        self.fused: dict[Any, list[Task]] = {}  # info ref -> every task of its fused call
+        self.failure: BaseException | None = None  # raised at the next flush or wait
 
     def submit(self, task: Task) -> None:
         """Start `task` on its actor (queued behind `task.behind` when chained); it goes out
@@ -124,6 +152,7 @@ class RayExecutor:
     def flush(self) -> None:
         """Send the buffered tasks in order: a `fuse` task joins its actor's open call; a
         weight update, or a task that may not fuse, first sends the open call before it."""
+        self._raise_failure()
         buffered, self.buffer = self.buffer, []
         links: dict[tuple[str, int], Any] = {}  # outputs of this flush's tasks
         calls: dict[int, _Call] = {}  # actor id -> its open call
@@ -192,8 +221,10 @@ class RayExecutor:
                   self.keep.get(task.node, 0)) for (task, _), sources in zip(call.tasks, plan)]
         refs = call.actor.run_chain.options(num_returns=2 * len(chain)).remote(chain, *args)
         call.outputs = list(refs[0::2])
+        tasks = [task for task, _ in call.tasks]
         for (task, sent), output, info in zip(call.tasks, refs[0::2], refs[1::2]):
             self._track(task, output, info, sent)
+            self.fused[info] = tasks
 
     def _pending_output(self, pending: Pending, links: dict[tuple[str, int], Any]) -> Any:
         """The output (reference) of a task still running, or still to be completed here,
@@ -212,7 +243,7 @@ class RayExecutor:
 
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Every task finished by now (at least one unless `timeout` passes first)."""
-        self.flush()
+        self.flush()  # raises a failure the last wait saw
         ready = [item for item in self.local if self._may_complete(item[0])]
         if ready:  # driver-known tasks: done now, in the order they were submitted
             now = time.time()
@@ -240,37 +271,87 @@ class RayExecutor:
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
         for ref in [r for r in ready if r in self.senders]:
-            self._get(ref, self.senders.pop(ref))  # raises if the sender failed
-        ready = [r for r in ready if r in self.pending]
+            try:
+                self._get(ref, self.senders.pop(ref))  # raises if the sender failed
+            except Exception as exc:
+                self.failure = self.failure or exc
+        ready = [r for r in self.pending if r in set(ready)]  # in the order they were sent
         try:
-            infos = ray.get(ready)
+            fetched = dict(zip(ready, ray.get(ready)))  # one round trip for the batch
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
-            infos = [self._get(ref, self.pending[ref][0]) for ref in ready]  # name the failure
-        done = []
-        for ref, info in zip(ready, infos):
+            fetched = {}  # one by one below: each failure names its task
+        done, lost = [], set()  # lost: tasks that failed or never started
+        for ref in ready:
             task, output, sent = self.pending.pop(ref)
             self.refs.pop((task.node, task.step), None)
+            try:
+                info = self.info(ref, task, fetched=fetched)
+            except Exception as exc:  # the tasks that did finish are handed back first
+                self.failure = self.failure or exc
+                lost.add((task.node, task.step))
+                continue
+            finally:
+                self.fused.pop(ref, None)
+            if isinstance(info, NotRun):  # recalled by a stop, or after a failure
+                done.append(Completion(task, None, {}, sent, recalled=True))
+                lost.add((task.node, task.step))
+                continue
             done.append(Completion(task, output, info, sent))
         # a driver-known weight update that waited for one of these ends with it, in the
-        # same batch (after it): the next generate need not wait for another round
+        # same batch (after it): the next generate need not wait for another round; behind
+        # a task that failed or never started, it never started either
         follow = [item for item in self.local if item[0].behind is not None
                   and self._may_complete(item[0])]
-        if follow:
-            now = time.time()
-            for item in follow:
-                self.local.remove(item)
-                self.known_outputs.pop((item[0].node, item[0].step), None)
-            done += [Completion(task, output, {**info, "start": now, "end": now}, sent)
-                     for task, output, info, sent in follow]
+        now = time.time()
+        for item in follow:
+            self.local.remove(item)
+            task, output, info, sent = item
+            self.known_outputs.pop((task.node, task.step), None)
+            if tuple(task.behind) in lost:
+                done.append(Completion(task, None, {}, sent, recalled=True))
+            else:
+                done.append(Completion(task, output, {**info, "start": now, "end": now}, sent))
         return done
 
-    def _get(self, ref: Any, task: Task) -> dict[str, Any]:
-        """The info dict of a finished task; a failure becomes a WorkerError (or the user's
+    def info(self, ref: Any, task: Task, timeout: float | None = None,
+             fetched: dict[Any, Any] | None = None) -> dict[str, Any] | NotRun:
+        """The info of a finished task (`NotRun` if it never started; from `fetched` when
+        there); its failure, or its fused call's `TaskFailure`, raises as `_get` says."""
+        info = fetched[ref] if fetched and ref in fetched else self._get(ref, task, timeout)
+        if isinstance(info, TaskFailure):
+            raise_failure(info)
+        return info
+
+    def _raise_failure(self) -> None:
+        """Raise the failure the last `wait` saw (once its finished tasks were handed back)."""
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
+    def recall(self, halted: Callable[[str, int], bool]) -> None:
+        """A stop: ask each actor not to start its tasks that `halted(node, step)` (weight
+        updates excepted: both halves of one must run); the ones that had not started come
+        back from `wait` as recalled, the others as they finish."""
+        import ray
+
+        by_actor: dict[int, tuple[Any, list[tuple[str, int]]]] = {}
+        for task, _, _ in self.pending.values():
+            if task.node in self.routes or not halted(task.node, task.step):
+                continue
+            actor = self.actors[task.node]
+            by_actor.setdefault(id(actor), (actor, []))[1].append((task.node, task.step))
+        refs = [actor.recall.options(concurrency_group=CONTROL).remote(tasks)
+                for actor, tasks in by_actor.values()]
+        with contextlib.suppress(ray.exceptions.RayActorError):  # `wait` reports a death
+            ray.get(refs)  # in place before the loop waits again
+
+    def _get(self, ref: Any, task: Task, timeout: float | None = None) -> Any:
+        """The info of a finished task; a failure becomes a WorkerError (or the user's
         RLGraphError, e.g. a reward function that raised, unchanged)."""
         import ray
 
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=timeout)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, RLGraphError):
@@ -279,11 +360,13 @@ class RayExecutor:
                 raise WorkerError(f"an actor {task.node} depends on died at step {task.step}: "
                                   f"{_first_line(cause)}") from exc
             what = f"{type(cause).__name__}: {_first_line(cause)}" if cause else _first_line(exc)
-            node, step = getattr(cause, "rlgraph_task", (task.node, task.step))  # fused call
-            raise WorkerError(f"{node} failed at step {step}: {what}") from exc
+            raise WorkerError(f"{task.node} failed at step {task.step}: {what}") from exc
         except ray.exceptions.RayActorError as exc:
-            raise WorkerError(f"the actor running {task.node} died at step {task.step}: "
-                              f"{str(exc).splitlines()[0]}") from exc
+            chain = self.fused.get(ref)
+            running = (f"one of {', '.join(f'{t.node}({t.step})' for t in chain)} (one fused "
+                       "call)" if chain else task.node)
+            raise WorkerError(f"the actor running {running} died at step {task.step}: "
+                              f"{_first_line(exc)}") from exc
 
     def cancel_all(self) -> None:
         """Forget pending tasks (their actors are killed by the caller)."""
@@ -293,3 +376,4 @@ class RayExecutor:
         self.known_outputs.clear()
         self.refs.clear()
         self.senders.clear()
+        self.fused.clear()

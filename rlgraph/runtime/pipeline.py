@@ -84,11 +84,14 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
           after_wait: Callable[[], None] = lambda: None) -> bool:
     """The one scheduling loop: start every task the pipeline allows, wait for any to finish,
     hand each completion to the pipeline and then to `on_done`, until every node is done or
-    a stop has drained. Returns True when it stopped early (`stop_requested`)."""
+    a stop has drained. A stop recalls the tasks sent but not started (queued in an actor
+    behind others): each comes back `recalled` and its step is withdrawn, so a stop asked
+    before train step k starts ends at k. Returns True when it stopped early."""
     stopped = False
     while True:
         if stop_requested() and not pipeline.stopping:
             pipeline.stop()
+            executor.recall(pipeline.halted)  # what waits in an actor's queue stays there
             stopped = True
         _start_all(pipeline, executor)
         if not len(executor):
@@ -97,6 +100,9 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
             raise RuntimeError("the pipeline stalled with nothing running:\n"
                                + pipeline.describe())
         for done in executor.wait(timeout=wait_s):
+            if done.recalled:
+                pipeline.withdraw(done.task.node, done.task.step)
+                continue
             pipeline.complete(done.task.node, done.task.step, done.output,
                               done.info.get("version"))
             on_done(done)
@@ -319,7 +325,7 @@ class Pipeline:
         if machine.state is NodeState.DONE:
             return None
         nxt = machine.step if machine.state is NodeState.WAITING_INPUT else machine.step + 1
-        return None if self._halted(machine.name, nxt) or nxt >= self.last_step(
+        return None if self.halted(machine.name, nxt) or nxt >= self.last_step(
             machine.name) else nxt
 
     def _chain(self) -> Task | None:
@@ -393,11 +399,24 @@ class Pipeline:
             self.stop_before = -(-max(calls, default=0) // self.k) * self.k
         for machine in self.machines.values():
             if (machine.state is NodeState.WAITING_INPUT
-                    and self._halted(machine.name, machine.step)):
+                    and self.halted(machine.name, machine.step)):
                 machine.close()
         self._settle()
 
-    def _halted(self, node: str, step: int) -> bool:
+    def withdraw(self, node: str, step: int) -> None:
+        """`(node, step)` never started (a stop recalled it from its actor, or a task before
+        it in its fused call failed): the node is done at its previous step and frees its
+        groups (a generate output it took stays in the rollout buffer until trained on)."""
+        machine = self.machines[node]
+        if machine.state is not NodeState.PROCESSING or machine.step != step:
+            raise RuntimeError(f"withdrawal of {node}({step}) while it is "
+                               f"{machine.state.value} at step {machine.step}")
+        machine.withdraw()
+        for group in machine.occupies:
+            self.holders[group].remove((node, step))
+        self._settle()
+
+    def halted(self, node: str, step: int) -> bool:
         """Whether a stop keeps step `step` of `node` from starting (see `stop`)."""
         if not self.stopping:
             return False
@@ -439,7 +458,7 @@ class Pipeline:
                         moved = True
                 if machine.state is NodeState.IDLE:
                     nxt = machine.step + 1
-                    if self._halted(machine.name, nxt) or nxt >= self.last_step(machine.name):
+                    if self.halted(machine.name, nxt) or nxt >= self.last_step(machine.name):
                         machine.close()
                     else:
                         machine.arm(nxt)

@@ -65,13 +65,13 @@ def fetch_rollout(pipeline: Pipeline, timeout: float | None, partial: bool
 def _drain_train(pipeline: Pipeline, executor: RayExecutor, report: StepReport,
                  record: Callable[[Completion], dict[str, Any]]) -> None:
     """Finish the train tasks in flight and record them (ledger first)."""
-    import ray
-
     running = sorted(((ref, item) for ref, item in executor.pending.items()
                       if KINDS[item[0].kind].advances_policy), key=lambda kv: kv[1][0].step)
     for ref, (task, output, sent) in running:
         try:
-            info = ray.get(ref, timeout=DRAIN_S)
+            info = executor.info(ref, task, timeout=DRAIN_S)
+            if not isinstance(info, dict):
+                break  # never started (its fused call failed before it)
             done = Completion(task, output, info, sent)
             event = record(done)
             pipeline.complete(task.node, task.step, output, info.get("version"))

@@ -4,6 +4,8 @@ Every node of the graph is driven by one `NodeMachine` that walks its steps in o
 
     IDLE ──arm──> WAITING_INPUT ──start──> PROCESSING ──finish──> WAITING_OUTPUT ──emit──> IDLE
       └──close──> DONE                        (WAITING_INPUT ──close──> DONE on a stop)
+                                             (PROCESSING ──withdraw──> DONE: a stop recalled
+                                              the step from its actor before it started)
 
 - IDLE: the previous step's output left; the node has no step armed yet.
 - WAITING_INPUT: step `t` is armed; it waits for its inputs in the channels, for the policy
@@ -42,6 +44,7 @@ class Event(enum.Enum):
     FINISH = "finish"  # the worker returned
     EMIT = "emit"      # the output entered every out-channel
     CLOSE = "close"    # no further step (the run's last step left, or a stop)
+    WITHDRAW = "withdraw"  # a stop recalled the step before its actor started it
 
 
 TRANSITIONS: dict[tuple[NodeState, Event], NodeState] = {
@@ -50,6 +53,7 @@ TRANSITIONS: dict[tuple[NodeState, Event], NodeState] = {
     (NodeState.WAITING_INPUT, Event.START): NodeState.PROCESSING,
     (NodeState.WAITING_INPUT, Event.CLOSE): NodeState.DONE,
     (NodeState.PROCESSING, Event.FINISH): NodeState.WAITING_OUTPUT,
+    (NodeState.PROCESSING, Event.WITHDRAW): NodeState.DONE,
     (NodeState.WAITING_OUTPUT, Event.EMIT): NodeState.IDLE,
 }
 
@@ -105,3 +109,9 @@ class NodeMachine:
     def close(self) -> None:
         """IDLE or WAITING_INPUT -> DONE."""
         self.fire(Event.CLOSE)
+
+    def withdraw(self) -> None:
+        """PROCESSING -> DONE for a step that never started: `step` goes back to the last
+        step done (what a checkpoint reads as the node's progress)."""
+        self.fire(Event.WITHDRAW)
+        self.step -= 1

@@ -1,13 +1,16 @@
-"""Tasks the driver completes without an actor call, and the start-up thread choice."""
+"""Tasks the driver completes without an actor call, fused calls (how they are sent, how a
+failure or an actor death inside one is reported), a stop's recall, and the start-up thread
+choice."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from rl_support import MICRO, make_spec
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlgraph.runtime.executor import DriverKnown, RayExecutor
-from rlgraph.runtime.tasks import Pending, Task
+from rlgraph.runtime.executor import DriverKnown, RayExecutor, RemoteTraceback, WorkerError
+from rlgraph.runtime.tasks import NotRun, Pending, Task, TaskFailure
 from rlgraph.runtime.threads import choose_threads
 from rlgraph.runtime.weight_sync import Route
 
@@ -84,8 +87,8 @@ class _Method:
     def __init__(self, log: list, name: str) -> None:
         self.log, self.name, self.returns = log, name, 1
 
-    def options(self, num_returns: int = 1) -> _Method:
-        self.returns = num_returns
+    def options(self, num_returns: int = 1, **options) -> _Method:
+        self.returns, self.options_given = num_returns, options
         return self
 
     def remote(self, *args, **kwargs) -> list[str]:
@@ -97,6 +100,7 @@ class _Method:
 class _Actor:
     def __init__(self, log: list) -> None:
         self.run, self.run_chain = _Method(log, "run"), _Method(log, "run_chain")
+        self.recall = _Method(log, "recall")
 
 
 def test_chained_tasks_on_one_actor_go_out_as_one_call() -> None:
@@ -145,3 +149,80 @@ def test_a_task_not_marked_fuse_is_a_call_of_its_own() -> None:
     executor.flush()
     assert [name for name, *_ in log] == ["run", "run"]
     assert log[1][1][3] == "ref1.0"  # queued behind it on its output reference
+
+
+def _fused_chain(log: list) -> tuple[RayExecutor, list[Task]]:
+    """generate -> reward -> train of step 0, sent as one fused call (refs ref1.0 .. ref1.5)."""
+    actor = _Actor(log)
+    executor = RayExecutor({"generate": actor, "reward": actor, "train": actor}, {})
+    gen = Task("generate", "generate", 0, ("g",), {"prompts": "p"})
+    reward = Task("reward", "reward", 0, ("g",), {"generate": Pending("generate", 0)},
+                  ("generate", 0), fuse=True)
+    train = Task("train", "train", 0, ("g",), {"generate": Pending("generate", 0),
+                                               "reward": Pending("reward", 0)},
+                 ("reward", 0), fuse=True)
+    for task in (gen, reward, train):
+        executor.submit(task)
+    executor.flush()
+    assert [name for name, *_ in log] == ["run_chain"]
+    return executor, [gen, reward, train]
+
+
+def test_a_failure_inside_a_fused_call_keeps_the_tasks_before_it(monkeypatch) -> None:
+    """The tasks of the call that finished complete; the failed one raises, at the next
+    flush, as its own call would (node, step, cause; the remote traceback as its cause);
+    the one after it comes back as not run."""
+    ray = pytest.importorskip("ray")
+    executor, (gen, _, train) = _fused_chain([])
+    infos = {"ref1.1": {"start": 0.0, "end": 1.0, "summary": {}},
+             "ref1.3": TaskFailure.of("reward", 0, ZeroDivisionError("no samples")),
+             "ref1.5": NotRun("an earlier task of its fused call did not finish")}
+    monkeypatch.setattr(ray, "wait", lambda refs, **_: (list(refs), []))
+    monkeypatch.setattr(ray, "get", lambda refs, timeout=None: (
+        [infos[r] for r in refs] if isinstance(refs, list) else infos[refs]))
+    done = executor.wait(timeout=0)
+    assert [(d.task, d.recalled) for d in done] == [(gen, False), (train, True)]
+    assert done[0].output == "ref1.0"
+    executor.submit(Task("generate", "generate", 1, ("g",), {"prompts": "p"}))
+    with pytest.raises(WorkerError) as err:
+        executor.flush()
+    assert str(err.value) == "reward failed at step 0: ZeroDivisionError: no samples"
+    assert isinstance(err.value.__cause__, RemoteTraceback)
+    assert "no samples" in str(err.value.__cause__)
+
+
+def test_an_actor_dying_in_a_fused_call_names_every_task_it_ran(monkeypatch) -> None:
+    ray = pytest.importorskip("ray")
+    executor, _ = _fused_chain([])
+
+    def dead(ref, timeout=None):
+        raise ray.exceptions.RayActorError()
+
+    monkeypatch.setattr(ray, "wait", lambda refs, **_: (list(refs), []))
+    monkeypatch.setattr(ray, "get", dead)
+    executor.wait(timeout=0)
+    with pytest.raises(WorkerError) as err:
+        executor.wait(timeout=0)
+    message = str(err.value)
+    assert message.startswith("the actor running one of generate(0), reward(0), train(0) "
+                              "(one fused call) died at step 0"), message
+
+
+def test_a_stop_recalls_the_halted_tasks_but_never_a_weight_update(monkeypatch) -> None:
+    ray = pytest.importorskip("ray")
+    log: list = []
+    trainer, rollout = _Actor(log), _Actor(log)
+    route = Route("param_update", trainer, rollout, 1.0)
+    executor = RayExecutor({"logp": trainer, "train": trainer, "generate": rollout},
+                           {"param_update": route})
+    for task in (Task("train", "train", 2, ("t",), {"b": "x"}),
+                 Task("logp", "logp", 3, ("t",), {"b": "y"}, ("train", 2)),
+                 Task("generate", "generate", 4, ("r",), {"p": "z"})):
+        executor.submit(task)
+    executor.flush()
+    executor.pending["info-pu"] = (Task("param_update", "param_update", 2, ("t",)), None, 0.0)
+    monkeypatch.setattr(ray, "get", lambda refs, timeout=None: [None] * len(refs))
+    executor.recall(lambda node, step: step >= 3)
+    calls = [(entry[1][0], entry[0]) for entry in log if entry[0] == "recall"]
+    assert calls == [([("logp", 3)], "recall"), ([("generate", 4)], "recall")]
+    assert trainer.recall.options_given == {"concurrency_group": "control"}

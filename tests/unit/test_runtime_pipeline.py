@@ -21,6 +21,7 @@ from rlgraph.compiler.timed_graph import timed_graph
 from rlgraph.config.load import load_spec
 from rlgraph.errors import RLGraphError
 from rlgraph.graph import build_graph
+from rlgraph.nodes import KINDS
 from rlgraph.runtime.channels import Channel, ChannelError
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.state_machine import (
@@ -50,8 +51,10 @@ def graph_of(layout: str, max_lag: int):
 
 def drive(pipeline: Pipeline, seconds: dict[str, float], stop_after_train: int | None = None):
     """Run the pipeline on a simulated clock; returns the event dicts of every task. A task
-    chained behind another starts when that one ends (its actor runs them in order)."""
-    now, running, events, order, ends = 0.0, [], [], 0, {}
+    chained behind another starts when that one ends (its actor runs them in order). A stop
+    recalls the queued tasks that have not started (weight updates excepted), as the Ray
+    executor does, and the pipeline withdraws them."""
+    now, running, events, order, ends, stop = 0.0, [], [], 0, {}, False
     while True:
         for task in pipeline.startable():
             for src, payload in task.inputs.items():
@@ -65,6 +68,14 @@ def drive(pipeline: Pipeline, seconds: dict[str, float], stop_after_train: int |
             order += 1
             ends[(task.node, task.step)] = start + seconds[task.node]
             heapq.heappush(running, (start + seconds[task.node], order, task, start, version))
+        if stop and not pipeline.stopping:
+            pipeline.stop()
+            queued = [item for item in running if item[3] > now + 1e-12
+                      and not KINDS[item[2].kind].carries_weights]
+            for item in queued:
+                running.remove(item)
+                pipeline.withdraw(item[2].node, item[2].step)
+            heapq.heapify(running)
         if not running:
             break
         now = running[0][0]
@@ -77,7 +88,7 @@ def drive(pipeline: Pipeline, seconds: dict[str, float], stop_after_train: int |
             pipeline.complete(task.node, task.step, payload)
             if (stop_after_train is not None and task.kind == "train"
                     and task.step + 1 == stop_after_train):
-                pipeline.stop()
+                stop = True  # asked as the step's row is written: after the next starts
     return events
 
 
@@ -211,14 +222,17 @@ def test_max_lag_zero_is_on_policy_and_serial():
 
 
 @pytest.mark.parametrize("max_lag", [0, 1, 2])
-def test_stop_and_resume_from_the_rollout_buffer_trains_every_step_once(max_lag):
+@pytest.mark.parametrize("generate_s", [1.0, 0.3])
+def test_stop_and_resume_from_the_rollout_buffer_trains_every_step_once(max_lag, generate_s):
+    """A stop asked once train(2) has ended stops at 3, even where train(3) is already
+    queued behind logp(3) and ref_logp(3) (a fast generate): it is recalled."""
     graph = graph_of("split", max_lag)
-    seconds = {"generate": 1.0, "reward": 0.01, "logp": 0.2, "ref_logp": 0.2, "train": 0.6,
-               "param_update": 0.05}
+    seconds = {"generate": generate_s, "reward": 0.01, "logp": 0.2, "ref_logp": 0.2,
+               "train": 0.6, "param_update": 0.05}
     stopped = Pipeline(graph, steps=8, max_lag=max_lag)
     first = drive(stopped, seconds, stop_after_train=3)
     k = stopped.trained_steps()
-    assert k >= 3 and not stopped.running
+    assert k == 3 and not stopped.running, "train(3), queued when the stop came, ran"
     buffer = stopped.rollout_buffer()
     assert all(step >= k for _, step in buffer) and len(buffer) <= max_lag + 1
     if max_lag:

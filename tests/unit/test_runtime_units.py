@@ -191,3 +191,42 @@ def test_model_parallelism_the_runtime_does_not_run_is_said_before_the_run(tmp_p
     assert "2 data-parallel replica(s)" in notes[0] and "backend: megatron" in notes[0]
     plain = load_spec(QUICKSTART)
     assert Runner(compile_plan(plain), RunOptions(out_dir=tmp_path, steps=1)).notes == []
+
+
+def test_a_fused_call_returns_what_finished_and_a_recalled_task_never_starts(monkeypatch):
+    """`GroupActor.run_chain` as separate calls would end: the tasks before a failure return
+    their results, the failure its TaskFailure, the rest NotRun; a task a stop recalled
+    (`recall`) does not start, alone or in a chain, and neither does what follows it."""
+    from rlgraph.runtime.actors import GroupActor
+    from rlgraph.runtime.tasks import NotRun, TaskFailure
+
+    spec = load_spec(QUICKSTART, ["model.warm_start.steps=0"])
+    actor = GroupActor(spec, ["logp", "ref_logp", "train"], seed=0, threads=1, device="cpu")
+    ran = []
+
+    def replica(node, step, inputs):
+        ran.append((node, step))
+        if node == "train" and step == 0:
+            raise ValueError("bad batch")
+        return {"node": node, "inputs": sorted(inputs)}
+
+    monkeypatch.setattr(actor, "run_replica", replica)
+    chain = [("logp", 0, ["generate"], [0], 0), ("ref_logp", 0, ["logp"], [-1], 0),
+             ("train", 0, ["logp", "ref_logp"], [-1, -2], 0), ("logp", 1, ["generate"], [1], 0)]
+    out = actor.run_chain(chain, {"rows": 0}, {"rows": 1})
+    assert out[0] == {"node": "logp", "inputs": ["generate"]} and out[1]["fused"] == 4
+    assert out[2]["node"] == "ref_logp" and isinstance(out[3], dict)
+    failure = out[5]
+    assert isinstance(failure, TaskFailure) and (failure.node, failure.step) == ("train", 0)
+    assert isinstance(failure.error, ValueError) and "bad batch" in failure.trace
+    assert out[6] is None and isinstance(out[7], NotRun)
+    assert ran == [("logp", 0), ("ref_logp", 0), ("train", 0)]
+
+    actor.recall([("logp", 2), ("train", 2)])
+    output, info = actor.run("logp", 2, ["generate"], {"rows": 2})
+    assert output is None and isinstance(info, NotRun)
+    out = actor.run_chain([("ref_logp", 2, ["generate"], [0], 0),
+                           ("logp", 2, ["generate"], [0], 0),
+                           ("train", 2, ["logp", "ref_logp"], [-2, -1], 0)], {"rows": 2})
+    assert isinstance(out[1], dict) and all(isinstance(i, NotRun) for i in out[3::2])
+    assert ran[3:] == [("ref_logp", 2)]

@@ -3,18 +3,27 @@
 A seeded colocated run trains exactly as the unfused one (same losses, step by step), every
 task still has its own span, and the fused run did fuse (generate, reward and train of a
 step in one call); in a split plan nothing whose output another group waits for is fused.
+A train step that raises inside a fused call leaves the emergency checkpoint the unfused run
+leaves (its step's finished rollout buffered), and both resume to the same training.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
+from actor_hooks import hooked_actor
 
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec  # noqa: E402
+from rlgraph.errors import RLGraphError  # noqa: E402
+from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
+from rlgraph.runtime import actors  # noqa: E402
+from rlgraph.runtime.checkpoint import load_checkpoint, read_ledger  # noqa: E402
 from rlgraph.runtime.metrics import read_rows  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 
@@ -27,11 +36,27 @@ SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
 COLOCATED = "groups={all: {share: 1.0, tasks: [generate, reward, logp, ref_logp, train]}}"
 
 
-def run(out: Path, overrides: list[str], fuse: bool):
+def run(out: Path, overrides: list[str], fuse: bool, resume: bool = False):
     plan = compile_plan(load_spec(QUICKSTART, [*SMALL, *overrides]))
-    result = Runner(plan, RunOptions(out_dir=out, steps=STEPS, tensorboard=False,
+    result = Runner(plan, RunOptions(out_dir=out, steps=STEPS, tensorboard=False, resume=resume,
                                      checkpoint_every_s=0, fuse=fuse)).run()
     return plan, result
+
+
+def same(a, b) -> bool:
+    """Batches (nested dicts of tensors and values) equal: tokens and values exactly, float
+    tensors to rounding (each run picks its torch thread count at start-up, which moves a
+    log-prob's last bits: 5e-7 seen)."""
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
+            return False
+        return torch.allclose(a, b, rtol=0, atol=1e-5) if a.is_floating_point() else (
+            torch.equal(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def test_fused_run_trains_as_the_unfused_one_with_a_span_per_task(cluster, tmp_path):
@@ -64,3 +89,37 @@ def test_a_split_plan_fuses_nothing_another_group_waits_for(cluster, tmp_path):
             node = event["node"]
             assert all(groups[dst] == groups[node] for dst in plan.graph.successors(node)), (
                 f"{node} fused though another group waits for it")
+
+
+def test_a_train_step_failing_in_a_fused_call_keeps_what_the_unfused_run_keeps(
+        cluster, tmp_path, monkeypatch):
+    k, overrides = 2, [COLOCATED, "schedule.max_lag=0"]
+    kept, message, folders = {}, {}, {}
+    for fuse in (True, False):
+        folders[fuse] = tmp_path / ("fused" if fuse else "plain")
+        with monkeypatch.context() as patch:
+            patch.setattr(actors, "GroupActor", hooked_actor(fail={("train", k)}))
+            with pytest.raises(RLGraphError) as err:
+                run(folders[fuse], overrides, fuse)
+        message[fuse], kept[fuse] = str(err.value), load_checkpoint(folders[fuse])
+        assert "\n" not in message[fuse]
+        assert f"train failed at step {k}: RuntimeError: injected failure" in message[fuse]
+        assert f"progress kept: checkpoint at step {k}" in message[fuse], message[fuse]
+        assert "injected failure of train" in (folders[fuse] / "error.log").read_text()
+    events = events_from_trace(json.loads((folders[True] / "trace.json").read_text()))
+    assert any(e["node"] == "generate" and e["step"] == k and e.get("fused")
+               for e in events), "generate of the failing step did not run in a fused call"
+    fused, plain = kept[True], kept[False]
+    assert fused.step == plain.step == k and fused.meta["policy_version"] == k
+    assert sorted(fused.rollout) == sorted(plain.rollout) == [("generate", k)], (
+        "the failing step's finished rollout is lost")
+    assert same(fused.rollout[("generate", k)], plain.rollout[("generate", k)])
+    assert fused.meta["data_position"] == plain.meta["data_position"] == k + 1
+    for fuse in (True, False):
+        run(folders[fuse], overrides, fuse, resume=True)
+    ledgers = [read_ledger(folders[f] / "ledger.jsonl") for f in (True, False)]
+    assert [r["step"] for r in ledgers[0]] == list(range(STEPS))
+    assert [r["prompt_uids"] for r in ledgers[0]] == [r["prompt_uids"] for r in ledgers[1]]
+    losses = [[row["loss/policy"] for row in read_rows(folders[f] / "metrics.jsonl")]
+              for f in (True, False)]
+    assert len(losses[0]) == STEPS and losses[0] == losses[1]

@@ -14,14 +14,17 @@ import json
 import os
 import signal
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from actor_hooks import hooked_actor
 
 ray = pytest.importorskip("ray")
 
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
+from rlgraph.runtime import actors  # noqa: E402
 from rlgraph.runtime.checkpoint import load_checkpoint, read_ledger  # noqa: E402
 from rlgraph.runtime.metrics import REQUIRED_KEYS, read_rows  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
@@ -36,7 +39,12 @@ SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
 
 
 def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
-        stop_after: int | None = None, tensorboard: bool = False, checkpoint_every: int = 0):
+        stop_after: int | None = None, tensorboard: bool = False, checkpoint_every: int = 0,
+        sleep: dict[tuple[str, int], float] | None = None):
+    """One run; `sleep`: tasks that sleep that long first (`actor_hooks`)."""
+    if sleep:
+        with mock.patch.object(actors, "GroupActor", hooked_actor(sleep=sleep)):
+            return run(out, max_lag, steps, resume, stop_after, tensorboard, checkpoint_every)
     spec = load_spec(QUICKSTART, [*SMALL, f"schedule.max_lag={max_lag}"])
     plan = compile_plan(spec)
     runner: Runner | None = None
@@ -122,11 +130,12 @@ def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):
 def test_stopped_run_resumes_at_k_and_trains_the_same_prompts(runs, tmp_path):
     baseline_folder = runs[1][0]
     k = 3
-    _, stopped = run(tmp_path, 1, stop_after=k)
-    # a train step already queued in the group's actor when the stop arrives still finishes
-    # (chained tasks are not recalled): the run stops at k or one step later, never loses one
-    assert stopped.stopped and stopped.next_step in (k, k + 1)
-    k = stopped.next_step
+    # train(k - 1) and logp(k) take a second longer: generate(k) and reward(k) are done by the
+    # end of train(k - 1), so train(k) is queued in the trainer's actor behind logp(k) and
+    # ref_logp(k) when the stop (asked as step k - 1's row is written) arrives; the stop
+    # recalls it, and the run stops at k exactly (before recalls it stopped at k + 1)
+    _, stopped = run(tmp_path, 1, stop_after=k, sleep={("train", k - 1): 1.0, ("logp", k): 1.0})
+    assert stopped.stopped and stopped.next_step == k
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.step == k and ckpt.meta["policy_version"] == k
     buffered = sorted(s for _, s in ckpt.rollout)
