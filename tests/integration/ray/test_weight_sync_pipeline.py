@@ -16,6 +16,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from sim_drive import drive  # noqa: E402
+
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.graph import build_graph  # noqa: E402
@@ -156,8 +158,6 @@ def test_gloo_transport_between_two_actors(actors):
 
 
 def test_param_update_holds_only_the_trainer_and_never_waits_for_generate() -> None:
-    from test_runtime_pipeline import drive
-
     graph = build_graph(load_spec(QUICKSTART, SMALL))
     assert graph.nodes["param_update"]["occupies"] == ("trainer",)
     seconds = {"generate": 5.0, "reward": 0.1, "logp": 1.0, "ref_logp": 1.0, "train": 1.0,
@@ -172,8 +172,6 @@ def test_param_update_holds_only_the_trainer_and_never_waits_for_generate() -> N
 
 
 def test_a_sync_to_logp_holds_its_sender_and_completes() -> None:
-    from test_runtime_pipeline import drive
-
     spec = load_spec(QUICKSTART, [
         *SMALL, "cluster.cpus=4",
         "groups={g: {share: 0.25, tasks: [generate]}, l: {share: 0.25, tasks: [logp]},"
