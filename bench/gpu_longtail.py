@@ -66,7 +66,7 @@ MODES = {  # name -> overrides of the throughput graph
     # behaviour log-probs, verl fully_async), so no proximal forward at all
     **{f"partial-lag{lag}-rolloutlogp{tag}": [
         "schedule.partial_rollout=true", f"schedule.max_lag={lag}",
-        "nodes.train.old_logp=rollout", *over] for lag in (3, 4)
+        "nodes.train.old_logp=rollout", *over] for lag in (3, 4, 6)
        for tag, over in (("", []), ("-os2", ["nodes.generate.oversample=2.0"]))},
     # two GPUs (give the groups as overrides): trainer | rollout, unstreamed and streamed
     "split": ["schedule.max_lag=0"],

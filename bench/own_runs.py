@@ -77,7 +77,8 @@ def gpu_rows() -> list[dict[str, Any]]:
 
 # gpu-longtail-1gpu.json's throughput sections on the current runtime (the earlier ones ran
 # the sdpa decode attention, before round 4's varlen kernel; their `table` keeps them)
-LONGTAIL = {"throughput_sigma_1.5_varlen": None, "throughput_sigma_1.5_rolloutlogp": None}
+LONGTAIL = {"throughput_sigma_1.5_varlen": None, "throughput_sigma_1.5_rolloutlogp": None,
+            "throughput_sigma_1.5_lag6_rolloutlogp": None}
 STREAM_SECTIONS = {"throughput": None}  # gpu-stream-1gpu.json (a version per step)
 
 
