@@ -157,6 +157,15 @@ def driver_transfer(ctx: CostContext, response_bytes: int) -> float:
     return data.samples_per_step() * per_row / COSTS.object_store_bytes_per_s
 
 
+def runtime_pass_hbm(ctx: CostContext) -> float | None:
+    """HBM bytes/s over which rlgraph's own passes move memory-bound data (a replica's
+    share, `compute_units`); None on a local CPU cluster (inside its measured MFU) or priced
+    as verl's hybrid engine (its own kernels)."""
+    if ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec):
+        return None
+    return ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
+
+
 def logits_traffic(ctx: CostContext, tokens: float, flops_per_param: int) -> float:
     """Seconds of rlgraph's log-prob head over `tokens` positions on a GPU: `token_logp`
     writes the vocabulary's logits and reads and writes them again in fp32 (cast, temperature,
@@ -164,11 +173,11 @@ def logits_traffic(ctx: CostContext, tokens: float, flops_per_param: int) -> flo
     (flops_per_param > 2) adds COSTS.logits_bytes_backward, all memory-bound at HBM speed,
     per replica's share of the tokens. 0 on a local CPU cluster (inside its measured MFU)
     and priced as verl's hybrid engine (its own log-prob kernels)."""
-    if ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec):
+    hbm = runtime_pass_hbm(ctx)
+    if hbm is None:
         return 0.0
     per_logit = COSTS.logits_bytes_forward + (COSTS.logits_bytes_backward
                                               if flops_per_param > 2 else 0.0)
-    hbm = ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
     return tokens * ctx.shape.vocab * per_logit / hbm
 
 
@@ -181,12 +190,11 @@ def mask_traffic(ctx: CostContext, model: lengths.LengthModel, square: float,
     head and layer in the forward and twice in the backward (dQ, dK/dV): layers x heads x
     sum of S^2 x 2 bytes x (1 or 3) at HBM speed. None with fixed lengths (no padding, no
     mask), on a local CPU cluster or priced as verl (which packs sequences)."""
-    if (ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec)
-            or model.mean >= model.max):
+    hbm = runtime_pass_hbm(ctx)
+    if hbm is None or model.mean >= model.max:
         return 0.0
     shape = ctx.shape
     reads = 3 if flops_per_param > 2 else 1
-    hbm = ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
     return shape.layers * (shape.heads or shape.kv_heads) * square * 2 * reads / hbm
 
 
