@@ -1,4 +1,5 @@
-"""The policy's shape as the compiler sees it: a preset, an inline config or `path/config.json`."""
+"""The policy's shape as the compiler sees it: a preset, an inline config or `path/config.json`,
+with the vocabulary of the model the priced runtime builds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
+from rlgraph.nodes.pricing import hybrid_engine_priced
+from rlgraph.presets.char_vocab import CHAR_VOCAB_SIZE
 from rlgraph.presets.models import MODEL_PRESETS, ModelShape, model_shape
 
 
@@ -62,12 +65,25 @@ def check_config(config: Any, key: tuple[str, ...]) -> None:
                             (*key, name) if key[-1] == "hf_config" else key)
 
 
+def priced_vocab(spec: Spec, config: dict[str, Any]) -> int:
+    """The vocabulary the plan prices: without `model.path` rlgraph's runtime builds the
+    policy with the character tokenizer's vocabulary (`rlgraph.model.build.model_config`), so
+    a preset's or inline config's 151k-entry table is not what it runs; a plan priced as
+    verl's hybrid engine (real runs use the model's own tokenizer) keeps the config's."""
+    if spec.model.path is None and not hybrid_engine_priced(spec):
+        return CHAR_VOCAB_SIZE
+    return int(config["vocab_size"])
+
+
 def shape_of(spec: Spec) -> ModelShape:
-    """The policy's shape, or a SpecError naming the config key it lacks."""
+    """The policy's shape as the priced runtime builds it (`priced_vocab`), or a SpecError
+    naming the config key it lacks."""
     key = ("model", "hf_config") if spec.model.hf_config is not None else (
         ("model", "path") if spec.model.path is not None else ("model",))
     config = model_config(spec)
     check_config(config, key)
+    if "vocab_size" in config:
+        config = {**config, "vocab_size": priced_vocab(spec, config)}
     try:
         return model_shape(config)
     except (KeyError, TypeError, ValueError, ArithmeticError) as exc:

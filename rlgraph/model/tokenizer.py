@@ -13,12 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.presets.char_vocab import ALPHABET, SPECIALS
 
 Prompt = str | list[dict[str, Any]]
-
-# Specials first so their ids never move when the alphabet grows.
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz +-*=?:,.()<>\n"
 
 
 class Tokenizer(Protocol):

@@ -111,20 +111,52 @@ def data_parallel_imbalance(node: NodeSpec, ctx: CostContext, mini_batches: int 
     return slowest / (k * mu)
 
 
-def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: int = 1
-               ) -> float:
+def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: int = 1,
+               per_layer: float = COSTS.native_decode_overhead_per_layer_s) -> float:
     """Host overhead of eager passes: every forward-equivalent pass of every micro-batch
-    costs COSTS.native_decode_overhead_per_layer_s per layer on the host (launches, Python),
-    however few its tokens (bench/results/gpu-node-profile-h200x2.json: logp of 128 rows took
-    29 ms where its FLOPs take 7). `passes`: 1 for a forward, 3 for forward + backward."""
+    costs `per_layer` seconds per layer on the host (launches, Python), however few its
+    tokens (rlgraph's runtime on GPUs: COSTS.eager_pass_host_seconds_per_layer, from
+    bench/results/gpu-node-profile-h200x2.json). `passes`: 1 for a forward, 3 for forward +
+    backward."""
     rows = ctx.spec.data.samples_per_step()
     ranks = max(1, ctx.gpus // node.model_parallel())
     if ctx.extra.get("local", ctx.gpu.name == "cpu"):
         ranks = int(ctx.extra.get("replicas", 1))
     share = math.ceil(rows / mini_batches / ranks)
     micro = getattr(node, "micro_batch", None) or share
-    per_pass = ctx.shape.layers * COSTS.native_decode_overhead_per_layer_s
-    return mini_batches * math.ceil(share / micro) * passes * per_pass
+    return mini_batches * math.ceil(share / micro) * passes * ctx.shape.layers * per_layer
+
+
+def eager_activation_traffic(ctx: CostContext, tokens: float, passes: float) -> float:
+    """Seconds of the memory-bound work between the GEMMs of rlgraph's eager (unfused)
+    transformers passes on a GPU: norms, rotary, residuals, activations, reshapes and their
+    backward move COSTS.eager_activation_bytes_per_hidden bytes per hidden unit, token, layer
+    and forward-equivalent pass at HBM speed (a replica's share); 0 where `runtime_pass_hbm`
+    is None (a CPU cluster's measured MFU, verl's fused kernels in `pass_efficiency`)."""
+    hbm = runtime_pass_hbm(ctx)
+    if hbm is None:
+        return 0.0
+    shape = ctx.shape
+    per_token = shape.layers * shape.hidden * COSTS.eager_activation_bytes_per_hidden
+    return tokens * per_token * passes / hbm
+
+
+def data_parallel_overhead(node: NodeSpec, ctx: CostContext, backward: bool, updates: int
+                           ) -> float:
+    """What rlgraph's data-parallel replicas add to a call on GPUs beyond their share of the
+    work: the leader hands each follower its share through Ray and joins the results
+    (COSTS.replica_dispatch_s a call), and a backward pass sums the gradients over the
+    replicas after it (rlgraph.worker.replicas.sum_gradients: not overlapped; a ring moves
+    2 (W - 1) / W of the bf16 gradients per update over NVLink). 0 for one replica, on a CPU
+    cluster or priced as verl."""
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    if ranks <= 1 or runtime_pass_hbm(ctx) is None:
+        return 0.0
+    seconds = COSTS.replica_dispatch_s
+    if backward:
+        gradient = 2 * ctx.shape.params / node.model_parallel()
+        seconds += updates * 2 * (ranks - 1) / ranks * gradient / ctx.gpu.nvlink_bytes_per_s
+    return seconds
 
 
 def expert_all_to_all(node: NodeSpec, ctx: CostContext, tokens: float, passes: float
@@ -234,6 +266,9 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     passes = flops_per_param / 2
     matmul = flops_per_param * ctx.shape.matmul_active * tokens
     attention = passes * ctx.shape.attention_flops(1.0) * square
+    if runtime_pass_hbm(ctx) is not None:
+        return runtime_pass_cost(node, ctx, flops_per_param, matmul + attention, tokens,
+                                 square, how, mini_batches, epochs)
     mfu = efficiency(ctx, mfu)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
@@ -261,3 +296,34 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     if driver:
         ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
     return (seconds + exchange + floor) * epochs + driver
+
+
+def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, flops: float,
+                      tokens: float, square: float, how: str, mini_batches: int,
+                      epochs: int) -> float:
+    """rlgraph's eager passes on GPUs: the device runs `flops` (matmuls and attention) at
+    COSTS.gemm_efficiency of the group's peak (times the pipeline bubble), then the eager
+    activation traffic, the fp32 log-prob head and the padding mask at HBM speed (and a MoE
+    model's all-to-all), while the host launches them (`host_floor` at
+    COSTS.eager_pass_host_seconds_per_layer); kernels run asynchronously, so a call lasts
+    the longer of the two, plus the data-parallel replicas' dispatch and gradient sum."""
+    model = lengths.of(ctx.spec.data.response_len)
+    passes = flops_per_param / 2
+    units = compute_units(ctx)
+    compute = flops / (ctx.gpu.bf16_flops * COSTS.gemm_efficiency * units)
+    compute *= pipeline_bubble(node, ctx)
+    terms = {"activations": eager_activation_traffic(ctx, tokens, passes),
+             "fp32 logits": logits_traffic(ctx, tokens, flops_per_param),
+             "padding-mask bias": mask_traffic(ctx, model, square, flops_per_param),
+             "expert all-to-all": expert_all_to_all(node, ctx, tokens, passes)}
+    device = compute + sum(terms.values())
+    host = host_floor(node, ctx, passes, mini_batches, COSTS.eager_pass_host_seconds_per_layer)
+    updates = mini_batches * epochs
+    replicas = data_parallel_overhead(node, ctx, flops_per_param > 2, updates)
+    ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
+                           f"{tokens:.3g} tokens ({how}) at {COSTS.gemm_efficiency:.0%} of "
+                           f"{ctx.gpus} x {ctx.gpu.name} {compute:.3g} s"
+                           + "".join(f" + {k} {v:.3g} s" for k, v in terms.items() if v)
+                           + f" (device), host launches {host:.3g} s: the longer"
+                           + (f" + replicas {replicas:.3g} s" if replicas else ""))
+    return max(device, host) * epochs + replicas

@@ -45,6 +45,9 @@ class CostConstants:
     split_kv_block_bytes_per_s: float = 11e9
     static_decode_host_seconds_per_step: float = 0.66e-3
     logits_bytes_backward: float = 34.0
+    eager_activation_bytes_per_hidden: float = 278.0
+    eager_pass_host_seconds_per_layer: float = 1.53e-3
+    replica_dispatch_s: float = 0.028
 
 
 COSTS = CostConstants()
@@ -193,6 +196,36 @@ COST_SOURCES: dict[str, str] = {
                                            "graph replays (launch, finished-row checks every "
                                            "sync_every steps, compaction); 0.85 / 0.91 ms in "
                                            "the same call's sync/sdpa and partial/varlen",
+    "eager_activation_bytes_per_hidden": "bench/results/gpu-node-profile-h200x2.json "
+                                         "`profile` (one H200, qwen2.5-0.5b shape with the "
+                                         "character vocabulary: 24 layers, hidden 896, 358M "
+                                         "matmul params; 512 rows of 40 tokens): logp's "
+                                         "kernels took 55.7 ms and train's 164.3 ms, of "
+                                         "which the matmuls at gemm_efficiency take 18.5 / "
+                                         "55.6 ms; the rest, 37.2 ms a forward and 36.2 ms "
+                                         "per forward-equivalent pass of train (74 ns per "
+                                         "token, layer and pass), is the eager passes' "
+                                         "memory-bound work at 70% of HBM speed: 249 KB = "
+                                         "278 bytes per hidden unit (scaled by the hidden "
+                                         "size: measured at 896 only); the same kernels "
+                                         "priced 2048 rows of the 34-layer variant at 315 / "
+                                         "931 ms against 311 / 943 ms measured "
+                                         "(gpu4-nccl-dp.json separation)",
+    "eager_pass_host_seconds_per_layer": "bench/results/gpu-node-profile-h200x2.json `rows` "
+                                         "128 (host-bound: the device needs ~14 / 41 ms): "
+                                         "logp took 29.2 ms (one forward) and train 112.4 "
+                                         "ms (forward + backward + AdamW: 3 forward-"
+                                         "equivalents) for 24 layers; least squares over "
+                                         "24 and 72 layer-passes: 1.53 ms of Python and "
+                                         "launches per layer and pass (1228 / 3967 kernels "
+                                         "at ~24-28 us each, the profile's counts)",
+    "replica_dispatch_s": "bench/results/gpu-longtail.json (2 H200, tiny preset, 512 rows, "
+                          "host-bound calls): logp took 36.6 ms as two data-parallel "
+                          "replicas (longtail-colocated; the leader's own share 8.4 ms, "
+                          "then 17.6 ms waiting for the follower) against 8.3 ms on one GPU "
+                          "(longtail-split), train 53.6 against 26.5 ms: 28.3 and 27.1 ms "
+                          "a call for handing the follower its share through Ray, its "
+                          "late start and the join",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }
