@@ -68,11 +68,25 @@ def gpu_rows() -> list[dict[str, Any]]:
                 overrides.append("schedule.partial_rollout=true")
             if run.get("transport") in ("nccl", "object_store") and file.name.startswith("gpu4"):
                 overrides.append(f"nodes.param_update.transport={run['transport']}")
+            overrides += one_gpu_driven(run)
             ran_logp = float(run.get("node_s_median", {}).get("logp", 0.0)) > 0
             rows.append(price(f"{file.name}: {name}", ROOT / run["graph"], overrides,
                               float(run["step_s_median"]), SUPERSEDED.get(file.name),
                               logp_ran=ran_logp))
     return rows
+
+
+def one_gpu_driven(run: dict[str, Any]) -> list[str]:
+    """The override that prices a one-group run as it ran where its runtime drove one GPU of
+    the group (runs before data parallelism record groups without `replicas`: one actor on
+    the group's first GPU, e.g. gpu-e2e-static.json's colocated-sync), else none."""
+    groups = run.get("groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        return []
+    (group,) = groups.values()
+    if "replicas" in group or int(group.get("gpus", 1)) <= 1:
+        return []
+    return ["cluster.gpus_per_node=1"]
 
 
 # gpu-longtail-1gpu.json's throughput sections on the current runtime (the earlier ones ran
