@@ -59,8 +59,9 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     torch), the forward runs twice: verl checkpoints activations by default
     (`enable_gradient_checkpointing: True` in verl/trainer/config/ppo_trainer.yaml, also set
     by the published 7B DAPO scripts), so
-    8 * N * tokens. The gradient all-reduce of each update overlaps the backward in
-    buckets (DDP, FSDP), so only compute is priced."""
+    8 * N * tokens. verl's gradient all-reduce of each update overlaps the backward in
+    buckets (DDP, FSDP), so only compute is priced there; rlgraph's replicas sum the
+    gradients after the backward (`parallel.data_parallel_overhead`)."""
     sched = ctx.spec.schedule
     on_policy = (sched.max_lag == 0 and not sched.partial_rollout
                  and node.mini_batches == 1 and node.epochs == 1)
