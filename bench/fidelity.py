@@ -66,7 +66,11 @@ def number(cell: str | None) -> float | None:
 
 
 def published_phases(readme: str, case: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{'sync': {phase: s}, 'async': {phase: s}} of a verl case, from the README tables."""
+    """{'sync': {phase: s}, 'async': {phase: s}} of a verl case: the case's own `phases`
+    (bench/published_extra, quoted from its source), else the README tables."""
+    if case.get("phases"):  # an extra case carries its published phases itself
+        return {mode: {p: float(v) for p, v in figures.items()}
+                for mode, figures in case["phases"].items()}
     name = case["name"]
     phases = ("step", "gen", "generate_sequences", "old_log_prob", "update_actor")
 
@@ -122,6 +126,8 @@ def predicted_phases(plan: dict[str, Any]) -> dict[str, float]:
         out["gen"] = out["generate_sequences"] = by_kind["generate"]
     if "logp" in by_kind:
         out["old_log_prob"] = by_kind["logp"]
+    if "ref_logp" in by_kind:
+        out["ref"] = by_kind["ref_logp"]
     if "train" in by_kind:
         out["update_actor"] = by_kind["train"]
     return out
@@ -174,10 +180,10 @@ def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, An
     }
     phases = published_phases(readme, case)
     if phases:
-        row["phases"] = {
-            "sync": compare(sync_phases(async_plan, sync_plan), phases["sync"]),
-            "async": compare(predicted_phases(async_plan), phases["async"]),
-        }
+        predicted_by_mode = {"sync": lambda: sync_phases(async_plan, sync_plan),
+                             "async": lambda: predicted_phases(async_plan)}
+        row["phases"] = {mode: compare(predicted_by_mode[mode](), figures)
+                         for mode, figures in phases.items()}
     return row
 
 

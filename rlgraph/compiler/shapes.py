@@ -44,6 +44,7 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "intermediate_size": (1, 1 << 22),
     "moe_intermediate_size": (1, 1 << 22),
     "n_routed_experts": (0, 1 << 14),
+    "num_experts": (0, 1 << 14),
     "n_shared_experts": (0, 1 << 10),
     "first_k_dense_replace": (0, 10_000),
     "num_experts_per_tok": (1, 1 << 10),

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from rlgraph.compiler.costs import NodeCost
+from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
 from rlgraph.presets.costs import COSTS, pass_efficiency
@@ -39,10 +40,13 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     gpu = GPU_PRESETS.get(spec.cluster.gpu)
     if gpu is not None and not spec.cluster.local and any(
             KINDS[spec.nodes[n].kind].sequence_passes for _, n in modelled):
-        lines.append(f"train / logp passes run at "
-                     f"{pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s):.0%} of "
-                     f"{gpu.name} peak (roofline from Megatron's 52% on A100; not measured "
-                     f"on this cluster: `rlgraph compile --calibrate RUN`)")
+        moe = shape_of(spec).moe_layers > 0
+        figure = pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s) * (
+            COSTS.moe_pass_factor if moe else 1.0)
+        lines.append(f"train / logp passes run at {figure:.0%} of {gpu.name} peak (roofline "
+                     f"from Megatron's 52% on A100"
+                     + (f", x {COSTS.moe_pass_factor:g} for routed experts" if moe else "")
+                     + "; not measured on this cluster: `rlgraph compile --calibrate RUN`)")
     busy = sum(s for s, _ in modelled)
     for seconds, name in reversed(modelled[-2:]):
         if busy > 0 and seconds >= 0.2 * busy:

@@ -77,6 +77,15 @@ def efficiency(ctx: CostContext, local_figure: float) -> float:
     return pass_efficiency(ctx.gpu.bf16_flops, ctx.gpu.hbm_bytes_per_s)
 
 
+def moe_factor(ctx: CostContext) -> float:
+    """COSTS.moe_pass_factor for a model with routed experts on GPUs (small grouped GEMMs,
+    router, token permutation: a fine-grained MoE sustains less of the roofline figure than a
+    dense model), else 1 (a local CPU cluster's figure is measured as it is)."""
+    if not ctx.shape.moe_layers or ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return 1.0
+    return COSTS.moe_pass_factor
+
+
 def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
     """Time factor of a pp-stage pipeline over one-sequence micro-batches: (m + pp - 1) / m."""
     pp = getattr(node, "pp", 1)
@@ -269,7 +278,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     if runtime_pass_hbm(ctx) is not None:
         return runtime_pass_cost(node, ctx, flops_per_param, matmul + attention, tokens,
                                  square, how, mini_batches, epochs)
-    mfu = efficiency(ctx, mfu)
+    mfu = efficiency(ctx, mfu) * moe_factor(ctx)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
                            f"{tokens:.3g} tokens ({how}) + attention "

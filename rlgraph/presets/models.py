@@ -12,7 +12,9 @@ from typing import Any
 PASS_WIDTH_BLOCK = 256  # response widths of a length-sorted pass are multiples of it (few shapes)
 
 # Shapes in Hugging Face config keys. Sources: each model's config.json on its hub page;
-# red-moe-16b is approximated by DeepSeek-MoE-16B's published shape (same size class).
+# red-moe-16b is approximated by DeepSeek-MoE-16B's published shape (same size class);
+# qwen3-30b-a3b is Qwen/Qwen3-30B-A3B's config.json (qwen3_moe: 128 experts, top-8, no shared
+# expert, every layer sparse), 30.5B parameters = 61.1 GB in bf16 (its safetensors: 56.9 GiB).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         model_type="llama", vocab_size=64, hidden_size=128, num_hidden_layers=4,
@@ -53,6 +55,13 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         model_type="qwen3", vocab_size=151936, hidden_size=2560, num_hidden_layers=36,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=9728,
         max_position_embeddings=40960, tie_word_embeddings=True,
+    ),
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        max_position_embeddings=40960, tie_word_embeddings=False,
     ),
     "red-moe-16b": dict(
         model_type="deepseek_v2-like", vocab_size=102400, hidden_size=2048,
@@ -112,7 +121,7 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
     vocab = int(config["vocab_size"])
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
     dense_mlp = 3 * hidden * int(config["intermediate_size"])
-    experts = int(config.get("n_routed_experts", 0))
+    experts = int(config.get("n_routed_experts") or config.get("num_experts") or 0)
     if experts:
         expert_mlp = 3 * hidden * int(config["moe_intermediate_size"])
         shared = int(config.get("n_shared_experts", 0)) * expert_mlp

@@ -28,6 +28,7 @@ from rlgraph.nodes.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.presets.models import MODEL_PRESETS, model_shape
 
 
 def seconds(spec: Any, node: str) -> float:
@@ -191,6 +192,31 @@ def test_moe_counts_active_parameters_and_pays_the_expert_all_to_all() -> None:
     exchange = tokens * 27 * 6 * 2 * 0.75 * shape.hidden * 2 * 3 / 4 / GPU_PRESETS[
         "H100"].nvlink_bytes_per_s
     assert seconds(ep4, "train") - seconds(moe, "train") == pytest.approx(exchange)
+
+
+def test_moe_passes_run_below_the_dense_roofline_figure(monkeypatch: Any) -> None:
+    verl = {**NODES, "generate": {"engine": "sglang"}}  # verl-priced: the roofline figure
+    moe, dense = spec_of(model={"preset": "red-moe-16b"}, nodes=verl), spec_of(nodes=verl)
+    h100 = GPU_PRESETS["H100"]
+    figure = pass_efficiency(h100.bf16_flops, h100.hbm_bytes_per_s) * COSTS.moe_pass_factor
+    priced = {name: costs_of(spec)["train"] for name, spec in (("moe", moe), ("dense", dense))}
+    assert f"at {figure:.0%} of" in priced["moe"].detail
+    assert 0.5 < COSTS.moe_pass_factor < 1.0
+    monkeypatch.setattr("rlgraph.nodes.parallel.COSTS",
+                        dataclasses.replace(COSTS, moe_pass_factor=1.0))
+    assert seconds(moe, "train") < priced["moe"].seconds  # the factor slows MoE passes
+    assert seconds(dense, "train") == pytest.approx(priced["dense"].seconds)  # dense untouched
+    monkeypatch.undo()
+    said = [a for a in compile_plan(moe).trust.assumptions if "passes run at" in a]
+    assert said and f"{figure:.0%} of H100" in said[0] and "routed experts" in said[0]
+
+
+def test_qwen3_moe_preset_reads_num_experts() -> None:
+    shape = model_shape(MODEL_PRESETS["qwen3-30b-a3b"])  # the released model's vocabulary
+    # Qwen/Qwen3-30B-A3B's model card: 30.5B parameters, 3.3B activated, 48 layers
+    assert shape.params == pytest.approx(30.5e9, rel=0.01)
+    assert shape.active_params == pytest.approx(3.3e9, rel=0.03)
+    assert (shape.moe_layers, shape.top_k, shape.kv_heads, shape.head_dim) == (48, 8, 4, 128)
 
 
 def test_cost_overrides() -> None:
