@@ -31,12 +31,14 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
     """Fixed seconds per layer and decode step, and what it is: the floor of a compiled
     CUDA-graph decode (SGLang, or engine native's static decoder with cuda_decode compiled),
     of an uncompiled one (cuda_decode graphs: unfused kernels) or the dynamic decode's host
-    overhead."""
+    overhead (on a local CPU cluster, its own measured figure)."""
     local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
     if node.engine == "sglang" or (not local and node.cuda_decode == "compiled"):
         return COSTS.graph_decode_floor_per_layer_s, "compiled CUDA-graph floor"
     if not local and node.cuda_decode == "graphs":
         return COSTS.graphs_only_decode_floor_per_layer_s, "uncompiled CUDA-graph floor"
+    if local:
+        return COSTS.local_decode_seconds_per_layer, "CPU decode overhead"
     return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
 
 

@@ -17,14 +17,15 @@ class CostConstants:
     modelled time of each node with a measured one when these assumptions do not fit a machine.
     """
 
-    train_mfu: float = 0.40
-    forward_mfu: float = 0.50
-    prefill_mfu: float = 0.50
+    train_mfu: float = 0.62
+    forward_mfu: float = 0.60
+    prefill_mfu: float = 0.60
     gemm_efficiency: float = 0.80
     reference_mfu: float = 0.52
     reference_ridge_flop_per_byte: float = 312e12 / 2.039e12
     decode_hbm_efficiency: float = 0.70
     native_decode_overhead_per_layer_s: float = 0.68e-3
+    local_decode_seconds_per_layer: float = 0.34e-3
     graph_decode_floor_per_layer_s: float = 47e-6
     graphs_only_decode_floor_per_layer_s: float = 133e-6
     tp_allreduce_latency_s: float = 10e-6
@@ -68,13 +69,24 @@ def pass_efficiency(bf16_flops: float, hbm_bytes_per_s: float) -> float:
     return 1 / (1 / COSTS.gemm_efficiency + ridge * memory_per_flop)
 
 COST_SOURCES: dict[str, str] = {
-    "train_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): the tiny quickstart "
-                 "measured 46 GFLOP/s in train on one core (cpu preset, 2026-11-22): 40% of "
-                 "the ~96 GFLOP/s fp32 peak",
-    "forward_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): a forward without "
-                   "backward or optimizer step: 50% of the fp32 peak assumed",
+    "train_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): bench/results/"
+                 "async_vs_sync.json (2026-11-26, quiet 2-core host, 3 interleaved repeats): "
+                 "one_step_off's trainer (one core, both cores busy) trained the long-tail "
+                 "batch (1.73e10 FLOP) in a median 167 ms, 103 GFLOP/s = 62% of the cpu "
+                 "preset's 166 GFLOP/s; the quickstart's split (async_vs_sync-quickstart.json) "
+                 "gave 100 GFLOP/s (60%). An earlier 46 GFLOP/s (2026-11-22) was measured "
+                 "beside other load",
+    "forward_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): the same runs' logp "
+                   "(one core, both busy): 57.5 ms for 5.75e9 FLOP, 100 GFLOP/s = 60% of "
+                   "peak (the quickstart's ref_logp: 62%)",
     "prefill_mfu": "local CPU clusters only (GPUs: `pass_efficiency`): prefill is a "
                    "large-batch forward like logp",
+    "local_decode_seconds_per_layer": "local CPU clusters only: bench/results/"
+                                      "async_vs_sync.json (2026-11-26) sync_1core: the "
+                                      "long-tail batch's generate took a median 134 ms on "
+                                      "one core for its 79 decode steps of a 4-layer model, "
+                                      "where the H200 host's 0.68 ms a layer priced 257 ms: "
+                                      "0.34 ms of host work a layer and step on this CPU",
     "gemm_efficiency": "/work/.library/device/README.md (this workplace's lent H200): 'bf16 "
                        "matrix work at about 790 TFLOP/s' = 80% of the 989 TFLOP/s datasheet "
                        "peak; the GEMM share of a pass runs at it",

@@ -61,10 +61,11 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         sms=78,
     ),
     "cpu": GPUPreset(
-        "cpu", 1e11, 1e10, 4 * GB, 2 * GB, 1 * GB,
-        "one x86 core running fp32 torch: 2 AVX2 FMA units x 8 lanes x 2 FLOP x ~3 GHz "
-        "= ~96 GFLOP/s peak (the tiny quickstart measured 46 GFLOP/s in train, 2026-11-22; "
-        "calibrate with `rlgraph compile --calibrate RUN/trace.json`); memory copies ~10 GB/s",
+        "cpu", 1.66e11, 1e10, 4 * GB, 2 * GB, 1 * GB,
+        "one core of this workplace's CI machine running fp32 torch: AMD EPYC, cpu family "
+        "26 (Zen 5, /proc/cpuinfo), 2 full-width AVX-512 FMA pipes x 16 fp32 lanes x 2 FLOP "
+        "x 2.6 GHz = 166 GFLOP/s peak (other hosts differ: calibrate with `rlgraph compile "
+        "--calibrate RUN/trace.json`); memory copies ~10 GB/s",
         host_bytes_per_s=10 * GB,
     ),
 }
