@@ -44,19 +44,33 @@ def compute_units(ctx: CostContext) -> float:
     return float(ctx.gpus)
 
 
+def threaded_process(ctx: CostContext) -> bool:
+    """Whether the node's process on a local CPU cluster holds more than one slot: it then
+    runs several torch threads (rlgraph.runtime.threads times one thread against one per slot
+    on a forward + backward at start-up; on a quiet host the threads win for a step-sized
+    pass)."""
+    if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
+        return False
+    replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
+    return ctx.gpus // replicas > 1
+
+
 def thread_slowdown(ctx: CostContext) -> float:
-    """Time factor of a local CPU process's passes (1 on GPUs): with several slots a process
-    runs the faster of one torch thread and one per slot (rlgraph.runtime.threads measures
-    both at start-up and keeps the faster), so COSTS.local_threaded_process_slowdown counts
-    only where it is below 1; and a process that computes alone on a host of several cores
-    (`sole_process_speedup`) runs uncontended, where the CPU figures are measured with every
-    core busy."""
+    """Time factor of a local CPU process's passes (1 on GPUs): a process of several slots
+    runs them COSTS.local_multithread_pass_speedup faster on its threads, and a process that
+    computes alone on a host of several cores (`sole_process_speedup`) runs uncontended,
+    where the CPU figures are measured with every core busy."""
     if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
         return 1.0
-    replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
-    threads = (min(1.0, COSTS.local_threaded_process_slowdown) if ctx.gpus // replicas > 1
-               else 1.0)
+    threads = 1 / COSTS.local_multithread_pass_speedup if threaded_process(ctx) else 1.0
     return threads / sole_process_speedup(ctx)
+
+
+def thread_handoff(ctx: CostContext) -> float:
+    """Seconds per layer a decode step of a threaded local process adds
+    (COSTS.local_thread_handoff_seconds_per_layer: a decode step's ops are too small to
+    split, and each hands off between the threads); 0 for a one-thread process or a GPU."""
+    return COSTS.local_thread_handoff_seconds_per_layer if threaded_process(ctx) else 0.0
 
 
 def sole_process_speedup(ctx: CostContext) -> float:

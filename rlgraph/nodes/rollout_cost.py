@@ -21,7 +21,7 @@ from typing import Any
 
 from rlgraph.nodes import lengths, rollout_rounds
 from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units, efficiency, thread_slowdown
+from rlgraph.nodes.parallel import compute_units, efficiency, thread_handoff, thread_slowdown
 from rlgraph.presets.costs import COSTS
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
@@ -98,7 +98,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     fixed = shape.layers * (floor + allreduce)
     if ctx.extra.get("local", gpu.name == "cpu"):
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
-        return (compute + sampling) * thread_slowdown(ctx) + fixed
+        return ((compute + sampling) * thread_slowdown(ctx)
+                + shape.layers * (floor + thread_handoff(ctx)))
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
     host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
     return gemms + kv + sampling + fixed + host

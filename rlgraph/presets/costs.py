@@ -32,7 +32,8 @@ class CostConstants:
     sampling_logit_passes: float = 3.5
     generate_call_overhead_s: float = 0.046
     generate_host_seconds_per_row: float = 128e-6
-    local_threaded_process_slowdown: float = 1.38
+    local_multithread_pass_speedup: float = 1.33
+    local_thread_handoff_seconds_per_layer: float = 0.54e-3
     local_sole_process_speedup: float = 1.7
     reshard_bytes_per_s: float = 32 * GB / 175
     local_extra_replica_efficiency: float = 0.34
@@ -140,12 +141,21 @@ COST_SOURCES: dict[str, str] = {
                                 "response texts); rlgraph's runtime only (engine native)",
     "generate_host_seconds_per_row": "the same fit as generate_call_overhead_s: 0.128 ms of "
                                      "host work per row of a replica per generate call",
-    "local_threaded_process_slowdown": "COST_SOURCES['local_extra_replica_efficiency']'s "
-                                       "measurement (2-core host, longtail graph): two torch "
-                                       "threads in one process took 1.02 s a step where one "
-                                       "took 0.741 s (1.38x): a tiny model's ops are too small "
-                                       "to split and the threads contend; a local process "
-                                       "with more than one thread is priced that much slower",
+    "local_multithread_pass_speedup": "bench/results/async_vs_sync.json (2026-11-26, quiet "
+                                      "2-core host, 3 interleaved repeats): the colocated "
+                                      "sync (one process of 2 slots: runtime.threads chose 2 "
+                                      "threads) trained the long-tail batch in a median 129 "
+                                      "ms against sync_1core's 172 ms (1.33x); the "
+                                      "quickstart's colocated train 150 ms against its "
+                                      "split's 184 (1.23x). (On a host shared with other "
+                                      "work two threads ran 1.38x slower; runtime.threads "
+                                      "then keeps one)",
+    "local_thread_handoff_seconds_per_layer": "the same runs' generate: 306 ms on the two "
+                                              "threads against 134 ms on one, over the "
+                                              "batch's 79 decode steps of a 4-layer model: "
+                                              "+0.54 ms a layer and step (a decode step's "
+                                              "ops are too small to split; each hands off "
+                                              "between the threads)",
     "local_sole_process_speedup": "bench/results/vs_trl.json (2-core host, rounds 0-1, the "
                                   "same workload and torch thread): train took 64 / 62 ms a "
                                   "step in the sync plan, one process computing with the "
