@@ -47,6 +47,10 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
                      f"from Megatron's 52% on A100"
                      + (f", x {COSTS.moe_pass_factor:g} for routed experts" if moe else "")
                      + "; not measured on this cluster: `rlgraph compile --calibrate RUN`)")
+    if spec.cluster.local and modelled:
+        lines.append("CPU costs are one quiet 2-core AMD EPYC (Zen 5) VM's, measured by "
+                     "bench/async_vs_sync.py; the same VM beside other load ran 1.6-2.5x "
+                     "slower: `rlgraph compile --calibrate RUN` on this host")
     busy = sum(s for s, _ in modelled)
     for seconds, name in reversed(modelled[-2:]):
         if busy > 0 and seconds >= 0.2 * busy:

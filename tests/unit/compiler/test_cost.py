@@ -290,6 +290,11 @@ def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
     without = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={})))
     assert without["pricing"]["runtime"] == "rlgraph runtime"
     assert not without["trust"]["calibrated"]
+    assert not any("CPU costs" in line for line in plan["trust"]["assumptions"])
+    local = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={}),
+                                 cluster={"local": True, "cpus": 2}, model={"preset": "tiny"}))
+    said = [line for line in local["trust"]["assumptions"] if "CPU costs" in line]
+    assert said and "--calibrate" in said[0]  # a local plan names the host it was priced on
 
 
 def test_long_tails_and_many_ranks_slow_a_step() -> None:
