@@ -104,7 +104,8 @@ def longtail_rows() -> list[dict[str, Any]]:
     alternate, so a median of steps misstates the period)."""
     rows = []
     for name, sections in (("gpu-longtail-1gpu.json", LONGTAIL),
-                           ("gpu-stream-1gpu.json", STREAM_SECTIONS)):
+                           ("gpu-stream-1gpu.json", STREAM_SECTIONS),
+                           ("gpu-stream-1gpu-long.json", STREAM_SECTIONS)):
         file = RESULTS / name
         if not file.is_file():
             continue
@@ -113,7 +114,7 @@ def longtail_rows() -> list[dict[str, Any]]:
             for mode, run in (result.get(section) or {}).items():
                 if not isinstance(run, dict) or "graph" not in run:
                     continue
-                if name.startswith("gpu-stream") and mode == "sync":
+                if name == "gpu-stream-1gpu.json" and mode == "sync":
                     continue  # the same sync as gpu-longtail-1gpu's, one call earlier
                 measured = steady_step(run)
                 rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
@@ -122,10 +123,17 @@ def longtail_rows() -> list[dict[str, Any]]:
 
 
 def steady_step(run: dict[str, Any]) -> float:
-    """Mean step after the warm-up step 0 (a streamed run: its version's); a partial
-    rollout's short and long rounds alternate, so its steps count in whole pairs (an odd
-    count ending on a short step would understate the period)."""
+    """Mean step after the warm-up step 0 (a streamed run: its version's, after the
+    max_lag + 1 versions that fill its pipeline, where it recorded them); a partial rollout's
+    short and long rounds alternate, so its steps count in whole pairs (an odd count ending on
+    a short step would understate the period)."""
     if run.get("mini_batches", 1) > 1:  # streamed: step_s_all holds optimizer steps
+        # the pipeline fills over max_lag + 1 versions (the lag climbs 0..max_lag, the last
+        # of them finishes every group started at version 0); then whole short/long pairs
+        versions = (run.get("version_s") or [])[int(run.get("max_lag", 0)) + 1:]
+        versions = versions[:len(versions) // 2 * 2]
+        if versions:
+            return sum(versions) / len(versions)
         return float(run["step_s_steady_mean"])
     after = (run.get("step_s_all") or [])[1:]
     if run.get("partial_rollout") and len(after) % 2:
