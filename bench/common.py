@@ -3,13 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+
+
+@contextlib.contextmanager
+def mirrored(src: Path, dst: Path, every_s: float = 5.0) -> Iterator[None]:
+    """Copy `src` (a run's metrics.jsonl, written step by step) to `dst` every `every_s`
+    seconds while the block runs, so a benchmark cut off mid-mode (a device call's time
+    limit) still leaves the steps it finished; `dst` is removed when the block completes
+    (its figures are then in the result file)."""
+    done = threading.Event()
+
+    def copy() -> None:
+        with contextlib.suppress(OSError):
+            if src.is_file():
+                shutil.copyfile(src, dst)
+
+    def loop() -> None:
+        while not done.wait(every_s):
+            copy()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        done.set()
+        copy()  # what the mode finished before it failed
+        raise
+    done.set()
+    thread.join()
+    dst.unlink(missing_ok=True)
 
 
 def machine() -> dict:

@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import device_info, machine, run_figures  # noqa: E402
+from bench.common import device_info, machine, mirrored, run_figures  # noqa: E402
 from bench.longtail_engine import (  # noqa: E402
     decode_part,
     step_sweep_part,
@@ -161,8 +161,10 @@ def per_step(rows: list[dict], key: str) -> list[float]:
 
 
 def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Path,
-             forced: bool) -> dict[str, Any]:
-    """One schedule of `graph` for `steps` train steps (see the module docstring)."""
+             forced: bool, progress: Path | None = None) -> dict[str, Any]:
+    """One schedule of `graph` for `steps` train steps (see the module docstring); with
+    `progress` (a folder), its metrics are mirrored there as `NAME.metrics.jsonl` while it
+    runs (`common.mirrored`), so a call cut off mid-mode keeps its finished steps."""
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
@@ -171,8 +173,13 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
-    result = Runner(plan, RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
-                                           checkpoint_every_s=0)).run()  # no periodic ones
+    options = RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
+                         checkpoint_every_s=0)  # no periodic checkpoints
+    if progress is None:
+        result = Runner(plan, options).run()
+    else:
+        with mirrored(run_dir / "metrics.jsonl", progress / f"{name}.metrics.jsonl"):
+            result = Runner(plan, options).run()
     rows = result.rows
     k = spec.schedule.mini_batches  # rows per version: one per optimizer step when streaming
     after = rows[k:]  # the versions after the first (warm-up)
@@ -392,7 +399,7 @@ def main() -> int:
                 try:
                     res["throughput"][key] = run_mode(
                         mode, graph, without_logp(graph, ov) if mode in NO_LOGP else ov,
-                        args.steps, runs, forced=True)
+                        args.steps, runs, forced=True, progress=args.out)
                 except Exception as exc:  # record it and go on to the next mode
                     res["throughput"][key] = {"error": f"{type(exc).__name__}: {exc}"}
                 r = res["throughput"][key]
