@@ -3,11 +3,12 @@
 A local group of several CPU slots can run its model with one intra-op thread per slot, or
 with one thread. For a small model each op is too short for threads to pay (the hand-off
 costs more than the split saves), and on a machine shared with other work a thread waiting
-for a descheduled partner stalls every op: on 2 cores the tiny preset trained 1.38x faster
-on one thread than on two (bench/results/async_vs_sync.json, sync_1core vs sync), and the
-329K-parameter Llama of bench/trl_workload.py, on a 2-core machine shared with other jobs
-(2026-11-24), generated a step in 77 vs 417 ms and trained it in 146 vs 625 ms on one vs two
-threads. A larger model gains from the second thread. So an actor holding more than one
+for a descheduled partner stalls every op: on 2 cores shared with other work the tiny preset
+trained 1.38x faster on one thread than on two, and the 329K-parameter Llama of
+bench/trl_workload.py (2026-11-24) generated a step in 77 vs 417 ms and trained it in 146 vs
+625 ms on one vs two threads. On the same 2 cores, quiet (bench/results/async_vs_sync.json,
+2026-11-26), two threads trained the tiny preset 1.33x faster but decoded 2.3x slower. So an
+actor holding more than one
 slot times a forward and backward of a step-sized batch on one thread and on all its slots,
 and keeps the faster (the least of `REPEATS` timings each, after a warm-up pass).
 """
