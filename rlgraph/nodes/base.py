@@ -86,6 +86,12 @@ class CostContext:
     colocated: frozenset[str] = frozenset()  # kinds sharing the node's group
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def local(self) -> bool:
+        """Whether the node runs on a local CPU cluster (the compiler's placement says; a
+        bare context on the cpu preset counts as one)."""
+        return bool(self.extra.get("local", self.gpu.name == "cpu"))
+
 
 EdgeList = list[tuple[str, str]]
 

@@ -38,7 +38,7 @@ def compute_units(ctx: CostContext) -> float:
     each data-parallel replica past the first adds COSTS.local_extra_replica_efficiency of a
     core, and a replica's extra torch threads add nothing (a tiny model's ops are too small
     to split)."""
-    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if ctx.local:
         replicas = min(ctx.gpus, int(ctx.extra.get("replicas", 1)))
         return 1 + (replicas - 1) * COSTS.local_extra_replica_efficiency
     return float(ctx.gpus)
@@ -49,7 +49,7 @@ def threaded_process(ctx: CostContext) -> bool:
     runs several torch threads (rlgraph.runtime.threads times one thread against one per slot
     on a forward + backward at start-up; on a quiet host the threads win for a step-sized
     pass)."""
-    if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if not ctx.local:
         return False
     replicas = max(1, min(ctx.gpus, int(ctx.extra.get("replicas", 1))))
     return ctx.gpus // replicas > 1
@@ -60,7 +60,7 @@ def thread_slowdown(ctx: CostContext) -> float:
     runs them COSTS.local_multithread_pass_speedup faster on its threads, and a process that
     computes alone on a host of several cores (`sole_process_speedup`) runs uncontended,
     where the CPU figures are measured with every core busy."""
-    if not ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if not ctx.local:
         return 1.0
     threads = 1 / COSTS.local_multithread_pass_speedup if threaded_process(ctx) else 1.0
     return threads / sole_process_speedup(ctx)
@@ -86,7 +86,7 @@ def efficiency(ctx: CostContext, local_figure: float) -> float:
     """Fraction of peak a large-batch pass sustains on the node's hardware: on GPUs from the
     roofline (`presets.costs.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
     at HBM speed); on a local CPU cluster the measured `local_figure` (COSTS.train_mfu, ...)."""
-    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if ctx.local:
         return local_figure
     return pass_efficiency(ctx.gpu.bf16_flops, ctx.gpu.hbm_bytes_per_s)
 
@@ -95,7 +95,7 @@ def moe_factor(ctx: CostContext) -> float:
     """COSTS.moe_pass_factor for a model with routed experts on GPUs (small grouped GEMMs,
     router, token permutation: a fine-grained MoE sustains less of the roofline figure than a
     dense model), else 1 (a local CPU cluster's figure is measured as it is)."""
-    if not ctx.shape.moe_layers or ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if not ctx.shape.moe_layers or ctx.local:
         return 1.0
     return COSTS.moe_pass_factor
 
@@ -143,7 +143,7 @@ def host_floor(node: NodeSpec, ctx: CostContext, passes: float, mini_batches: in
     backward."""
     rows = ctx.spec.data.samples_per_step()
     ranks = max(1, ctx.gpus // node.model_parallel())
-    if ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if ctx.local:
         ranks = int(ctx.extra.get("replicas", 1))
     share = math.ceil(rows / mini_batches / ranks)
     micro = getattr(node, "micro_batch", None) or share
@@ -190,7 +190,7 @@ def expert_all_to_all(node: NodeSpec, ctx: CostContext, tokens: float, passes: f
     NVLink when the ep group fits in a node, else the network; not overlapped with compute
     (Megatron's default alltoall dispatcher waits for it)."""
     shape, ep = ctx.shape, getattr(node, "ep", 1)
-    if ep <= 1 or not shape.moe_layers or ctx.extra.get("local", ctx.gpu.name == "cpu"):
+    if ep <= 1 or not shape.moe_layers or ctx.local:
         return 0.0
     copies = tokens * shape.moe_layers * shape.top_k * 2 * (ep - 1) / ep
     per_gpu = copies * shape.hidden * 2 * passes / max(1, ctx.gpus)
@@ -216,7 +216,7 @@ def runtime_pass_hbm(ctx: CostContext) -> float | None:
     """HBM bytes/s over which rlgraph's own passes move memory-bound data (a replica's
     share, `compute_units`); None on a local CPU cluster (inside its measured MFU) or priced
     as verl's hybrid engine (its own kernels)."""
-    if ctx.extra.get("local", ctx.gpu.name == "cpu") or hybrid_engine_priced(ctx.spec):
+    if ctx.local or hybrid_engine_priced(ctx.spec):
         return None
     return ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
 

@@ -32,7 +32,7 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
     CUDA-graph decode (SGLang, or engine native's static decoder with cuda_decode compiled),
     of an uncompiled one (cuda_decode graphs: unfused kernels) or the dynamic decode's host
     overhead (on a local CPU cluster, its own measured figure)."""
-    local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
+    local = ctx.local
     if node.engine == "sglang" or (not local and node.cuda_decode == "compiled"):
         return COSTS.graph_decode_floor_per_layer_s, "compiled CUDA-graph floor"
     if not local and node.cuda_decode == "graphs":
@@ -44,7 +44,7 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
 
 def static_engine(node: Any, ctx: CostContext) -> bool:
     """Whether generate decodes on engine native's static engine (a GPU, CUDA graphs)."""
-    local = bool(ctx.extra.get("local", ctx.gpu.name == "cpu"))
+    local = ctx.local
     return node.engine == "native" and not local and node.cuda_decode != "dynamic"
 
 
@@ -95,11 +95,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
     allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
-    fixed = shape.layers * (floor + allreduce)
-    if ctx.extra.get("local", gpu.name == "cpu"):
+    fixed = shape.layers * (floor + allreduce + thread_handoff(ctx))
+    if ctx.local:
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
-        return ((compute + sampling) * thread_slowdown(ctx)
-                + shape.layers * (floor + thread_handoff(ctx)))
+        return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
     host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
     return gemms + kv + sampling + fixed + host
@@ -178,7 +177,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     tp = node.tp
     batch = data.samples_per_step()
     replicas = max(1, ctx.gpus // tp)
-    if ctx.extra.get("local", gpu.name == "cpu"):  # one engine per process, threads aside
+    if ctx.local:  # one engine per process, threads aside
         replicas = min(replicas, int(ctx.extra.get("replicas", 1)))
     per_replica = math.ceil(batch / replicas)
     model = lengths.of(data.response_len)
@@ -214,7 +213,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
                * thread_slowdown(ctx))
     host = 0.0
-    if node.engine == "native" and not ctx.extra.get("local", gpu.name == "cpu"):
+    if node.engine == "native" and not ctx.local:
         host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
