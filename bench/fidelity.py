@@ -28,8 +28,11 @@ from typing import Any
 from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
+from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
+from rlgraph.nodes import lengths
+from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.tune.search import tune
 
 SPEEDUP_TARGET = 0.25
@@ -216,6 +219,49 @@ def implied_mean(case: dict[str, Any], published: Path, readme: str) -> dict[str
                        for phase, f in figures.items()}}
 
 
+# FLOPs per matmul parameter and token of a phase at its physical floor: a forward, and a
+# forward + backward without activation recompute (the floor holds whether or not verl
+# recomputed)
+FLOOR_PASSES = {"old_log_prob": 2, "update_actor": 6}
+
+
+def peak_floor(case: dict[str, Any], published: Path, readme: str) -> list[dict[str, Any]]:
+    """Each published old_log_prob / update_actor of a verl case against the least time its
+    GPUs could take for the graph's stated workload: every matmul FLOP (forward 2 N, forward +
+    backward 6 N per token, N the matmul parameters) and causal attention's over every token
+    (prompt + the stated mean response) at 100% of the GPUs' dense bf16 peak. A published
+    figure below 1x its floor cannot come from the stated workload: that run trained fewer
+    tokens than the graph says (a different mean response length)."""
+    rows, phases = [], published_phases(readme, case)
+    for mode, graph in (("sync", case["sync"]), ("async", case["async"])):
+        if graph == "-" or mode not in phases:
+            continue
+        spec = load_spec(graph_path(published, graph), list(case.get("overrides", [])))
+        plan = compile_plan(spec)
+        kinds = {n: s.get("kind") for n, s in plan["spec"]["nodes"].items()}
+        gpus = {kind: sum(g["gpus"] for g in plan["placement"]["groups"]
+                          if any(kinds.get(t) == kind for t in g["tasks"]))
+                for kind in ("logp", "train")}
+        shape, data = shape_of(spec), spec.data
+        mean, second = lengths.moments(lengths.of(data.response_len))
+        samples = data.samples_per_step()
+        tokens = samples * (data.prompt_len + mean)
+        square = samples * (data.prompt_len ** 2 + 2 * data.prompt_len * mean + second)
+        peak = GPU_PRESETS[spec.cluster.gpu].bf16_flops
+        for phase, per_param in FLOOR_PASSES.items():
+            figure = phases.get(mode, {}).get(phase)
+            kind = "train" if phase == "update_actor" else "logp"
+            if not figure or not gpus[kind]:
+                continue
+            flops = per_param * shape.matmul_active * tokens + (
+                per_param / 2 * shape.attention_flops(1.0) * square)
+            floor = flops / (gpus[kind] * peak)
+            rows.append({"name": case["name"], "mode": mode, "phase": phase,
+                         "gpus": gpus[kind], "published_s": figure, "floor_s": round(floor, 3),
+                         "over_floor": round(figure / floor, 2)})
+    return rows
+
+
 def tuned(case: dict[str, Any], published: Path, extra: list[str]) -> dict[str, Any]:
     """What `rlgraph tune` proposes for the case's async graph: the best plan's groups, lag,
     period and its speedup over the built-in baseline, beside the published layout's."""
@@ -297,6 +343,15 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                        f"{m['ratio']:.2f} | {ph.get('sync.update_actor', float('nan')):.2f} | "
                        f"{ph.get('sync.gen', float('nan')):.2f} | "
                        f"{ph.get('async.update_actor', float('nan')):.2f} |")
+    if summary.get("peak_floor"):
+        out += ["", "Physical floor of the published passes at each graph's stated workload "
+                "(every FLOP at 100% of the GPUs' dense peak; forward + backward without "
+                "recompute): below 1x, the run cannot have trained the stated tokens:", "",
+                "| case | mode | phase | GPUs | published s | floor s | published / floor |",
+                "|---|---|---|---:|---:|---:|---:|"]
+        out += [f"| {cell(r['name'])} | {r['mode']} | {r['phase']} | {r['gpus']} | "
+                f"{r['published_s']:g} | {r['floor_s']:.0f} | {r['over_floor']:.2f}"
+                f"{' **' if r['over_floor'] < 1 else ''} |" for r in summary["peak_floor"]]
     if summary.get("verl_scaling"):
         out += ["", f"verl's step by cluster size ({SCALING_SEED}, workload {SCALING_GRAPH}; "
                 "the built-in baseline):", "",
@@ -351,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["implied_mean"] = [m for c in cases
                                    if (m := implied_mean(c, published, readme)) is not None]
     summary["verl_scaling"] = verl_scaling(published, args.override)
+    summary["peak_floor"] = [r for c in cases for r in peak_floor(c, published, readme)]
     if args.override:
         print(markdown(rows, summary))
         print(f"\nwith {args.override}: {summary['within_target']}/{summary['cases']} cases "

@@ -10,6 +10,7 @@ from rlgraph.compiler.costs import NodeCost
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
+from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
 
@@ -22,6 +23,29 @@ def _summed(costs: dict[str, NodeCost], pattern: re.Pattern[str]) -> float:
     """Seconds a detail term adds up to over the nodes whose detail names it."""
     return sum(float(m.group(1)) for c in costs.values() for m in [pattern.search(c.detail)]
                if m)
+
+
+# Per GPU, verl's dedicated trainers of its published split runs against the colocated trainer
+# of the same recipe (update_actor x GPUs, colocated over dedicated): one_step_off_policy
+# README 1.13 (FSDP2, 16 vs 12 H20) and 1.32 (Megatron); fully_async_policy README 1.72 /
+# 1.70 / 2.01 (7B, 32 / 64 / 128 H20), 1.67 (Qwen3-30B-A3B, 128 vs 32), 1.25 (multi-turn,
+# 32 vs 16). At the graphs' stated lengths several of those dedicated trainers are faster
+# than the GPUs' dense peak allows (bench/fidelity.py's floor table), so the sources do not
+# settle whether the trainer or the trained lengths differed. Said where train is at least a
+# fifth of the modelled work.
+SPLIT_TRAINER_CAVEAT = (
+    "verl's published split runs trained 1.1-2.0x faster per GPU on their dedicated trainer "
+    "than on the colocated one (median 1.7, 7 runs on H20: verl's one_step_off_policy and "
+    "fully_async_policy READMEs; shorter responses or a faster trainer, the sources do not "
+    "say); this model prices both alike, so the split's trainer may be over-priced and its "
+    "speedup under-priced")
+
+
+def _split_trainer(spec: Spec) -> bool:
+    """Whether the plan prices verl and trains in a group of part of the cluster."""
+    return hybrid_engine_priced(spec) and any(
+        group.share < 1 and any(spec.nodes[t].kind == "train" for t in group.tasks)
+        for group in spec.groups.values())
 
 
 def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
@@ -63,6 +87,9 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     if busy > 0 and host >= 0.05 * busy:
         lines.append(f"generate's host time (per call and row) is {host / busy:.0%} of the "
                      f"modelled work (fit over our H200 runs; Python-bound, host-dependent)")
+    trained = sum(sec for sec, n in modelled if spec.nodes[n].kind == "train")
+    if _split_trainer(spec) and busy > 0 and trained >= 0.2 * busy:
+        lines.append(SPLIT_TRAINER_CAVEAT)
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
         lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "

@@ -24,6 +24,7 @@ from rlgraph.compiler.calibrate import (
 from rlgraph.compiler.costs import switch_seconds
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
+from rlgraph.compiler.trust import SPLIT_TRAINER_CAVEAT
 from rlgraph.nodes.lengths import LengthModel, expected_max, moments
 from rlgraph.nodes.param_update import switch_cost
 from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
@@ -287,7 +288,16 @@ def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
     assert "old_log_prob" not in sync_spec(spec_of(groups=groups, nodes=dict(
         nodes, generate={}))).nodes  # rlgraph's runtime: train recomputes them itself
     assert any("switch" in line for line in plan["trust"]["assumptions"])
+    assert SPLIT_TRAINER_CAVEAT in plan["trust"]["assumptions"]  # verl's split trainers
+    colocated = compile_plan(spec_of(groups={"all": {"share": 1.0, "tasks": [
+        "generate", "train"]}}, nodes=nodes))
+    assert SPLIT_TRAINER_CAVEAT not in colocated["trust"]["assumptions"]
+    generate_bound = compile_plan(spec_of(groups=groups, nodes=nodes, data={
+        "prompts_per_step": 4, "samples_per_prompt": 4, "prompt_len": 64,
+        "response_len": {"mean": 2000, "max": 32768}}))  # train a sliver of the work
+    assert SPLIT_TRAINER_CAVEAT not in generate_bound["trust"]["assumptions"]
     without = compile_plan(spec_of(groups=groups, nodes=dict(nodes, generate={})))
+    assert SPLIT_TRAINER_CAVEAT not in without["trust"]["assumptions"]  # rlgraph's runtime
     assert without["pricing"]["runtime"] == "rlgraph runtime"
     assert not without["trust"]["calibrated"]
     assert not any("CPU costs" in line for line in plan["trust"]["assumptions"])

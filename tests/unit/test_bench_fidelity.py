@@ -1,0 +1,65 @@
+"""bench/fidelity.py's physical floor: a published pass faster than every FLOP at the GPUs'
+dense peak is flagged, and the floor follows the graph's GPUs and tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import yaml
+
+_BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(_BENCH))  # fidelity.py imports its sibling `common`
+_spec = importlib.util.spec_from_file_location("bench_fidelity", _BENCH / "fidelity.py")
+assert _spec and _spec.loader
+fidelity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fidelity)
+
+GRAPH = {
+    "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "H20"},
+    "model": {"preset": "qwen2.5-0.5b"},
+    "data": {"prompts_per_step": 64, "samples_per_prompt": 8, "prompt_len": 256,
+             "response_len": {"mean": 1000, "max": 65536}},
+    "algorithm": {"name": "grpo", "kl_coef": 0.0},
+    "nodes": {"generate": {"kind": "generate", "engine": "sglang"}, "reward": {"kind": "reward"},
+              "train": {"kind": "train"},
+              "param_update": {"kind": "param_update", "src": "train", "dst": "generate"}},
+}
+
+
+def _case(tmp_path: Path, published: dict[str, dict[str, float]]) -> dict:
+    sync = dict(GRAPH, name="sync", groups={"all": {"share": 1.0, "tasks": [
+        "generate", "train"]}}, schedule={"max_lag": 0})
+    split = dict(GRAPH, name="split", groups={"trainer": {"share": 0.5, "tasks": ["train"]},
+                                              "rollout": {"share": 0.5, "tasks": ["generate"]}},
+                 schedule={"max_lag": 1})
+    for name, graph in (("sync.yaml", sync), ("split.yaml", split)):
+        (tmp_path / name).write_text(yaml.safe_dump(graph))
+    return {"name": "case", "sync": "sync.yaml", "async": "split.yaml", "phases": published}
+
+
+def test_a_pass_faster_than_the_gpus_peak_is_flagged(tmp_path: Path) -> None:
+    case = _case(tmp_path, {"sync": {"update_actor": 1.0}, "async": {"update_actor": 1.0}})
+    rows = {r["mode"]: r for r in fidelity.peak_floor(case, tmp_path, "")}
+    assert rows["sync"]["gpus"] == 16 and rows["async"]["gpus"] == 8
+    # the same tokens on half the GPUs: twice the floor, half the published / floor
+    assert abs(rows["async"]["floor_s"] / rows["sync"]["floor_s"] - 2) < 0.02
+    floor = rows["sync"]["floor_s"]
+    fast = _case(tmp_path, {"sync": {"update_actor": 0.5 * floor}})
+    slow = _case(tmp_path, {"sync": {"update_actor": 2.0 * floor}})
+    assert fidelity.peak_floor(fast, tmp_path, "")[0]["over_floor"] < 1  # impossible
+    assert fidelity.peak_floor(slow, tmp_path, "")[0]["over_floor"] > 1
+
+
+def test_the_floor_counts_every_token_of_the_stated_workload(tmp_path: Path) -> None:
+    case = _case(tmp_path, {"sync": {"update_actor": 1.0}})
+    short = fidelity.peak_floor(case, tmp_path, "")[0]["floor_s"]
+    GRAPH["data"]["response_len"]["mean"] = 3000
+    try:
+        long = fidelity.peak_floor(_case(tmp_path, {"sync": {"update_actor": 1.0}}),
+                                   tmp_path, "")[0]["floor_s"]
+    finally:
+        GRAPH["data"]["response_len"]["mean"] = 1000
+    # 3000 + 256 against 1000 + 256 tokens a sample, plus attention's square: more than 2.6x
+    assert long / short > (3000 + 256) / (1000 + 256)
