@@ -13,6 +13,7 @@ Writes bench/results/own_runs.json and prints a markdown table for the README.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import shlex
@@ -25,6 +26,7 @@ from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
+from rlgraph.nodes import lengths
 from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25
@@ -73,7 +75,8 @@ def gpu_rows() -> list[dict[str, Any]]:
             ran_logp = float(run.get("node_s_median", {}).get("logp", 0.0)) > 0
             rows.append(price(f"{file.name}: {name}", ROOT / run["graph"], overrides,
                               float(run["step_s_median"]), SUPERSEDED.get(file.name),
-                              logp_ran=ran_logp))
+                              logp_ran=ran_logp, length=(run.get("rollout_metrics_median")
+                                                         or {}).get("response/length_mean")))
     return rows
 
 
@@ -118,7 +121,8 @@ def longtail_rows() -> list[dict[str, Any]]:
                     continue  # the same sync as gpu-longtail-1gpu's, one call earlier
                 measured = steady_step(run)
                 rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
-                                  list(run.get("overrides", [])), float(measured), superseded))
+                                  list(run.get("overrides", [])), float(measured), superseded,
+                                  length=steady_length(run)))
     return rows
 
 
@@ -141,6 +145,18 @@ def steady_step(run: dict[str, Any]) -> float:
     if not after:
         return float(run.get("step_s_steady_mean") or run["step_s_median"])
     return sum(after) / len(after)
+
+
+def steady_length(run: dict[str, Any]) -> float | None:
+    """Mean trained response length over the steps `steady_step` counts (a streamed run's
+    per_step figures are optimizer steps: those after the versions that fill it), or None
+    where the run did not record it."""
+    means = (run.get("per_step") or {}).get("response/length_mean") or []
+    skip = 1
+    if run.get("mini_batches", 1) > 1:
+        skip = (int(run.get("max_lag", 0)) + 1) * int(run["mini_batches"])
+    means = means[skip:]
+    return sum(means) / len(means) if means else None
 
 
 @contextlib.contextmanager
@@ -168,31 +184,62 @@ def cpu_rows() -> list[dict[str, Any]]:
         for name, mode in result["modes"].items():
             rows.append(price(f"{file.name}: {name}", graph,
                               [*mode["overrides"], *result.get("extra_overrides", [])],
-                              float(mode["measured"]["step_s"]), None))
+                              float(mode["measured"]["step_s"]), None,
+                              length=mode["measured"].get("length_mean")))
     return rows
 
 
 def price(name: str, graph: Path, overrides: list[str], measured: float,
-          superseded: str | None, logp_ran: bool = False) -> dict[str, Any]:
+          superseded: str | None, logp_ran: bool = False, length: float | None = None
+          ) -> dict[str, Any]:
     """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
-    run's logp node ran its forward, priced even where today's runtime skips it)."""
+    run's logp node ran its forward, priced even where today's runtime skips it), and where
+    the run recorded its mean trained response `length`, the prediction again at that mean
+    (the graph's other length terms kept): the cost model's error with the workload the
+    policy actually produced, a diagnostic beside the figure, not the figure."""
+    spec = load_spec(graph, overrides)
     with logp_forward_priced(logp_ran):
-        plan = compile_plan(load_spec(graph, overrides))
+        plan = compile_plan(spec)
+        at_length = None
+        stated = spec.data.response_len
+        if length and stated.mean < stated.max:  # a fixed length has no distribution to move
+            mean = stated_mean(stated, float(length))
+            at_length = compile_plan(load_spec(graph, [*overrides,
+                                                       f"data.response_len.mean={mean:.4g}"]))
     predicted = plan["schedule"]["period_s"]
+    measured_length = {}
+    if at_length is not None:
+        again = at_length["schedule"]["period_s"]
+        measured_length = {"measured_length_mean": round(float(length), 2),
+                           "graph_length_mean": plan["spec"]["data"]["response_len"]["mean"],
+                           "predicted_at_measured_length_s": round(again, 4),
+                           "ratio_at_measured_length": round(again / measured, 3)}
     return {"run": name, "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
             "within_target": abs(predicted / measured - 1) <= TARGET,
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
-            "logp_forward_priced": logp_ran and logp_kind.skip_reason(plan_spec(graph,
-                                                                             overrides))
-            is not None,
-            "bottleneck": plan["schedule"]["bottleneck"]}
+            "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
+            "bottleneck": plan["schedule"]["bottleneck"], **measured_length}
 
 
-def plan_spec(graph: Path, overrides: list[str]) -> Any:
-    """The graph as the run had it (for asking the compiler's skip rule)."""
-    return load_spec(graph, overrides)
+def stated_mean(response_len: Any, measured: float) -> float:
+    """The `response_len.mean` (the distribution's mean before the clip at max) whose clipped
+    mean is the `measured` mean of the trained responses, the graph's dist / sigma / max kept
+    (bisection: the clipped mean grows with it; at most just below max, where the clipped
+    distribution's own mean tops out)."""
+    model = lengths.of(response_len)
+    low, high = 1e-3, max(measured, 1.0)
+    while (lengths.moments(dataclasses.replace(model, mean=high))[0] < measured
+           and high < model.max):
+        high = min(2 * high, model.max * (1 - 1e-6))
+    for _ in range(50):
+        mid = (low + high) / 2
+        if lengths.moments(dataclasses.replace(model, mean=mid))[0] < measured:
+            low = mid
+        else:
+            high = mid
+    return high
 
 
 def verdicts(cpu: list[dict[str, Any]]) -> dict[str, Any]:
@@ -214,14 +261,16 @@ def verdicts(cpu: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README table of our runs."""
-    out = ["| run | measured s/step | predicted s/step | predicted / measured | within ±25% |",
-           "|---|---:|---:|---:|:---:|"]
+    out = ["| run | measured s/step | predicted s/step | predicted / measured | within ±25% | "
+           "at the run's mean length (graph's) |", "|---|---:|---:|---:|:---:|---:|"]
     for r in rows:
         mark = "yes" if r["within_target"] else "**no**"
         if r["superseded_runtime"]:
             mark += " (older runtime)"
+        again = (f"{r['ratio_at_measured_length']:.2f} at {r['measured_length_mean']:.3g} "
+                 f"({r['graph_length_mean']:g})" if "ratio_at_measured_length" in r else "–")
         out.append(f"| {r['run']} | {r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
-                   f"{r['ratio']:.2f} | {mark} |")
+                   f"{r['ratio']:.2f} | {mark} | {again} |")
     return "\n".join(out)
 
 
@@ -230,14 +279,20 @@ def main() -> int:
     gpu, cpu = gpu_rows() + longtail_rows(), cpu_rows()
     rows = gpu + cpu
     current = [r for r in rows if not r["superseded_runtime"]]
+    timed = [r for r in current if "ratio_at_measured_length" in r]
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,
               "summary": {"runs": len(rows), "current_runtime": len(current),
-                          "within_target": sum(r["within_target"] for r in current)},
+                          "within_target": sum(r["within_target"] for r in current),
+                          "with_measured_length": len(timed),
+                          "within_target_at_measured_length": sum(
+                              abs(r["ratio_at_measured_length"] - 1) <= TARGET for r in timed)},
               "split_vs_colocated_cpu": verdicts(cpu), "runs": rows}
     write_result("own_runs.json", result)
     print(markdown(rows))
     print(f"\n{result['summary']['within_target']}/{len(current)} runs of the current runtime "
-          f"within ±25%; split vs colocated on CPU {result['split_vs_colocated_cpu']}; wrote "
+          f"within ±25% ({result['summary']['within_target_at_measured_length']}/{len(timed)} "
+          "of those that recorded their mean length, priced at it); split vs colocated on CPU "
+          f"{result['split_vs_colocated_cpu']}; wrote "
           "bench/results/own_runs.json")
     return 0
 
