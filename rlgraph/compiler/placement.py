@@ -132,7 +132,10 @@ def _lay_out(counts: dict[str, int], per_node: int, nodes: int) -> tuple[dict, l
 
 
 def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
-    """tp / pp / ep divide the group's GPUs; the batch divides over the data-parallel size."""
+    """tp / pp / ep divide the group's GPUs; the batch divides over the data-parallel size of
+    every node but a sampling one, whose replicas each sample whole prompts, within one
+    prompt of each other (`rl.batch.shard_bounds`; an engine server is fed request by request:
+    AReaL spreads 512 prompts over 96 SGLang GPUs), at least one each (`_replicas`)."""
     batch = spec.data.samples_per_step()
     for task in group.tasks:
         node = spec.nodes[task]
@@ -152,7 +155,7 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
                             f"'{group.name}'", ("nodes", task, "tp"),
                             hint="make tp x pp a divisor of the group's GPUs")
         dp = group.gpus // mp
-        if batch % dp:
+        if batch % dp and not KINDS[node.kind].samples:
             prompts = dp // math.gcd(dp, spec.data.samples_per_prompt)
             raise SpecError(f"{batch} samples per step (prompts_per_step x samples_per_prompt) "
                             f"do not split over the {dp} data-parallel replicas of '{task}' in "

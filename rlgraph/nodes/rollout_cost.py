@@ -179,7 +179,9 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     replicas = max(1, ctx.gpus // tp)
     if ctx.local:  # one engine per process, threads aside
         replicas = min(replicas, int(ctx.extra.get("replicas", 1)))
-    per_replica = math.ceil(batch / replicas)
+    # a replica samples whole prompts, the shares within one prompt (rl.batch.shard_bounds):
+    # the slowest holds the larger share
+    per_replica = math.ceil(data.prompts_per_step / replicas) * data.samples_per_prompt
     model = lengths.of(data.response_len)
     mean, second = lengths.moments(model)
     weights = 2 * shape.params / tp

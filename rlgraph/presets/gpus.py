@@ -52,6 +52,25 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         host_bytes_per_s=25 * GB,
         sms=108,
     ),
+    "H800": GPUPreset(
+        "H800", 989e12, 3.35e12, 80 * GB, 150 * GB, 50 * GB,
+        "NVIDIA H800 SXM5 datasheet: the H100 SXM's GH100 (989 TFLOP/s dense bf16, 3.35 TB/s "
+        "HBM3, 80 GB, 132 SMs) with NVLink cut to 400 GB/s bidirectional: 200 GB/s a "
+        "direction, ~150 achievable at the 75% H100's 340 of 450 GB/s reaches; network: "
+        "400 Gb/s per GPU (AReaL's H800 cluster: NCCL over InfiniBand / RoCE with GPUDirect "
+        "RDMA, AReaL v0.2 blog); host: PCIe Gen5 x16, ~50 GB/s",
+        host_bytes_per_s=50 * GB,
+        sms=132,
+    ),
+    "A800": GPUPreset(
+        "A800", 312e12, 2.039e12, 80 * GB, 153 * GB, 25 * GB,
+        "NVIDIA A800 80GB SXM datasheet: the A100 80GB SXM (312 TFLOP/s dense bf16, 2.04 "
+        "TB/s, 108 SMs) with NVLink cut to 400 GB/s bidirectional: 200 GB/s a direction, "
+        "~153 achievable at the A100's 230 of 300; network: 200 Gb/s HDR per GPU; host: "
+        "PCIe Gen4 x16, ~25 GB/s",
+        host_bytes_per_s=25 * GB,
+        sms=108,
+    ),
     "H20": GPUPreset(
         "H20", 148e12, 4.0e12, 96 * GB, 340 * GB, 50 * GB,
         "NVIDIA H20 datasheet (148 TFLOP/s dense bf16, 4.0 TB/s, 96 GB); NVLink 900 GB/s "

@@ -157,17 +157,20 @@ def test_two_replicas_train_the_step_one_process_would(cluster4):
             ray.kill(a)
 
 
-def test_replicated_generate_samples_every_prompt_of_the_step_once(cluster4):
-    """Two replicas' generate is one batch: the step's prompts in order, groups 0..3, each
-    with all its samples, and a layout logp accepts."""
-    spec = make_spec(extra_nodes={"logp": {"kind": "logp"}})
+@pytest.mark.parametrize("prompts", [4, 3])
+def test_replicated_generate_samples_every_prompt_of_the_step_once(cluster4, prompts):
+    """Two replicas' generate is one batch: the step's prompts in order, groups 0.., each
+    with all its samples, and a layout logp accepts; 3 prompts split 2 + 1 (the compiler
+    lets a sampling node's shares differ by a prompt)."""
+    spec = make_spec(extra_nodes={"logp": {"kind": "logp"}},
+                     data={"prompts_per_step": prompts})
     single = Workspace(spec, ["generate"], seed=0).worker("generate").run(2, {})
     actors = _leader(spec, ["generate", "logp"])
     try:
         batch, _ = ray.get(actors[0].run.remote("generate", 2, []))
         assert batch["prompt_uid"] == single["prompt_uid"]
         assert batch["data_position"] == single["data_position"]
-        assert batch["group"].tolist() == [g for g in range(4) for _ in range(4)]
+        assert batch["group"].tolist() == [g for g in range(prompts) for _ in range(4)]
         scored, _ = ray.get(actors[0].run.remote("logp", 2, ["generate"], batch))
         assert scored["old_logp"].shape == batch["behavior_logp"].shape
         live = batch["response_mask"].bool()

@@ -246,6 +246,13 @@ def test_param_update_link_and_buckets() -> None:
     h100 = GPU_PRESETS["H100"]
     slower = weights / h100.network_bytes_per_s - weights / h100.nvlink_bytes_per_s
     assert across == pytest.approx(nvlink + slower)  # the network, not NVLink
+    on_h800 = {"nodes": 1, "gpus_per_node": 8, "gpu": "H800"}
+    h800 = spec_of(cluster=on_h800)
+    verl = dict(NODES, generate={"engine": "sglang"})  # passes without rlgraph's all-reduce
+    assert seconds(spec_of(nodes=verl, cluster=on_h800), "train") == pytest.approx(
+        seconds(spec_of(nodes=verl), "train"))  # the same GH100 compute and HBM as H100
+    cut = weights / GPU_PRESETS["H800"].nvlink_bytes_per_s - weights / h100.nvlink_bytes_per_s
+    assert seconds(h800, "param_update") == pytest.approx(nvlink + cut)  # NVLink at 400 GB/s
 
 
 def test_colocating_train_with_generate_pays_the_switch() -> None:

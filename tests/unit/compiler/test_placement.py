@@ -120,6 +120,26 @@ def test_batch_must_split_over_data_parallel_replicas() -> None:
     assert "multiple of 6 prompts" in (err.hint or "")
 
 
+def test_a_sampling_group_takes_shares_a_prompt_apart() -> None:
+    """generate on 6 replicas samples 8 prompts as shares of 2 and 1 (AReaL spreads 512
+    prompts over 96 SGLang GPUs), priced at the larger share; train's 2 replicas still
+    split the batch evenly."""
+    import re
+
+    from rlgraph.compiler import compile_plan
+
+    def decode(prompts: int) -> str:
+        spec = two_groups(0.25, 0.75, data={"prompts_per_step": prompts,
+                                            "samples_per_prompt": 4})
+        detail = compile_plan(spec)["costs"]["generate"]["detail"]
+        return re.search(r"decode [0-9.]+ steps x [0-9.]+ ms", detail).group()
+
+    spec = two_groups(0.25, 0.75, data={"prompts_per_step": 8, "samples_per_prompt": 4})
+    assert {n: g.gpus for n, g in place(spec).groups.items()} == {"trainer": 2, "rollout": 6}
+    assert decode(8) == decode(12)  # the slowest replica samples 2 prompts either way
+    assert decode(8) != decode(6)  # 1 prompt each
+
+
 def test_train_that_cannot_fit_is_refused() -> None:
     spec = two_groups(model={"preset": "qwen2.5-32b"},
                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H100"})
