@@ -3,7 +3,9 @@
 CPU mode of `bench/results/async_vs_sync*.json` (the long-tail graph, and the quickstart's
 `--graph graphs/quickstart.yaml` run), compiles the graph as it ran, without calibration, and
 sets the predicted period beside the measured step. Target (issue 14): within +-25%, and the
-verdict (split vs colocated) of each CPU graph as measured.
+verdict (split vs colocated) of each CPU graph as measured. Runs of an older runtime, and a
+streamed run that stopped while its pipeline filled (no steady state), are listed but not
+counted.
 
     python bench/own_runs.py
 
@@ -122,7 +124,7 @@ def longtail_rows() -> list[dict[str, Any]]:
                 measured = steady_step(run)
                 rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
                                   list(run.get("overrides", [])), float(measured), superseded,
-                                  length=steady_length(run)))
+                                  length=steady_length(run), unsteady=only_filled(run)))
     return rows
 
 
@@ -145,6 +147,17 @@ def steady_step(run: dict[str, Any]) -> float:
     if not after:
         return float(run.get("step_s_steady_mean") or run["step_s_median"])
     return sum(after) / len(after)
+
+
+def only_filled(run: dict[str, Any]) -> bool:
+    """Whether a streamed run stopped within the max_lag + 1 versions that fill its pipeline:
+    no version of it ran in the steady state the plan's period describes, so its mean step
+    (the fill's) is no figure to price against."""
+    if run.get("mini_batches", 1) <= 1:
+        return False
+    versions = len(run.get("version_s") or []) or (
+        len(run.get("step_s_all") or []) // int(run["mini_batches"]))
+    return versions <= int(run.get("max_lag", 0)) + 1
 
 
 def steady_length(run: dict[str, Any]) -> float | None:
@@ -190,8 +203,8 @@ def cpu_rows() -> list[dict[str, Any]]:
 
 
 def price(name: str, graph: Path, overrides: list[str], measured: float,
-          superseded: str | None, logp_ran: bool = False, length: float | None = None
-          ) -> dict[str, Any]:
+          superseded: str | None, logp_ran: bool = False, length: float | None = None,
+          unsteady: bool = False) -> dict[str, Any]:
     """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
     run's logp node ran its forward, priced even where today's runtime skips it), and where
     the run recorded its mean trained response `length`, the prediction again at that mean
@@ -219,6 +232,7 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
             "ratio": round(predicted / measured, 3),
             "within_target": abs(predicted / measured - 1) <= TARGET,
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
+            "no_steady_state": unsteady,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
             "bottleneck": plan["schedule"]["bottleneck"], **measured_length}
 
@@ -229,10 +243,10 @@ def stated_mean(response_len: Any, measured: float) -> float:
     (bisection: the clipped mean grows with it; at most just below max, where the clipped
     distribution's own mean tops out)."""
     model = lengths.of(response_len)
-    low, high = 1e-3, max(measured, 1.0)
-    while (lengths.moments(dataclasses.replace(model, mean=high))[0] < measured
-           and high < model.max):
-        high = min(2 * high, model.max * (1 - 1e-6))
+    top = model.max * (1 - 1e-6)  # at max itself the length is fixed
+    low, high = 1e-3, min(max(measured, 1.0), top)
+    while high < top and lengths.moments(dataclasses.replace(model, mean=high))[0] < measured:
+        high = min(2 * high, top)
     for _ in range(50):
         mid = (low + high) / 2
         if lengths.moments(dataclasses.replace(model, mean=mid))[0] < measured:
@@ -267,6 +281,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         mark = "yes" if r["within_target"] else "**no**"
         if r["superseded_runtime"]:
             mark += " (older runtime)"
+        if r["no_steady_state"]:
+            mark += " (no steady state)"
         again = (f"{r['ratio_at_measured_length']:.2f} at {r['measured_length_mean']:.3g} "
                  f"({r['graph_length_mean']:g})" if "ratio_at_measured_length" in r else "–")
         out.append(f"| {r['run']} | {r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
@@ -278,10 +294,11 @@ def main() -> int:
     """Price every run, write the JSON, print the table."""
     gpu, cpu = gpu_rows() + longtail_rows(), cpu_rows()
     rows = gpu + cpu
-    current = [r for r in rows if not r["superseded_runtime"]]
+    current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]]
     timed = [r for r in current if "ratio_at_measured_length" in r]
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,
               "summary": {"runs": len(rows), "current_runtime": len(current),
+                          "no_steady_state": sum(r["no_steady_state"] for r in rows),
                           "within_target": sum(r["within_target"] for r in current),
                           "with_measured_length": len(timed),
                           "within_target_at_measured_length": sum(
@@ -290,6 +307,7 @@ def main() -> int:
     write_result("own_runs.json", result)
     print(markdown(rows))
     print(f"\n{result['summary']['within_target']}/{len(current)} runs of the current runtime "
+          "that reached their steady state "
           f"within ±25% ({result['summary']['within_target_at_measured_length']}/{len(timed)} "
           "of those that recorded their mean length, priced at it); split vs colocated on CPU "
           f"{result['split_vs_colocated_cpu']}; wrote "
