@@ -3,18 +3,12 @@ dense peak is flagged, and the floor follows the graph's GPUs and tokens."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import yaml
+from bench_support import bench_module
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(_BENCH))  # fidelity.py imports its sibling `common`
-_spec = importlib.util.spec_from_file_location("bench_fidelity", _BENCH / "fidelity.py")
-assert _spec and _spec.loader
-fidelity = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fidelity)
+fidelity = bench_module("fidelity")
 
 GRAPH = {
     "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "H20"},

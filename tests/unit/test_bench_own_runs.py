@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from bench_support import bench_module
 
 from rlgraph.nodes import lengths
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(_BENCH))  # own_runs.py imports its sibling `common`
-_spec = importlib.util.spec_from_file_location("bench_own_runs", _BENCH / "own_runs.py")
-assert _spec and _spec.loader
-own_runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(own_runs)
+own_runs = bench_module("own_runs")
 
 
 def test_a_streamed_run_that_only_filled_its_pipeline_has_no_steady_state() -> None:

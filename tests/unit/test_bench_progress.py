@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
 import pytest
+from bench_support import bench_module
 
-_COMMON = Path(__file__).resolve().parents[2] / "bench" / "common.py"
-_spec = importlib.util.spec_from_file_location("bench_common", _COMMON)
-assert _spec and _spec.loader
-bench_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_common)
+bench_common = bench_module("common")
 mirrored = bench_common.mirrored
 
 
