@@ -57,8 +57,8 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         "NVIDIA H800 SXM5 datasheet: the H100 SXM's GH100 (989 TFLOP/s dense bf16, 3.35 TB/s "
         "HBM3, 80 GB, 132 SMs) with NVLink cut to 400 GB/s bidirectional: 200 GB/s a "
         "direction, ~150 achievable at the 75% H100's 340 of 450 GB/s reaches; network: "
-        "400 Gb/s per GPU (AReaL's H800 cluster: NCCL over InfiniBand / RoCE with GPUDirect "
-        "RDMA, AReaL v0.2 blog); host: PCIe Gen5 x16, ~50 GB/s",
+        "400 Gb/s per GPU assumed, as for H100 (AReaL's H800 cluster runs NCCL over "
+        "InfiniBand / RoCE with GPUDirect RDMA: its v0.2 blog); host: PCIe Gen5 x16, ~50 GB/s",
         host_bytes_per_s=50 * GB,
         sms=132,
     ),
