@@ -52,6 +52,15 @@ GPU_PRESETS: dict[str, GPUPreset] = {
         host_bytes_per_s=25 * GB,
         sms=108,
     ),
+    "B200": GPUPreset(
+        "B200", 2.25e15, 8.0e12, 180 * GB, 675 * GB, 50 * GB,
+        "NVIDIA HGX B200 datasheet (2.25 PFLOP/s dense bf16, 8 TB/s HBM3e, 180 GB, 148 SMs); "
+        "NVLink 5 1.8 TB/s bidirectional: 900 GB/s a direction, ~675 achievable at the 75% "
+        "H100's 340 of 450 GB/s reaches; network: 400 Gb/s per GPU (ConnectX-7); host: PCIe "
+        "Gen5 x16, ~50 GB/s",
+        host_bytes_per_s=50 * GB,
+        sms=148,
+    ),
     "H800": GPUPreset(
         "H800", 989e12, 3.35e12, 80 * GB, 150 * GB, 50 * GB,
         "NVIDIA H800 SXM5 datasheet: the H100 SXM's GH100 (989 TFLOP/s dense bf16, 3.35 TB/s "

@@ -56,6 +56,26 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=9728,
         max_position_embeddings=40960, tie_word_embeddings=True,
     ),
+    "qwen3-8b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+        max_position_embeddings=40960, tie_word_embeddings=False,
+    ),
+    "qwen3-14b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=5120, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=17408,
+        max_position_embeddings=40960, tie_word_embeddings=False,
+    ),
+    "qwen3-32b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=5120, num_hidden_layers=64,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, intermediate_size=25600,
+        max_position_embeddings=40960, tie_word_embeddings=False,
+    ),
+    "llama-3.1-8b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        max_position_embeddings=131072, tie_word_embeddings=False,
+    ),
     "qwen3-30b-a3b": dict(
         model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,

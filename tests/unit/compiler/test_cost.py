@@ -220,6 +220,13 @@ def test_qwen3_moe_preset_reads_num_experts() -> None:
     assert (shape.moe_layers, shape.top_k, shape.kv_heads, shape.head_dim) == (48, 8, 4, 128)
 
 
+@pytest.mark.parametrize("preset, billions", [
+    ("qwen3-8b", 8.2), ("qwen3-14b", 14.8), ("qwen3-32b", 32.8), ("llama-3.1-8b", 8.03)])
+def test_dense_presets_hold_their_model_cards_parameters(preset: str, billions: float) -> None:
+    """Each preset's shape adds up to the parameter count its model card states."""
+    assert model_shape(MODEL_PRESETS[preset]).params == pytest.approx(billions * 1e9, rel=0.01)
+
+
 def test_cost_overrides() -> None:
     nodes = dict(NODES, train={"cost": {"gpu_seconds": 8.0}}, logp={"cost": {"seconds": 1.5}})
     costs = costs_of(spec_of(nodes=nodes))
@@ -253,6 +260,8 @@ def test_param_update_link_and_buckets() -> None:
         seconds(spec_of(nodes=verl), "train"))  # the same GH100 compute and HBM as H100
     cut = weights / GPU_PRESETS["H800"].nvlink_bytes_per_s - weights / h100.nvlink_bytes_per_s
     assert seconds(h800, "param_update") == pytest.approx(nvlink + cut)  # NVLink at 400 GB/s
+    b200 = spec_of(nodes=verl, cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "B200"})
+    assert seconds(b200, "train") < seconds(spec_of(nodes=verl), "train") / 2  # 2.3x the peak
 
 
 def test_colocating_train_with_generate_pays_the_switch() -> None:
