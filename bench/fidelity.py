@@ -28,6 +28,7 @@ from typing import Any
 from common import ROOT, machine, write_result
 
 from rlgraph.compiler import compile_plan
+from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
@@ -237,10 +238,9 @@ def peak_floor(case: dict[str, Any], published: Path, readme: str) -> list[dict[
         if graph == "-" or mode not in phases:
             continue
         spec = load_spec(graph_path(published, graph), list(case.get("overrides", [])))
-        plan = compile_plan(spec)
-        kinds = {n: s.get("kind") for n, s in plan["spec"]["nodes"].items()}
-        gpus = {kind: sum(g["gpus"] for g in plan["placement"]["groups"]
-                          if any(kinds.get(t) == kind for t in g["tasks"]))
+        groups = place(spec).groups.values()
+        gpus = {kind: sum(g.gpus for g in groups
+                          if any(spec.nodes[t].kind == kind for t in g.tasks))
                 for kind in ("logp", "train")}
         shape, data = shape_of(spec), spec.data
         mean, second = lengths.moments(lengths.of(data.response_len))

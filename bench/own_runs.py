@@ -134,9 +134,8 @@ def steady_step(run: dict[str, Any]) -> float:
     short and long rounds alternate, so its steps count in whole pairs (an odd count ending on
     a short step would understate the period)."""
     if run.get("mini_batches", 1) > 1:  # streamed: step_s_all holds optimizer steps
-        # the pipeline fills over max_lag + 1 versions (the lag climbs 0..max_lag, the last
-        # of them finishes every group started at version 0); then whole short/long pairs
-        versions = (run.get("version_s") or [])[int(run.get("max_lag", 0)) + 1:]
+        # after the versions that fill the pipeline, whole short/long pairs
+        versions = (run.get("version_s") or [])[fill_versions(run):]
         versions = versions[:len(versions) // 2 * 2]
         if versions:
             return sum(versions) / len(versions)
@@ -149,6 +148,12 @@ def steady_step(run: dict[str, Any]) -> float:
     return sum(after) / len(after)
 
 
+def fill_versions(run: dict[str, Any]) -> int:
+    """Versions a streamed run's pipeline takes to fill: max_lag + 1 (the lag climbs
+    0..max_lag, and the last of them finishes every group started at version 0)."""
+    return int(run.get("max_lag", 0)) + 1
+
+
 def only_filled(run: dict[str, Any]) -> bool:
     """Whether a streamed run stopped within the max_lag + 1 versions that fill its pipeline:
     no version of it ran in the steady state the plan's period describes, so its mean step
@@ -157,7 +162,7 @@ def only_filled(run: dict[str, Any]) -> bool:
         return False
     versions = len(run.get("version_s") or []) or (
         len(run.get("step_s_all") or []) // int(run["mini_batches"]))
-    return versions <= int(run.get("max_lag", 0)) + 1
+    return versions <= fill_versions(run)
 
 
 def steady_length(run: dict[str, Any]) -> float | None:
@@ -167,7 +172,7 @@ def steady_length(run: dict[str, Any]) -> float | None:
     means = (run.get("per_step") or {}).get("response/length_mean") or []
     skip = 1
     if run.get("mini_batches", 1) > 1:
-        skip = (int(run.get("max_lag", 0)) + 1) * int(run["mini_batches"])
+        skip = fill_versions(run) * int(run["mini_batches"])
     means = means[skip:]
     return sum(means) / len(means) if means else None
 
@@ -224,17 +229,22 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
     if at_length is not None:
         again = at_length["schedule"]["period_s"]
         measured_length = {"measured_length_mean": round(float(length), 2),
-                           "graph_length_mean": plan["spec"]["data"]["response_len"]["mean"],
+                           "graph_length_mean": stated.mean,
                            "predicted_at_measured_length_s": round(again, 4),
                            "ratio_at_measured_length": round(again / measured, 3)}
     return {"run": name, "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
-            "within_target": abs(predicted / measured - 1) <= TARGET,
+            "within_target": within(predicted / measured),
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
             "no_steady_state": unsteady,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
             "bottleneck": plan["schedule"]["bottleneck"], **measured_length}
+
+
+def within(ratio: float) -> bool:
+    """Whether a predicted / measured ratio meets the target."""
+    return abs(ratio - 1) <= TARGET
 
 
 def stated_mean(response_len: Any, measured: float) -> float:
@@ -302,7 +312,7 @@ def main() -> int:
                           "within_target": sum(r["within_target"] for r in current),
                           "with_measured_length": len(timed),
                           "within_target_at_measured_length": sum(
-                              abs(r["ratio_at_measured_length"] - 1) <= TARGET for r in timed)},
+                              within(r["ratio_at_measured_length"]) for r in timed)},
               "split_vs_colocated_cpu": verdicts(cpu), "runs": rows}
     write_result("own_runs.json", result)
     print(markdown(rows))

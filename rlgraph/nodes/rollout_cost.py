@@ -32,20 +32,18 @@ def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
     CUDA-graph decode (SGLang, or engine native's static decoder with cuda_decode compiled),
     of an uncompiled one (cuda_decode graphs: unfused kernels) or the dynamic decode's host
     overhead (on a local CPU cluster, its own measured figure)."""
-    local = ctx.local
-    if node.engine == "sglang" or (not local and node.cuda_decode == "compiled"):
+    if node.engine == "sglang" or (not ctx.local and node.cuda_decode == "compiled"):
         return COSTS.graph_decode_floor_per_layer_s, "compiled CUDA-graph floor"
-    if not local and node.cuda_decode == "graphs":
+    if not ctx.local and node.cuda_decode == "graphs":
         return COSTS.graphs_only_decode_floor_per_layer_s, "uncompiled CUDA-graph floor"
-    if local:
+    if ctx.local:
         return COSTS.local_decode_seconds_per_layer, "CPU decode overhead"
     return COSTS.native_decode_overhead_per_layer_s, "dynamic-decode overhead"
 
 
 def static_engine(node: Any, ctx: CostContext) -> bool:
     """Whether generate decodes on engine native's static engine (a GPU, CUDA graphs)."""
-    local = ctx.local
-    return node.engine == "native" and not local and node.cuda_decode != "dynamic"
+    return node.engine == "native" and not ctx.local and node.cuda_decode != "dynamic"
 
 
 def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -> float:
