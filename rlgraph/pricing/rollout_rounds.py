@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
-from rlgraph.nodes.lengths import LengthModel
+from rlgraph.lengths import LengthModel
 
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
 ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out

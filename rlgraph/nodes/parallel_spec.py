@@ -1,0 +1,28 @@
+"""What the model-running kinds share in their spec: parallelism fields (tp / pp / ep,
+backend) and the pass size. Their cost physics is `rlgraph.pricing.passes`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, NodeSpec
+
+
+class ParallelNodeSpec(NodeSpec):
+    """A node that runs the policy or reference model on its group's GPUs."""
+
+    backend: Literal["torch", "megatron"] = "torch"
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
+    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
+    micro_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT * MAX_TOKENS,
+        description="tokens per forward (padding included): rows sorted "
+        "by response length, each pass trimmed to its longest response rounded up to 256 "
+        "(verl: use_dynamic_bsz); none: the whole batch (train: micro_batch rows) at once")
+
+    def model_parallel(self) -> int:
+        """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
+        return self.tp * self.pp
