@@ -44,6 +44,59 @@ EXTRA_CASES = ROOT / "bench" / "published_extra" / "cases.json"  # e.g. the full
 SCALING_SEED = "async-rl-readme-state-machine.txt"  # in ../shared/seeds: verl's step by GPUs
 SCALING_GRAPH = "graphs/dots-hybrid-logp-train.yaml"  # the seed's workload
 
+# The system each published run used, stated for every case by its name (graph.yaml's
+# `pricing` section, given as overrides: the shared graphs predate it), with why.
+VERL_PER_TENSOR = ["pricing.system=verl", "pricing.refit=per_tensor"]
+STATED_SYSTEMS: list[tuple[str, list[str], str]] = [
+    ("verl one-step-off", VERL_PER_TENSOR,
+     "verl; refit per_tensor: the source's own switch (gen - generate_sequences: 74 s "
+     "FSDP2 / 45 s Megatron for 7B) is the per-tensor path's (83 s at 0.18 GB/s), not the "
+     "bucketed one's (8.5 s)"),
+    ("verl fully_async", VERL_PER_TENSOR,
+     "verl; refit per_tensor (guessed: the verl version of the one_step_off tables, which "
+     "state their switch)"),
+    ("verl PR 2231", VERL_PER_TENSOR,
+     "verl; refit per_tensor (guessed: a verl of the same season as the recipe tables)"),
+    ("dots.rl", VERL_PER_TENSOR,
+     "verl: dots.rl runs verl.trainer.main_ppo (seed dots-rl-pr4) and compares with verl's "
+     "hybrid engine; refit per_tensor (guessed, as the verl tables)"),
+    ("AReaL", ["pricing.system=verl"],
+     "AReaL is no row of the systems table: priced with verl's (packed passes, old "
+     "log-probs recomputed); both graphs split rollout and trainer, so no switch is paid; "
+     "verl's driver transfer is charged (a guess: AReaL has no single controller)"),
+]
+
+
+def stated_system(case: dict[str, Any]) -> dict[str, Any]:
+    """The case with the system its run used stated (pricing overrides first, so a case's
+    own overrides still win) and why; rlgraph's runtime where no entry matches."""
+    for prefix, overrides, why in STATED_SYSTEMS:
+        if case["name"].startswith(prefix):
+            return dict(case, overrides=[*overrides, *case.get("overrides", [])],
+                        system=why)
+    return dict(case, system="rlgraph (the runtime that runs the plan)")
+
+
+def guesses(case: dict[str, Any], published: Path) -> list[str]:
+    """The lines of the case's graphs (comments) that say what was guessed, as written."""
+    out: list[str] = []
+    for key in ("sync", "async"):
+        if case[key] == "-":
+            continue
+        lines = graph_path(published, case[key]).read_text().splitlines()
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("# Guessed")), None)
+        if start is None:
+            continue
+        text = [lines[start].lstrip("# ")]
+        for ln in lines[start + 1:]:
+            if not ln.startswith("# ") or ln.startswith("# Model") or ln.startswith("# prompts"):
+                break
+            text.append(ln.lstrip("# "))
+        line = " ".join(text)
+        if line not in out:
+            out.append(line)
+    return out
+
 
 def table_rows(readme: str, heading: str) -> list[dict[str, str]]:
     """The first markdown table under `heading` of the published README, as dicts."""
@@ -180,6 +233,9 @@ def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, An
         "async_period_s": round(async_plan["schedule"]["period_s"], 2),
         "sync_period_s": round(sync_period, 2),
         "pricing": async_plan.get("pricing", {}).get("runtime"),
+        "system": case.get("system"), "guessed": guesses(case, published),
+        "async_published_s": (published_phases(readme, case).get("async") or {}).get("step"),
+        "sync_published_s": (published_phases(readme, case).get("sync") or {}).get("step"),
         "bottleneck": async_plan["schedule"]["bottleneck"],
     }
     phases = published_phases(readme, case)
@@ -380,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = json.loads(cases_file.read_text())["cases"]
     if EXTRA_CASES.is_file():  # the repository's own published cases (graphs it adds)
         cases += json.loads(EXTRA_CASES.read_text())["cases"]
+    cases = [stated_system(case) for case in cases]
     readme_file = published / "README.md"
     readme = readme_file.read_text() if readme_file.is_file() else ""
     rows = []

@@ -100,6 +100,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
+    refuse_other_system(spec)
     if getattr(args, "resume", None):
         out = Path(args.resume)
         meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))
@@ -114,6 +115,18 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         spec.schedule.steps = int(steps)
     plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
     return spec, plan, out or run_dir.claim_default_dir(spec.name)
+
+
+def refuse_other_system(spec: Spec) -> None:
+    """`rlgraph run` runs rlgraph's runtime: a graph priced as another system
+    (`pricing.system: verl`) describes a run this runtime would not be, so it is refused."""
+    if spec.pricing.system != "rlgraph" and not spec.cluster.local:
+        err = SpecError(f"this graph is priced as {spec.pricing.system} (pricing.system); "
+                        f"rlgraph run runs rlgraph's own runtime", ("pricing", "system"),
+                        hint="set pricing.system: rlgraph to run it here, or compare with "
+                        "`rlgraph compile --baseline verl`")
+        err.source = spec.source
+        raise err
 
 
 def refuse_code_from_files(spec: Spec, trusted: bool) -> None:
