@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.compiler.plan import Plan
-from rlgraph.compiler.references import code_from_files
+from rlgraph.compiler.references import base_dir, code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
+from rlgraph.envs.load import check_envs
 from rlgraph.errors import SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
@@ -100,6 +101,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
+    check_envs(spec, base_dir(spec))  # an env that cannot be built: one line, nothing started
     if getattr(args, "resume", None):
         out = Path(args.resume)
         meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))

@@ -65,7 +65,8 @@ KIND = NodeKind(
 
 
 class RewardWorker:
-    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample.
+    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample,
+    plus the environment's summed step rewards of a multi-turn rollout (`env_reward`).
     A function that raises or returns a non-number stops the run naming fn and sample."""
 
     def __init__(self, name: str, node: RewardSpec, workspace: Workspace):
@@ -88,6 +89,8 @@ class RewardWorker:
                                batch["response_text"], batch["ground_truth"],
                                batch["extra_info"], batch["prompt_uid"], step=step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        if "env_reward" in batch:  # a multi-turn rollout: the env's step rewards, summed
+            batch["rewards"] = batch["rewards"] + batch["env_reward"]
         return batch
 
     @staticmethod

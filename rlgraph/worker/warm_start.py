@@ -1,4 +1,6 @@
-"""Supervised warm start: `model.warm_start.steps` of cross-entropy on the task's answers.
+"""Supervised warm start: `model.warm_start.steps` of cross-entropy on the task's answers
+(or, for a generate node whose environment demonstrates, on its demonstrations played
+through the environment: `rlgraph.envs.demonstrate`).
 
 RL from random weights cannot learn an exact-answer task: a random policy almost never
 samples a correct answer, so every GRPO group has zero advantage. A short supervised warm
@@ -61,7 +63,11 @@ def sft_batch(tokenizer: Tokenizer, examples: list[Example]) -> dict[str, torch.
 def cache_path(spec: Spec, seed: int, tokenizer: Tokenizer) -> Path:
     """Where the warm-started weights of this (model, data, warm start, seed) are kept."""
     vocab = getattr(tokenizer, "itos", tokenizer.vocab_size)
+    from rlgraph.envs.demonstrate import demonstrating_env
+
+    env = demonstrating_env(spec)  # demonstrations through the env, when it gives them
     key = json.dumps({"model": spec.model.model_dump(mode="json"), "vocab": vocab,
+                      **({"env": env.model_dump(mode="json")} if env is not None else {}),
                       "data": [spec.data.task, spec.data.train_files, spec.data.seed],
                       "seed": seed, "torch": torch.__version__, "v": _VERSION},
                      sort_keys=True, default=str)
@@ -80,7 +86,10 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
         state = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["weights"])
         return list(state["losses"])
+    from rlgraph.envs.demonstrate import demonstrating_env, demonstration_batch
+
     source = DataSource(spec.data, "train", base_dir)
+    env = demonstrating_env(spec)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: bit-identical results in every process
     try:
@@ -89,8 +98,10 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
             optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
             losses = []
             for step in range(ws.steps):
-                batch = sft_batch(tokenizer, _examples(spec, source, step * ws.batch_size,
-                                                       ws.batch_size))
+                examples = _examples(spec, source, step * ws.batch_size, ws.batch_size)
+                batch = (sft_batch(tokenizer, examples) if env is None else
+                         demonstration_batch(env, tokenizer, examples,
+                                             spec.data.response_len.max, base_dir))
                 logp = token_logp(model, batch["sequences"], batch["attention_mask"],
                                   batch["prompt_len"])
                 loss = -masked_mean(logp, batch["response_mask"])
