@@ -90,7 +90,9 @@ def evaluate(expression: str) -> str:
     if not expression.strip():
         raise CalculatorError("empty expression")
     value = _Parser(expression).parse()
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{value.numerator}/{value.denominator}"
 
 
 class CalculatorEnv:

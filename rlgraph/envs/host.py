@@ -10,6 +10,7 @@ env actor runs (`rlgraph.envs.pool`); no torch, no ray.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import threading
@@ -78,7 +79,7 @@ class EnvHost:
                                  f"{type(text).__name__}, not str")
             if len(text) > MAX_OBSERVATION_CHARS:
                 raise ValueError(f"reset returned {len(text)} characters")
-        except BaseException as exc:  # noqa: BLE001 (an env's SystemExit ends one trajectory)
+        except BaseException as exc:
             return self._failed("reset", exc, start)
         with self.lock:
             self.envs[key] = env
@@ -94,7 +95,7 @@ class EnvHost:
                     "start": start, "end": time.time()}
         try:
             observation, reward, done, tool = check_step(env.step(action))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             return self._failed("step", exc, start)
         return {"ok": True, "observation": observation, "reward": reward, "done": done,
                 "tool_call": tool, "start": start, "end": time.time()}
@@ -118,10 +119,8 @@ class EnvHost:
                 env = self.envs.pop(key, None)
             close = getattr(env, "close", None)
             if callable(close):
-                try:
+                with contextlib.suppress(Exception):
                     close()
-                except Exception:  # noqa: BLE001,S110
-                    pass
 
     @staticmethod
     def _failed(what: str, exc: BaseException, start: float) -> dict[str, Any]:

@@ -47,14 +47,14 @@ def load_env_class(fn: str, key: Key = (), base_dir: Path | None = None) -> type
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             try:
                 spec.loader.exec_module(module)  # type: ignore[union-attr]
-            except BaseException as exc:  # noqa: BLE001 (a SystemExit at import, too)
+            except BaseException as exc:
                 raise SpecError(f"importing '{target}' failed: {type(exc).__name__}: {exc}",
                                 key) from None
             sys.modules[name] = module
     else:
         try:
             module = importlib.import_module(target)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             raise SpecError(f"cannot import module '{target}': {type(exc).__name__}: {exc}",
                             key, hint="is it installed, or did you mean a file path ending "
                             "in .py?") from None
@@ -73,7 +73,7 @@ def build_env(cls: type, config: dict[str, Any], fn: str, key: Key = ()) -> Any:
     """One environment `cls(**config)`; SpecError (one line) when the constructor refuses."""
     try:
         return cls(**config)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         raise SpecError(f"env '{fn}' could not be built from {config}: "
                         f"{type(exc).__name__}: {exc}", key,
                         hint="the env block's keys other than fn, max_turns, timeout_s, "

@@ -306,8 +306,7 @@ class GenerateWorker:
         environment until it ends (rlgraph.envs.rollout)."""
         import torch
 
-        from rlgraph.envs.rollout import Row, batch_fields, prompt_text, round_metrics, \
-            sample_dict
+        from rlgraph.envs.rollout import Row, batch_fields, prompt_text, round_metrics, sample_dict
         from rlgraph.envs.trajectory import Trajectory, pack_trajectories
 
         data, tok = self.ws.spec.data, self.ws.tokenizer
@@ -374,8 +373,14 @@ class GenerateWorker:
         open trajectories, mid-turn or waiting for their environment, carry to later steps."""
         import torch
 
-        from rlgraph.envs.rollout import Row, agent_round, batch_fields, prompt_text, \
-            round_metrics, sample_dict
+        from rlgraph.envs.rollout import (
+            Row,
+            agent_round,
+            batch_fields,
+            prompt_text,
+            round_metrics,
+            sample_dict,
+        )
         from rlgraph.envs.trajectory import pack_trajectories
 
         tok = self.ws.tokenizer

@@ -376,6 +376,9 @@ class Runner:
             extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
         if info.get("fused"):  # ran in one actor call with the other tasks of its chain
             extra["fused"] = info["fused"]
+        env_spans = info.get("summary", {}).get("env_spans")
+        if env_spans:  # a multi-turn generate's env calls: the timeline's env lane
+            tracer.record_env(task.node, task.step, env_spans)
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 
