@@ -27,12 +27,12 @@ from typing import Any
 
 from common import ROOT, machine, write_result
 
+from rlgraph import lengths
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.nodes import lengths
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.tune.search import tune
 

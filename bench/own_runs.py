@@ -26,9 +26,9 @@ from typing import Any
 
 from common import RESULTS, ROOT, machine, write_result
 
+from rlgraph import lengths
 from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
-from rlgraph.nodes import lengths
 from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25

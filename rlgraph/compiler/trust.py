@@ -10,9 +10,9 @@ from rlgraph.compiler.costs import NodeCost
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.pricing.constants import COSTS, pass_efficiency
+from rlgraph.pricing.system import hybrid_engine_priced
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 _DRIVER = re.compile(r"verl driver transfer ([0-9.e+-]+) s")
