@@ -93,7 +93,7 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
         lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, verl "
-                     f"issue 2419)")
+                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, "
+                     f"verl issue 2419)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}
