@@ -14,6 +14,8 @@ A candidate plan is a `Candidate`: a partition of the grouped tasks into colocat
 - `max_lag` runs over 0..the user's bound; partial rollout is tried only where the user turned
   it on (it changes what a sample is: tokens of several versions), and only with max_lag >= 1.
 - generate's tp runs over the choices given (`tune(..., tp_choices=...)`), else stays as written.
+- A multi-turn generate's env workers: the fewest, at most the graph's, that step every
+  trajectory in flight at once (`env_workers`; more never lowers the env's cost).
 - Streaming (only where the user set `schedule.stream`): the mini-batches per version run
   over `stream_choices` (the divisors of prompts_per_step among 1, 2, 4, 8, 16 and the
   user's), tried on the best layouts the search found (`_Search.refine_mini_batches`): costs
@@ -87,6 +89,19 @@ class Evaluation:
     def feasible(self) -> bool:
         """Placed without error and simulated."""
         return self.error is None and self.period_s is not None
+
+
+def env_workers(node: Any, spec: Spec, partial: bool) -> Any:
+    """A multi-turn generate with the fewest env workers (at most the graph's) whose threads
+    step all its trajectories in flight at once: the env's cost never falls with more (the
+    pool then holds every trajectory), so this is the search's optimum of that dimension,
+    with the fewest actors. Other nodes as they are."""
+    env = getattr(node, "env", None)
+    if env is None:
+        return node
+    rows = spec.data.samples_per_step() * (float(node.oversample) if partial else 1.0)
+    workers = max(1, min(env.workers, math.ceil(rows / env.threads)))
+    return node.model_copy(update={"env": env.model_copy(update={"workers": workers})})
 
 
 def streamed(spec: Spec) -> int | None:
@@ -207,6 +222,7 @@ class SearchSpace:
         nodes = spec.nodes if tp is None else {
             n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
             for n, node in spec.nodes.items()}
+        nodes = {n: env_workers(node, spec, partial) for n, node in nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
     def streams(self, groups: Mapping[str, GroupSpec]) -> bool:

@@ -304,3 +304,18 @@ def test_compiler_prices_turns_and_env_latency() -> None:
                                partial_rollout=True)
     sync, _ = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0})
     assert "partial rollout" in detail and partial < sync  # the long tail of turns carried
+
+
+def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
+    from rl_support import cost_spec
+
+    from rlgraph.tune.space import env_workers
+
+    spec = cost_spec(nodes={"generate": {"env": {"fn": "delay", "workers": 16, "threads": 8}},
+                            "reward": {}, "logp": {}, "train": {}, "param_update": {}})
+    node = spec.nodes["generate"]  # 32 prompts x 4 samples = 128 trajectories
+    assert env_workers(node, spec, partial=False).env.workers == 16
+    assert env_workers(node, spec, partial=True).env.workers == 16  # 256 in flight: capped
+    few = node.model_copy(update={"env": node.env.model_copy(update={"threads": 64})})
+    assert env_workers(few, spec, partial=False).env.workers == 2
+    assert env_workers(spec.nodes["train"], spec, partial=False) is spec.nodes["train"]
