@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlgraph.nodes import lengths
 from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
@@ -27,6 +27,20 @@ class ParallelNodeSpec(NodeSpec):
         description="tokens per forward (padding included): rows sorted "
         "by response length, each pass trimmed to its longest response rounded up to 256 "
         "(verl: use_dynamic_bsz); none: the whole batch (train: micro_batch rows) at once")
+    sharding: Literal["none", "fsdp"] = Field(
+        default="none", description="how a group's data-parallel ranks hold the model: "
+        "'none' keeps a whole copy on each (replicated); 'fsdp' shards parameters, "
+        "gradients and optimizer states over them with torch's FSDP2 (fully_shard), bf16 "
+        "compute and fp32 master weights on GPUs (verl: actor.strategy fsdp2)")
+    activation_checkpointing: bool = Field(
+        default=False, description="recompute each decoder layer's activations in the "
+        "backward instead of keeping them (verl: enable_gradient_checkpointing)")
+
+    @model_validator(mode="after")
+    def _sharding_needs_torch(self) -> ParallelNodeSpec:
+        if self.sharding == "fsdp" and self.backend != "torch":
+            raise ValueError("sharding: fsdp runs on backend: torch (megatron shards by tp)")
+        return self
 
     def model_parallel(self) -> int:
         """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
