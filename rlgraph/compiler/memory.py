@@ -54,6 +54,7 @@ from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.costs import COSTS
+from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import ModelShape
 
 GB = 1e9
@@ -309,13 +310,39 @@ def _generate(spec: Spec, name: str, node: Any, shape: ModelShape, gpus: int) ->
     h, _, _ = _widths(shape)
     prefill = max(PREFILL_TOKENS, width)
     transient = {
-        "KV cache": slots * width * shape.kv_bytes_per_token(),
-        "decode outputs": slots * width * DECODE_OUTPUT_BYTES,
         "prefill": prefill * (2 * BF16 * h + saved_bytes_per_token(shape)),
         "decode logits": slots * shape.vocab * 3 * FP32,
     }
-    return TaskMemory(name, {"weights": BF16 * shard}, transient,
-                      f"native engine: {slots} slots x {width} positions")
+    state = {"weights": BF16 * shard, ENGINE_SLOTS: slots * slot_bytes(spec, shape)}
+    return TaskMemory(name, state, transient, f"native engine: {slots} slots x {width} "
+                      f"positions")
+
+
+ENGINE_SLOTS = "KV cache + decode outputs"  # the native engine's slots, kept between calls
+
+
+def slot_bytes(spec: Spec, shape: ModelShape) -> float:
+    """Bytes one slot of the native engine holds: the KV cache and the outputs of prompt +
+    max response positions."""
+    width = spec.data.prompt_len + spec.data.response_len.max
+    return width * (shape.kv_bytes_per_token() + DECODE_OUTPUT_BYTES)
+
+
+def _fit_engine_slots(mem: GroupMemory, spec: Spec, shape: ModelShape) -> None:
+    """The native engine keeps as many slots as the memory left holds, the rest of a step's
+    rows waiting in its queue (decoded in waves), one slot at least."""
+    for task in mem.tasks.values():
+        if ENGINE_SLOTS not in task.state:
+            continue
+        wanted = task.state[ENGINE_SLOTS]
+        task.state[ENGINE_SLOTS] = 0.0
+        peak = max(mem.peak_of(t) for t in mem.tasks)
+        each = slot_bytes(spec, shape)
+        held = max(1, min(round(wanted / each), math.floor((mem.capacity - peak) / each)))
+        task.state[ENGINE_SLOTS] = held * each
+        if held * each < wanted:
+            task.note = (f"native engine: holds {held} of {round(wanted / each)} slots at "
+                         f"once (the rest queue, decoded in waves)")
 
 
 def _policy_state(spec: Spec, node: Any, shape: ModelShape, gpus: int, trains: bool
@@ -387,7 +414,19 @@ def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
     exclusive = (hybrid_engine_priced(spec) and any(r.samples for r in roles)
                  and any(r.advances_policy for r in roles))
     capacity = gpu.memory_bytes * COSTS.usable_memory_fraction
-    return GroupMemory(group, gpus, gpu.name, capacity, mems, exclusive)
+    mem = GroupMemory(group, gpus, gpu.name, capacity, mems, exclusive)
+    _fit_engine_slots(mem, spec, shape)
+    return mem
+
+
+def native_engine_slots(spec: Spec, task: str, gpus: int) -> int:
+    """Slots the native engine of `task` allocates on a GPU of its group (`gpus` GPUs): a
+    replica's rows of a step, or as many as the memory left holds (`group_memory`)."""
+    group = spec.group_of(task)
+    tasks = list(spec.groups[group].tasks) if group else [task]
+    shape = shape_of(spec)
+    mem = group_memory(spec, group or task, tasks, gpus, GPU_PRESETS[spec.cluster.gpu], shape)
+    return max(1, round(mem.tasks[task].state[ENGINE_SLOTS] / slot_bytes(spec, shape)))
 
 
 # ----------------------------------------------------------------------------- the check
@@ -411,7 +450,8 @@ def _knobs(spec: Spec, tasks: list[str]) -> list[tuple[str, str, dict[str, dict[
     nodes = spec.nodes
     width = spec.data.prompt_len + spec.data.response_len.max
     out = []
-    shard = [t for t in tasks if _shardable(nodes[t])]
+    shard = sorted((t for t in tasks if _shardable(nodes[t])),
+                   key=lambda t: not KINDS[nodes[t].kind].advances_policy)
     if shard:
         out.append((f"sharding: fsdp on {', '.join(shard)}", shard[0],
                     {t: {"sharding": "fsdp"} for t in shard}))
@@ -511,14 +551,15 @@ def refusal(spec: Spec, mem: GroupMemory, slots: int, shape: ModelShape, gpu: An
                      "per step or a GPU with more memory (cluster.gpu)")
 
 
-def check_memory(spec: Spec, groups: dict[str, Any], gpu: Any, slots: int
-                 ) -> dict[str, GroupMemory]:
+def check_memory(spec: Spec, groups: dict[str, Any], gpu: Any, slots: int,
+                 refuse: bool = True) -> dict[str, GroupMemory]:
     """Every group's memory per GPU (`groups`: name -> its placement); the first group that
-    does not fit is refused with its numbers and the key to change."""
+    does not fit is refused with its numbers and the key to change (`refuse=False`: only
+    measured, for tests of other passes)."""
     shape = shape_of(spec)
     out = {name: group_memory(spec, name, list(g.tasks), g.gpus, gpu, shape)
            for name, g in groups.items()}
     for mem in out.values():
-        if not mem.fits:
+        if refuse and not mem.fits:
             raise refusal(spec, mem, slots, shape, gpu)
     return out

@@ -31,6 +31,8 @@ from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_effic
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+
 
 def seconds(spec: Any, node: str) -> float:
     return costs_of(spec)[node].seconds

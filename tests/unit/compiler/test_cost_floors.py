@@ -16,6 +16,8 @@ from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
 from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+
 
 def context(spec: Any, gpus: int = 4) -> CostContext:
     return CostContext(spec=spec, name="generate", shape=shape_of(spec),
