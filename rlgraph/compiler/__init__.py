@@ -58,7 +58,7 @@ from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
+from rlgraph.pricing.system import PRICING, hybrid_engine_priced
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"

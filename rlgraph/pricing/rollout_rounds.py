@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
-from rlgraph.nodes.lengths import LengthModel
+from rlgraph.lengths import LengthModel
 from rlgraph.versions import oldest_trainable
 
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
