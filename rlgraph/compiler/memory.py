@@ -52,10 +52,10 @@ from rlgraph.compiler.shapes import model_config, shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import ModelShape
+from rlgraph.pricing.constants import COSTS
+from rlgraph.pricing.system import hybrid_engine_priced
 
 GB = 1e9
 BF16, FP32 = 2, 4
@@ -397,10 +397,22 @@ def _weight_sync_terms(spec: Spec, tasks: list[str], shape: ModelShape
     return out
 
 
+def _policy_sharding(spec: Spec, tasks: list[str]) -> Spec:
+    """The group's policy is one model: where a task that trains it is sharded, the group's
+    other passes over the policy (logp) run through the same sharded model."""
+    nodes = spec.nodes
+    if not any(sharded(nodes[t]) and KINDS[nodes[t].kind].advances_policy for t in tasks):
+        return spec
+    follow = {t: {"sharding": "fsdp"} for t in tasks
+              if "policy" in KINDS[nodes[t].kind].models and _shardable(nodes[t])}
+    return _with_nodes(spec, follow) if follow else spec
+
+
 def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
                  shape: ModelShape | None = None) -> GroupMemory:
     """The memory per GPU of a group of `gpus` GPUs holding `tasks`."""
     shape = shape or shape_of(spec)
+    spec = _policy_sharding(spec, tasks)
     found = {t: task_memory(spec, t, shape, gpus) for t in tasks}
     mems = {t: m for t, m in found.items() if m is not None}
     for task, extra in _weight_sync_terms(spec, tasks, shape).items():
@@ -524,7 +536,7 @@ def refusal(spec: Spec, mem: GroupMemory, slots: int, shape: ModelShape, gpu: An
     for combo in combos:  # node settings alone
         after = group_memory(variant_of(combo), mem.group, tasks, mem.gpus, gpu, shape)
         if after.fits:
-            text, node, change = combo[0]
+            _, node, change = combo[0]
             what = " and ".join(c[0] for c in combo)
             return SpecError(head, ("nodes", node, next(iter(change[node]))),
                              hint=f"set {what} (then {after.need / GB:.1f} GB per GPU){more}")
