@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.compiler.plan import Plan
+from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.runtime import checkpoint as ckpt
@@ -90,6 +91,7 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
