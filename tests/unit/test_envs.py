@@ -290,7 +290,8 @@ def test_compiler_prices_turns_and_env_latency() -> None:
 
     def generate(env: dict, **schedule: object) -> tuple[float, str]:
         spec = cost_spec(nodes={"generate": {"env": env}, "reward": {}, "logp": {},
-                                "train": {}, "param_update": {}},
+                                "train": {"activation_checkpointing": True},
+                                "param_update": {}},
                          schedule={"max_lag": 1, **schedule})
         cost = costs_of(spec)["generate"]
         return cost.seconds, cost.detail
