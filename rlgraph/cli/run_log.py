@@ -10,20 +10,20 @@ disk through it.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from rlgraph.errors import ESCAPES
+
 MAX_BYTES = 64 << 20
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
 def plain(text: str) -> str:
     """`text` without terminal escape sequences and other control characters (tabs and
     line breaks kept)."""
-    text = ANSI.sub("", text)
+    text = ESCAPES.sub("", text)
     return "".join(ch for ch in text if ch in "\t\n" or ch.isprintable())
 
 

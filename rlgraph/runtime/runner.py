@@ -50,6 +50,8 @@ CHECKPOINT_EVERY_S = 60.0
 STOP_GRACE_S = 5.0
 STOP_MAX_S = 60.0
 STOP_FETCH_S = 10.0  # longest wait for the trainer's state when a stop abandoned tasks
+OUTPUT_LOG = "reward.log"  # what user reward functions printed (rlgraph.worker.isolated)
+OUTPUT_LOG_MAX = 32 << 20  # bytes; a run that prints more keeps the first 32 MiB
 
 
 @dataclass
@@ -295,6 +297,7 @@ class Runner:
                             on_step=opts.on_step)
 
         def on_done(done: Completion) -> None:
+            self._keep_output(done.info["summary"].get("output"))
             event = self._record(done, tracer)
             report.latest[done.task.node] = event
             if not self.roles[done.task.node].advances_policy:
@@ -331,6 +334,10 @@ class Runner:
             if pipeline.finished and not result.stopped:
                 self._validate_final(result)
         except Exception as err:
+            if getattr(err, "output", None) and isinstance(err, RLGraphError) and len(
+                    err.args) == 1:
+                self._keep_output(err.output)
+                err.args = (f"{err.args[0]} (its output: {out / OUTPUT_LOG})",)
             if isinstance(err, WorkerError):
                 (out / "error.log").write_text(
                     "".join(traceback.format_exception(err.__cause__))
@@ -362,6 +369,22 @@ class Runner:
                                    else "no checkpoint exists"))
             result.next_step = kept if kept is not None else first
         return result
+
+    def _keep_output(self, text: str | None) -> None:
+        """Append what a user's function printed to DIR/reward.log (up to OUTPUT_LOG_MAX)."""
+        if not text:
+            return
+        path = self.options.out_dir / OUTPUT_LOG
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size if path.exists() else 0
+            if size >= OUTPUT_LOG_MAX:
+                return
+            data = text.encode("utf-8", "replace")
+            if size + len(data) > OUTPUT_LOG_MAX:
+                data = data[:OUTPUT_LOG_MAX - size] + (
+                    f"\n... {OUTPUT_LOG} stops here ({OUTPUT_LOG_MAX} bytes)\n").encode()
+            with path.open("ab") as f:
+                f.write(data if data.endswith(b"\n") else data + b"\n")
 
     def calls(self) -> int:
         """Train calls of the whole run: steps, times the mini-batches of a streaming run
