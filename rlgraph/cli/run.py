@@ -203,6 +203,14 @@ def run_main(args: argparse.Namespace) -> int:
             except RLGraphError as err:  # printed by the caller; the log keeps it too
                 log.line(f"rlgraph: {err.render()}")
                 raise
+            except OSError as exc:  # a full disk, a folder made read-only mid-run
+                err = RunDirError(f"cannot write into the run dir {shown(out)}: "
+                                  f"{exc.strerror or exc}"
+                                  + (f" ({shown(exc.filename)})" if exc.filename else "")
+                                  + f"; free space, then continue with "
+                                  f"{continue_command(args, out)}")
+                log.line(f"rlgraph: {err}")
+                raise err from None
     finally:
         run_dir.release(out, lock)
 

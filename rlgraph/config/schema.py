@@ -30,7 +30,8 @@ from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS
 
 MAX_LAG = 256  # policy versions; the seeds use 1 to 8
-MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
+MIN_SHARE = 1e-6  # of the cluster (one GPU of the largest cluster the schema takes is
+# 1 / 262144); a sliver below it is a typo, not a plan
 
 
 class ClusterSpec(StrictModel):
