@@ -207,7 +207,7 @@ def test_reward_timeout_output_cap_and_one_line_errors(tmp_path):
         assert "\x1b" not in text and len(text) < 2000
     finally:
         fn.close()
-    with pytest.raises(SpecError, match="loading bad.py:score failed"):
+    with pytest.raises(SpecError, match=r"loading bad\.py:score failed"):
         (tmp_path / "bad.py").write_text("raise SystemExit(3)\n")
         make_scorer("bad.py:score", ("nodes", "reward", "fn"), tmp_path)
 

@@ -51,12 +51,13 @@ def policy(spec):
     return build_model(spec.model, CharTokenizer(), seed=0)
 
 
-def save(run: Path, spec, policy, step: int, steps: int, keep=ckpt.Keep(), files=None,
+def save(run: Path, spec, policy, step: int, steps: int, keep=None, files=None,
          spec_data=None) -> Path:
     meta = {"graph": spec.name, "spec": spec_data or spec.to_yaml_dict(), "step": step,
             "policy_version": step, "steps": steps}
     state = {"weights": policy.state_dict(), "policy_version": step, "seed": 0}
-    return ckpt.save_checkpoint(run, meta, state, {}, policy_files=files or {}, keep=keep)
+    return ckpt.save_checkpoint(run, meta, state, {}, policy_files=files or {},
+                                keep=keep or ckpt.Keep())
 
 
 def args_for(overrides, resume=None, out=None, steps=None) -> argparse.Namespace:
