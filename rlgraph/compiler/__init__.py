@@ -5,7 +5,8 @@ and what the passes before it returned:
 
 0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
-2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
+2. `placement.place`         shares -> GPUs -> devices, every divisibility rule, and
+                             `memory.check_memory`: bytes per GPU of every group;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
 4. `lag.prove_lag`           the off-policy bound, per pair and per edge;
 5. `bound.schedule_bound`    max(cycle ratio, group load), exact;
@@ -37,6 +38,7 @@ from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
 from rlgraph.compiler.plan import (
     LagPlan,
+    MemoryPlan,
     Plan,
     PricingPlan,
     SchedulePlan,
@@ -332,6 +334,8 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
         ),
         channels=channel_capacities(graph),
         weight_sync=weight_routes(spec),
+        memory=MemoryPlan(checked=bool(placement.memory),
+                          groups={g: m.to_dict() for g, m in placement.memory.items()}),
         pricing=PricingPlan(runtime=runtime, why=why),
         trust=trust(spec, costs, sync_costs, sync),
         messages=messages,

@@ -173,6 +173,11 @@ class GenerateWorker:
             data = self.ws.spec.data
             prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
             slots = prompts * data.samples_per_prompt
+            if not self.ws.spec.cluster.local:  # as many as the compiler's memory pass holds
+                from rlgraph.compiler.memory import native_engine_slots
+
+                slots = min(slots, native_engine_slots(self.ws.spec, self.name,
+                                                       self.ws.replicas.world))
             self.static = StaticRollout(
                 self.sampling_model, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
