@@ -385,13 +385,3 @@ class RayExecutor:
                        "call)" if chain else task.node)
             raise WorkerError(f"the actor running {running} died at step {task.step}: "
                               f"{_first_line(exc)}") from exc
-
-    def cancel_all(self) -> None:
-        """Forget pending tasks (their actors are killed by the caller)."""
-        self.pending.clear()
-        self.buffer.clear()
-        self.local.clear()
-        self.known_outputs.clear()
-        self.refs.clear()
-        self.senders.clear()
-        self.fused.clear()
