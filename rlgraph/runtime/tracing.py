@@ -80,11 +80,13 @@ class Tracer:
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The task event dicts of an earlier trace.json (a resumed run keeps them; its env lane
     is left out)."""
+    from rlgraph.readback import read_json
     from rlgraph.report.chrome_trace import events_from_trace
 
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    return [e for e in events_from_trace(json.loads(path.read_text()))
+    what = "restore it from a copy of the run dir, or delete it (the timeline then starts anew)"
+    return [e for e in events_from_trace(read_json(path, what), f"{path}")
             if e.get("kind") != ENV_KIND]
 
 
