@@ -22,8 +22,8 @@ from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
+from rlgraph.pricing.constants import COSTS
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 

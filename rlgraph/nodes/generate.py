@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
-from rlgraph.nodes.rollout_cost import generate_cost
+from rlgraph.pricing.generate import generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.presets.costs import COSTS
+from rlgraph.nodes.base import NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.pricing.reward import reward_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -43,13 +43,6 @@ class RewardSpec(NodeSpec):
                              "in one process (remove the key; a slow verifier can be given its "
                              "own group or a cost: override)")
         return data
-
-
-def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, in one process."""
-    samples = ctx.spec.data.samples_per_step()
-    ctx.extra["detail"] = f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us"
-    return COSTS.reward_seconds_per_sample * samples
 
 
 KIND = NodeKind(

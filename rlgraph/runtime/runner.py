@@ -99,6 +99,12 @@ class Runner:
                                 hint="write tp: 1 (or run on GPUs)")
                 err.source = self.spec.source
                 raise err
+            if getattr(spec, "sharding", "none") == "fsdp":
+                err = SpecError("sharding: fsdp is priced by the compiler but this runtime "
+                                "does not shard yet", ("nodes", node, "sharding"),
+                                hint="write sharding: none")
+                err.source = self.spec.source
+                raise err
             if node in self.plan.weight_sync and self._transport(node) == "nccl":
                 buckets = BucketMiB.of(self.plan.weight_sync[node].bucket_mb)
                 if buckets.produce_bytes % buckets.consume_bytes:
