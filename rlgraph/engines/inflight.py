@@ -128,13 +128,25 @@ class InflightDecode:
         def complete() -> set[int]:
             return {i for i, g in enumerate(cache.groups) if g.complete}
 
+        def enough(done: set[int]) -> bool:
+            return len(done) >= cache.prompts_per_step and must <= done
+
         done = complete()
-        while not (len(done) >= cache.prompts_per_step and must <= done) and eng.busy:
+        while not enough(done):
+            # the groups complete so far free their slots: later batches' groups take them
+            size = len(cache.groups)
+            added = cache.refill(step, version, taken=min(len(done), cache.prompts_per_step))
+            if added:
+                self._submit([(g.prompt, s) for g in cache.groups[size:] for s in g.samples],
+                             cache, step, temperature, top_p)
+                refilled += added
+            if not eng.busy:
+                break
             finished = eng.step()
             self._record(finished, finished=True)
             if finished:
                 done = complete()
-                if len(done) >= cache.prompts_per_step and must <= done:
+                if enough(done):
                     break
             new = swap()
             if new is not None:  # weights changed in place between two decode steps
@@ -142,13 +154,6 @@ class InflightDecode:
                 if self.kv == "recompute":
                     reencoded += self._reencode()
                 eng.set_policy_version(new)
-            if finished or new is not None:  # free slots: the next batches' groups
-                size = len(cache.groups)
-                added = cache.refill(step, version, taken=min(len(done), cache.prompts_per_step))
-                if added:
-                    self._submit([(g.prompt, s) for g in cache.groups[size:] for s in g.samples],
-                                 cache, step, temperature, top_p)
-                    refilled += added
         self._record(eng.peek(), finished=False)  # the running rows' tokens so far
         return {**self.rollout.metrics_since(before, start), "carried": carried,
                 "kept": kept, "switches": float(switches), "refilled": float(refilled),

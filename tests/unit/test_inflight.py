@@ -283,3 +283,23 @@ def test_train_leaves_out_tokens_older_than_the_bound() -> None:
     assert out["stale_tokens"] == int(mask[0].sum()) > 0
     assert out["metrics"]["lag/stale_tokens"] == out["stale_tokens"]
     assert out["metrics"]["lag/max"] <= 1
+
+
+def test_compile_prices_inflight_and_tune_tries_it_off_and_on() -> None:
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import load_spec
+    from rlgraph.tune.search import tune
+
+    root = Path(__file__).resolve().parents[2]
+    over = ["schedule.partial_rollout=true", "schedule.max_lag=2"]
+    on = load_spec(root / "graphs" / "longtail.yaml", [*over, "nodes.generate.inflight=true"])
+    plan = compile_plan(on)
+    assert "in-flight updates" in plan.costs["generate"].detail
+    assert "0 tokens re-encoded" in plan.costs["generate"].detail  # kv: keep
+    off = compile_plan(load_spec(root / "graphs" / "longtail.yaml", over))
+    assert "re-encoded" in off.costs["generate"].detail
+    result = tune(on, top=12)
+    partial = [p for p in result.top if p.partial_rollout]
+    assert {p.inflight for p in partial} == {False, True}
+    assert not any(p.inflight for p in result.top if not p.partial_rollout)
+    assert result.input is not None and result.input.inflight
