@@ -42,6 +42,7 @@ from rlgraph.compiler.plan import (
     Plan,
     PricingPlan,
     SchedulePlan,
+    check_buckets,
     weight_routes,
 )
 from rlgraph.compiler.references import check_references
@@ -264,6 +265,7 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
     graph = build_graph(spec)
     check_stream(spec, graph)
     placement: Placement = place(spec)
+    check_buckets(spec, placement.local)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
