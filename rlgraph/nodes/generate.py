@@ -105,6 +105,7 @@ class GenerateWorker:
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
         self.inflight: Any = None  # rlgraph.engines.inflight.InflightDecode (inflight: true)
+        self.sglang: Any = None  # engine: sglang: rlgraph.engines.sglang_engine.SGLangRollout
         self.snapshots: dict[int, dict[str, Any]] = {}
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
@@ -159,7 +160,7 @@ class GenerateWorker:
         ids = self.ws.tokenizer.encode_prompt(example.prompt)
         limit = self.ws.spec.data.prompt_len
         if len(ids) > limit:
-            err = SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
+            err = SpecError(f"prompt {example.where} has {len(ids)} tokens, more than prompt_len "
                             f"{limit}", ("data", "prompt_len"), hint=f"raise it to {len(ids)}")
             err.source = self.ws.spec.source  # the user's graph file and line
             raise err
@@ -181,6 +182,11 @@ class GenerateWorker:
             data = self.ws.spec.data
             prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
             slots = prompts * data.samples_per_prompt
+            if not self.ws.spec.cluster.local:  # as many as the compiler's memory pass holds
+                from rlgraph.compiler.memory import native_engine_slots
+
+                slots = min(slots, native_engine_slots(self.ws.spec, self.name,
+                                                       self.ws.replicas.world))
             self.static = StaticRollout(
                 self.sampling_model, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
@@ -207,6 +213,16 @@ class GenerateWorker:
                     sync_every=self.node.sync_every)
             self.inflight = InflightDecode(engine, self.node.kv)
         return self.inflight
+
+    def _sglang_rollout(self) -> Any:
+        """The sglang engine of `engine: sglang`, built on first use (the runner has refused
+        the plans it cannot run: `sglang_engine.refuse_unrunnable`)."""
+        if self.sglang is None:
+            from rlgraph.engines.sglang_engine import SGLangRollout
+
+            self.sglang = SGLangRollout(self.sampling_model, seed=self.ws.spec.data.seed,
+                                        eos_id=self.ws.tokenizer.eos_id)
+        return self.sglang
 
     def _swap(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
@@ -267,7 +283,11 @@ class GenerateWorker:
             self._swap()
             version = self.sampling_version()
             generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
-            if engine is not None:
+            if self.node.engine == "sglang":
+                rollout = self._sglang_rollout().sample(
+                    self.sampling_model, version, prompts, max_new_tokens=data.response_len.max,
+                    temperature=self.node.temperature, top_p=self.node.top_p, pad_id=tok.pad_id)
+            elif engine is not None:
                 rollout, metrics = engine.sample(
                     prompts, max_new_tokens=data.response_len.max, pad_id=tok.pad_id,
                     policy_version=version, temperature=self.node.temperature,

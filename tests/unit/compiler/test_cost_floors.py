@@ -16,6 +16,8 @@ from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.generate import decode_step_seconds, per_layer_floor
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+
 
 def context(spec: Any, gpus: int = 4) -> CostContext:
     return CostContext(spec=spec, name="generate", shape=shape_of(spec),
