@@ -35,6 +35,14 @@ class GenerateSpec(NodeSpec):
         default=False, description="benchmark mode: each sample's response length is drawn "
         "from data.response_len (seeded by data position and sample) and eos is ignored "
         "until it, as serving benchmarks do (a random-init model stops anywhere)")
+    inflight: bool = Field(
+        default=False, description="in-flight weight updates (with schedule.partial_rollout "
+        "or schedule.stream): a staged policy version is swapped in between two decode steps "
+        "and decoding goes on; unfinished rows keep their slot across calls and finished rows "
+        "are refilled inside the call (engines/inflight.py)")
+    kv: Literal["keep", "recompute"] = Field(
+        default="keep", description="inflight: at a version change rows keep their KV cache "
+        "(keep), or re-encode it under the new weights (recompute: the exact behaviour policy)")
     sync_every: int = Field(default=8, ge=1, le=MAX_TOKENS, description="static engine: "
                             "decode steps between the host's checks for finished rows")
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
@@ -124,6 +132,7 @@ class GenerateWorker:
         self.share = shard_bounds(prompts, replicas.dp_rank, replicas.dp_world)  # [lo, hi)
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
+        self.inflight: Any = None  # rlgraph.engines.inflight.InflightDecode (inflight: true)
         self.sglang: Any = None  # engine: sglang: rlgraph.engines.sglang_engine.SGLangRollout
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
@@ -166,7 +175,7 @@ class GenerateWorker:
                 prompts_per_step=prompts // k,
                 samples_per_prompt=data.samples_per_prompt, oversample=oversample,
                 max_lag=schedule.max_lag, stale=node.stale, stride=k,
-                mix_versions=schedule.partial_rollout,
+                mix_versions=schedule.partial_rollout or node.inflight,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
                     self._data_position(position))),
@@ -227,6 +236,26 @@ class GenerateWorker:
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
+
+    def _inflight(self) -> Any:
+        """The rows decoding across calls (engines/inflight.py), on the static engine, also
+        on the CPU (run eagerly there); None without `inflight`."""
+        if not self.node.inflight:
+            return None
+        if self.inflight is None:
+            from rlgraph.engines.inflight import InflightDecode
+            from rlgraph.engines.static_rollout import StaticRollout
+
+            engine = self._static_engine()
+            if engine is None:  # the CPU: the same decoder, eager (no graphs, no compile)
+                data = self.ws.spec.data
+                engine = self.static = StaticRollout(
+                    self.sampling_model, slots=self.cache.in_flight * data.samples_per_prompt,
+                    max_len=data.prompt_len + data.response_len.max,
+                    eos_id=self.ws.tokenizer.eos_id, compile=False, top_p=self.node.top_p,
+                    sync_every=self.node.sync_every)
+            self.inflight = InflightDecode(engine, self.node.kv)
+        return self.inflight
 
     def _sglang_rollout(self) -> Any:
         """The sglang engine of `engine: sglang`, built on first use (the runner has refused
@@ -367,12 +396,13 @@ class GenerateWorker:
             return self._partial_multi_turn(step)
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
+            inflight = self._inflight()
             self._swap()
             version = self.sampling_version()
             swap = self._swap if self.cache.mix_versions and self.snapshot is None \
                 else lambda: None
             groups, metrics = generate_round(
-                self.cache, step, self.sampling_model, version, swap, engine,
+                self.cache, step, self.sampling_model, version, swap, engine, inflight,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
@@ -478,3 +508,5 @@ class GenerateWorker:
         """Restore the rollout cache of a checkpoint (a resumed run goes on where it was)."""
         if self.cache is not None and state is not None:
             self.cache.load_state_dict(state)
+            if self.inflight is not None:  # rows in the engine belong to the old cache
+                self.inflight.reset()

@@ -65,11 +65,13 @@ class Candidate:
     partial_rollout: bool
     tp: int | None = None  # generate's tp; None keeps the graph's
     mini_batches: int | None = None  # streaming's mini-batches per version; None: the graph's
+    inflight: bool | None = None  # generate's in-flight updates; None: the graph's
 
     @property
     def layout(self) -> tuple:
         """Everything but the lag: candidates sharing it share placement and costs."""
-        return (self.blocks, self.sizes, self.partial_rollout, self.tp, self.mini_batches)
+        return (self.blocks, self.sizes, self.partial_rollout, self.tp, self.mini_batches,
+                self.inflight)
 
 
 @dataclass
@@ -107,6 +109,11 @@ def env_workers(node: Any, spec: Spec, partial: bool) -> Any:
 def streamed(spec: Spec) -> int | None:
     """A plan's mini-batches per version, None when it does not stream."""
     return spec.schedule.stream.mini_batches if spec.schedule.stream is not None else None
+
+
+def in_flight(spec: Spec) -> bool:
+    """Whether a plan's generate takes new weights in flight (`generate.inflight`)."""
+    return any(getattr(n, "inflight", False) for n in spec.nodes.values())
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
@@ -156,6 +163,9 @@ class SearchSpace:
             {k for k in (1, 2, 4, 8, 16) if prompts % k == 0} | {stream.mini_batches})
         ) if stream is not None else ()
         self._packs: dict[tuple[int, ...], bool] = {}
+        # in-flight updates are tried only where the user turned them on (kv: keep changes
+        # the behaviour policy a little), with and without (`_Search.refine_inflight`)
+        self.inflight = any(getattr(n, "inflight", False) for n in spec.nodes.values())
 
     def canonical(self, blocks: Sequence[Sequence[str]]) -> tuple[Block, ...]:
         """Blocks in the order of their first task, tasks in the user's order."""
@@ -205,12 +215,14 @@ class SearchSpace:
         groups = {name: GroupSpec(share=size / self.slots, tasks=list(block))
                   for name, block, size in zip(self.names(cand.blocks), cand.blocks, cand.sizes)}
         return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp,
-                            cand.mini_batches)
+                            cand.mini_batches, cand.inflight)
 
     def variant(self, groups: dict[str, GroupSpec], lag: int, partial: bool,
-                tp: int | None, mini_batches: int | None = None) -> Spec:
-        """The user's spec with other groups, lag, partial rollout, generate tp and
-        streaming's mini-batches."""
+                tp: int | None, mini_batches: int | None = None,
+                inflight: bool | None = None) -> Spec:
+        """The user's spec with other groups, lag, partial rollout, generate tp,
+        streaming's mini-batches and in-flight updates (None: the user's, kept where the
+        plan has the rollout cache and a lag for them, `compiler.lag.check_inflight`)."""
         spec = self.spec
         update: dict[str, Any] = {"max_lag": lag, "partial_rollout": partial}
         stream = spec.schedule.stream
@@ -219,9 +231,15 @@ class SearchSpace:
         elif stream is not None and mini_batches is not None:
             update["stream"] = stream.model_copy(update={"mini_batches": mini_batches})
         schedule = spec.schedule.model_copy(update=update)
-        nodes = spec.nodes if tp is None else {
-            n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
-            for n, node in spec.nodes.items()}
+        holds = lag >= 1 and (partial or schedule.stream is not None)
+        nodes = {}
+        for n, node in spec.nodes.items():
+            change: dict[str, Any] = {}
+            if tp is not None and KINDS[node.kind].samples:
+                change["tp"] = tp
+            if getattr(node, "inflight", False) or inflight:
+                change["inflight"] = holds and (node.inflight if inflight is None else inflight)
+            nodes[n] = node.model_copy(update=change) if change else node
         nodes = {n: env_workers(node, spec, partial) for n, node in nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
