@@ -6,7 +6,7 @@ per-phase times (gen, generate_sequences, old_log_prob, update_actor, step) too,
 verl's published step at 8 / 16 / 32 GPUs of the async-rl seed (`../shared/seeds`) against
 the built-in baseline of its workload's graph at each size.
 
-Targets (issue 14): every speedup within +-25% (a direction-only case: predicted below 1),
+Targets: every speedup within +-25% (a direction-only case: predicted below 1),
 median |log(predicted / published)| <= 0.15, phase times within +-30%.
 
     python bench/fidelity.py [--published DIR]

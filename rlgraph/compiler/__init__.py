@@ -5,7 +5,8 @@ and what the passes before it returned:
 
 0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
-2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
+2. `placement.place`         shares -> GPUs -> devices, every divisibility rule, and
+                             `memory.check_memory`: bytes per GPU of every group;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
 4. `lag.prove_lag`           the off-policy bound, per pair and per edge;
 5. `bound.schedule_bound`    max(cycle ratio, group load), exact;
@@ -27,6 +28,7 @@ from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     channel_capacities,
+    check_inflight,
     check_stream,
     lag_messages,
     prove_lag,
@@ -37,9 +39,11 @@ from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
 from rlgraph.compiler.plan import (
     LagPlan,
+    MemoryPlan,
     Plan,
     PricingPlan,
     SchedulePlan,
+    check_buckets,
     weight_routes,
 )
 from rlgraph.compiler.references import check_references
@@ -108,7 +112,6 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     """`build_graph(sync_spec(spec))` without re-validating: grouped nodes move to the one
     group, back edges get distance 1 (max_lag 0)."""
     sync = graph.copy()
-    sync.graph["max_lag"] = 0
     sync.graph["mini_batches"] = 1
     for _, attrs in sync.nodes(data=True):
         attrs["group"] = SYNC_GROUP if attrs["group"] else None
@@ -298,7 +301,9 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
+    check_inflight(spec, graph)
     placement: Placement = place(spec)
+    check_buckets(spec, placement.local)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
@@ -387,6 +392,8 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
         ),
         channels=channel_capacities(graph),
         weight_sync=weight_routes(spec),
+        memory=MemoryPlan(checked=bool(placement.memory),
+                          groups={g: m.to_dict() for g, m in placement.memory.items()}),
         pricing=PricingPlan(runtime=system.label, why=system.why(refit_path(spec)),
                             system=system.name, refit=system.refit_rate(refit_path(spec))[0],
                             baseline=chosen.name, baselines=baselines),

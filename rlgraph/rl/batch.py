@@ -14,9 +14,13 @@ Written by generate:
     prompt, data_source, ground_truth, extra_info   list, per row (verl's fields)
     response_text   list[str]   decoded response up to eos
     sequences       [B, P+R]    prompt (left-padded) + response (right-padded) token ids
-    attention_mask  [B, P+R]    1 on real tokens
+    attention_mask  [B, P+R]    1 on real tokens (observations of a multi-turn rollout too)
     prompt_len      int         P
-    response_mask   [B, R]      1 on response tokens up to and including eos
+    response_mask   [B, R]      1 on the tokens the policy sampled, up to and including eos
+                                (0 on a multi-turn trajectory's observation tokens: they are
+                                out of the loss, the KL term, the ratios and the lag)
+    env_reward, env_end, env_turns  multi-turn only: per row, the env's summed step rewards
+                                [B] float, why the trajectory ended, its model turns
     behavior_logp   [B, R]      log-prob of each token under the weights that sampled it
     token_version   [B, R]      policy version that sampled each token (-1 on padding)
 Written by reward:   rewards   [B] float
@@ -78,9 +82,17 @@ def group_rows(batch: Batch, rank: int, world: int) -> slice:
     return slice(starts[0], ends[0])
 
 
-def take_rows(batch: Batch, where: slice) -> Batch:
+def sample_rows(batch: Batch, rank: int, world: int) -> slice:
+    """Rows of data-parallel rank `rank` of `world`, sharded by sample: contiguous, sizes
+    within one, a GRPO group's rows possibly on two ranks (what needs a whole group, the
+    advantages, is computed on the whole batch: train takes it whole)."""
+    return slice(*shard_bounds(rows(batch), rank, world))
+
+
+def take_rows(batch: Batch, where: slice, regroup: bool = True) -> Batch:
     """The batch restricted to rows `where` (every per-row tensor or list; scalars kept);
-    `group` renumbered from 0."""
+    `group` renumbered from 0, or kept as it is with `regroup=False` (a share of a batch
+    cut by sample, joined back by `concat_rows(..., regroup=False)`)."""
     import torch
 
     count = rows(batch)
@@ -89,7 +101,7 @@ def take_rows(batch: Batch, where: slice) -> Batch:
         if isinstance(value, (torch.Tensor, list)) and len(value) == count:
             value = value[where]
         out[key] = value
-    if len(out["group"]):
+    if regroup and len(out["group"]):
         out["group"] = out["group"] - out["group"].min()
     return out
 
@@ -100,10 +112,11 @@ SUMMED = {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/ca
 MAXED = {"rollout/version_span", "rollout/decode_steps"}  # replicas run side by side
 
 
-def concat_rows(parts: list[Batch]) -> Batch:
-    """Replicas' batches of one step as one batch: rows in replica order, `group` renumbered,
-    prompts re-padded on the left and responses on the right to the widest; `metrics`
-    combined by `combine_metrics`."""
+def concat_rows(parts: list[Batch], regroup: bool = True) -> Batch:
+    """Replicas' batches of one step as one batch: rows in replica order, `group` renumbered
+    (each part's from where the previous ended; `regroup=False`: kept, for shares of one
+    batch cut by sample), prompts re-padded on the left and responses on the right to the
+    widest; `metrics` combined by `combine_metrics`."""
     import torch
 
     parts = [p for p in parts if rows(p)] or parts[:1]
@@ -114,8 +127,8 @@ def concat_rows(parts: list[Batch]) -> Batch:
     out: Batch = dict(first)
     offset, grouped = 0, []
     for p in parts:
-        grouped.append(p["group"] + offset)
-        offset += int(p["group"].max()) + 1
+        grouped.append(p["group"] + offset if regroup else p["group"])
+        offset += int(p["group"].max()) + 1 if len(p["group"]) else 0
     out["group"] = torch.cat(grouped)
     for key, value in first.items():
         if key == "group" or not isinstance(value, (list, torch.Tensor)):

@@ -34,6 +34,8 @@ from rlgraph.pricing.system import SYSTEMS
 
 VERL = {"system": "verl"}  # priced as verl's hybrid engine
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+
 
 def seconds(spec: Any, node: str) -> float:
     return costs_of(spec)[node].seconds
@@ -211,7 +213,7 @@ def test_moe_passes_run_below_the_dense_roofline_figure(monkeypatch: Any) -> Non
                         dataclasses.replace(COSTS, moe_pass_factor=1.0))
     assert seconds(moe, "train") < priced["moe"].seconds  # the factor slows MoE passes
     assert seconds(dense, "train") == pytest.approx(priced["dense"].seconds)  # dense untouched
-    monkeypatch.undo()
+    monkeypatch.setattr("rlgraph.pricing.passes.COSTS", COSTS)  # (not undo: memory_unchecked)
     said = [a for a in compile_plan(moe).trust.assumptions if "passes run at" in a]
     assert said and f"{figure:.0%} of H100" in said[0] and "routed experts" in said[0]
 

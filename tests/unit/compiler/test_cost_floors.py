@@ -16,6 +16,7 @@ from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.generate import decode_step_seconds, per_layer_floor
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 VERL = {"system": "verl"}  # priced as verl's hybrid engine
 
 

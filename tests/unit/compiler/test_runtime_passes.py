@@ -15,6 +15,8 @@ from rlgraph.presets.char_vocab import CHAR_VOCAB_SIZE
 from rlgraph.presets.models import MODEL_PRESETS
 from rlgraph.pricing.constants import COSTS
 
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+
 GRAPHS = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu"
 COLOCATED = GRAPHS / "colocated-sync.yaml"  # qwen2.5-0.5b shape, 512 rows of 40 tokens
 
