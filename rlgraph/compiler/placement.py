@@ -25,6 +25,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
+from rlgraph.pricing.system import system_of
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 
@@ -263,6 +264,8 @@ def place(spec: Spec, strict: bool = True) -> Placement:
     if strict:
         for group in groups.values():
             _check_parallel(spec, group)
-        if not cluster.local:
-            placement.memory = check_memory(spec, groups, placement.preset, slots)
+        if not cluster.local:  # refused only for the runtime that runs the plan: another
+            # system's memory (verl's packed passes, offload) is not this model's
+            placement.memory = check_memory(spec, groups, placement.preset, slots,
+                                            refuse=system_of(spec).runs_here)
     return placement
