@@ -171,7 +171,7 @@ def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
     for task in group.tasks:
         node = spec.nodes[task]
         role = KINDS[node.kind]
-        if role.advances_policy:  # weights, grads and optimizer states
+        if role.trains:  # weights, grads and optimizer states (train, critic)
             need = COSTS.train_state_bytes_per_param * shape.params / group.gpus
             if need > usable:
                 least = math.ceil(COSTS.train_state_bytes_per_param * shape.params / usable)

@@ -46,9 +46,16 @@ class RewardSpec(NodeSpec):
 
 
 def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, in one process."""
-    samples = ctx.spec.data.samples_per_step()
-    ctx.extra["detail"] = f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us"
+    """A rule-based verifier: reward_seconds_per_sample per sample, in one process; every
+    sample dynamic sampling is expected to draw (`expected_draws`) and ReMax's greedy
+    response per prompt count."""
+    data, algo = ctx.spec.data, ctx.spec.algorithm
+    per_draw = data.samples_per_step()
+    if algo.advantage == "greedy_baseline":
+        per_draw += data.prompts_per_step
+    samples = per_draw * algo.dynamic_sampling.expected_draws(data.samples_per_prompt)
+    ctx.extra["detail"] = (f"{samples:.4g} samples x "
+                           f"{COSTS.reward_seconds_per_sample * 1e6:.3g} us")
     return COSTS.reward_seconds_per_sample * samples
 
 
@@ -76,7 +83,9 @@ class RewardWorker:
         self.fn = load_reward_fn(node.fn, ("nodes", name, "fn"), workspace.base_dir)
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Score every response of the batch of `step`."""
+        """Score every response of the batch of `step` (rows dynamic sampling scored already
+        keep their rewards); ReMax's greedy responses, once per prompt, give
+        `reward_baselines`."""
         import torch
 
         from rlgraph.rl.batch import check_step, merge
@@ -84,10 +93,23 @@ class RewardWorker:
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
-        scores = score_samples(self.fn, self.fn_name, batch["data_source"],
-                               batch["response_text"], batch["ground_truth"],
-                               batch["extra_info"], batch["prompt_uid"], step=step)
-        batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        if "rewards" not in batch:
+            scores = score_samples(self.fn, self.fn_name, batch["data_source"],
+                                   batch["response_text"], batch["ground_truth"],
+                                   batch["extra_info"], batch["prompt_uid"], step=step)
+            batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        if "baseline_response_text" in batch:
+            counts = torch.unique_consecutive(batch["group"], return_counts=True)[1]
+            first = (counts.cumsum(0) - counts).tolist()  # each group's first row
+
+            def pick(key: str) -> list[Any]:
+                return [batch[key][i] for i in first]
+
+            base = score_samples(self.fn, self.fn_name, pick("data_source"),
+                                 pick("baseline_response_text"), pick("ground_truth"),
+                                 pick("extra_info"), pick("prompt_uid"), step=step)
+            batch["reward_baselines"] = torch.tensor(base, dtype=torch.float32
+                                                     ).repeat_interleave(counts)
         return batch
 
     @staticmethod

@@ -24,7 +24,7 @@ from rlgraph.errors import RLGraphError
 from rlgraph.runtime import checkpoint as ckpt
 
 LOCK = "run.lock"
-RESUME_SAFE = {("schedule", "steps")}  # keys a resumed run may change
+RESUME_SAFE = {("schedule", "steps"), ("logging",)}  # keys a resumed run may change
 RLGRAPH_FILES = {"meta.json", ckpt.MANIFEST, "trainer.json", "trainer.safetensors",
                  "rollout.json", "rollout.safetensors", "rollout_cache.json",
                  "rollout_cache.safetensors"}
