@@ -124,6 +124,16 @@ def _check_algorithm(spec: Spec) -> None:
                                     for n in spec.nodes.values()):
         raise SpecError(f"algorithm {algo.name} takes its advantages from a critic, and the "
                         f"graph has none", ("algorithm", "name"), hint=need[1])
+    if algo.advantage == "greedy_baseline":
+        for name, node in spec.nodes.items():
+            if getattr(node, "engine", "native") != "native":
+                raise SpecError("ReMax's greedy baseline decodes with the native engine",
+                                ("nodes", name, "engine"), hint="write engine: native, or "
+                                "use grpo / rloo")
+    if algo.dynamic_sampling.enable and spec.data.samples_per_prompt < 2:
+        raise SpecError("dynamic sampling keeps groups whose rewards differ: a group of one "
+                        "sample never does", ("data", "samples_per_prompt"),
+                        hint="use at least 2 samples per prompt")
     sched = spec.schedule
     if sched.partial_rollout or sched.stream is not None:
         how = "partial_rollout" if sched.partial_rollout else "stream"

@@ -25,6 +25,7 @@ from rlgraph.compiler.plan import Plan
 from rlgraph.compiler.references import code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
+from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.errors import SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
@@ -113,6 +114,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
     if steps:
         spec.schedule.steps = int(steps)
     plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
+    refuse_unrunnable(spec)  # an engine this machine cannot build: no run dir either
     return spec, plan, out or run_dir.claim_default_dir(spec.name)
 
 

@@ -42,6 +42,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
             raise _located(SpecError(f"override '{text}' names no key",
                                      hint="e.g. schedule.max_lag=2"), f"<override {text}>")
         value = parse_value(raw, f"<override {shown(text)}>")
+        if not dotted.startswith("+"):
+            _check_named_entry(data, keys, text)
         target = data
         for i, key in enumerate(keys[:-1]):
             nxt = target.setdefault(key, {})
@@ -55,6 +57,25 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
         source.overrides[tuple(keys)] = text
         for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
             del source.positions[stale]  # the file's lines under it no longer hold its value
+
+
+NAMED_SECTIONS = {"groups": "group", "nodes": "node"}  # mappings whose keys the user names
+
+
+def _check_named_entry(data: dict[str, Any], keys: list[str], text: str) -> None:
+    """An override below `groups.NAME` or `nodes.NAME` must name an entry the file has (a
+    typo would otherwise create a new, half-written one); `+groups.NAME...` adds one."""
+    section = data.get(keys[0])
+    if keys[0] not in NAMED_SECTIONS or len(keys) < 3 or not isinstance(section, dict):
+        return
+    if keys[1] in section:
+        return
+    what, names = NAMED_SECTIONS[keys[0]], [str(name) for name in section]
+    guess = did_you_mean(keys[1], names)
+    hint = (guess + "; " if guess else f"{what}s: {', '.join(names)}; ") + \
+        f"to add a new {what}, write +{text}"
+    raise _located(SpecError(f"unknown {what} '{shown(keys[1])}'",
+                             hint=hint), f"<override {shown(text)}>")
 
 
 # ---------------------------------------------------------------- validation errors

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import MAX_COUNT, CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.presets.costs import COSTS
+from rlgraph.nodes.base import MAX_COUNT, NodeKind, inputs_from_kinds
+from rlgraph.nodes.parallel_spec import ParallelNodeSpec
+from rlgraph.pricing.critic import critic_cost
 
 if TYPE_CHECKING:
     import torch
@@ -45,19 +45,6 @@ class CriticSpec(ParallelNodeSpec):
                               description="value updates per epoch")
     micro_batch: int | None = Field(default=None, ge=1, le=MAX_COUNT,
                                     description="sequences per forward/backward (accumulated)")
-
-
-def critic_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """The value forward (2 * N * tokens FLOPs) plus `epochs` forward + backward passes
-    (6 * N * tokens), each by `parallel.token_pass_cost` as train's and logp's passes are
-    priced (the same model size as the policy; its fp32 head term, priced vocabulary-wide,
-    overstates a one-wide value head)."""
-    forward = token_pass_cost(node, ctx, 2, COSTS.forward_mfu, response_bytes=8)
-    detail = ctx.extra.get("detail", "")
-    update = token_pass_cost(node, ctx, 6, COSTS.train_mfu, mini_batches=node.mini_batches,
-                             response_bytes=16, epochs=node.epochs)
-    ctx.extra["detail"] = f"value forward: {detail}; update: {ctx.extra.get('detail', '')}"
-    return forward + update
 
 
 KIND = NodeKind(

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.presets.costs import COSTS
+from rlgraph.nodes.base import NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.pricing.reward import reward_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -43,20 +43,6 @@ class RewardSpec(NodeSpec):
                              "in one process (remove the key; a slow verifier can be given its "
                              "own group or a cost: override)")
         return data
-
-
-def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, in one process; every
-    sample dynamic sampling is expected to draw (`expected_draws`) and ReMax's greedy
-    response per prompt count."""
-    data, algo = ctx.spec.data, ctx.spec.algorithm
-    per_draw = data.samples_per_step()
-    if algo.advantage == "greedy_baseline":
-        per_draw += data.prompts_per_step
-    samples = per_draw * algo.dynamic_sampling.expected_draws(data.samples_per_prompt)
-    ctx.extra["detail"] = (f"{samples:.4g} samples x "
-                           f"{COSTS.reward_seconds_per_sample * 1e6:.3g} us")
-    return COSTS.reward_seconds_per_sample * samples
 
 
 KIND = NodeKind(

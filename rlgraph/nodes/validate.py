@@ -25,14 +25,13 @@ from rlgraph.errors import SpecError, did_you_mean
 from rlgraph.nodes.base import (
     MAX_COUNT,
     MAX_STEPS,
-    CostContext,
     EdgeList,
     GraphSpec,
     NodeKind,
     NodeSpec,
 )
-from rlgraph.nodes.generate import generate_cost
 from rlgraph.nodes.reward import current_fn
+from rlgraph.pricing.validate import validate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -87,22 +86,6 @@ def engine_of(spec: GraphSpec, name: str) -> str:
                     f", which holds no generate node: it decodes with generate's engine and "
                     f"the weights param_update sends there", key,
                     hint=f"list '{name}' in the tasks of {where}")
-
-
-def validate_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A greedy synchronous batch of `prompts` decoded by generate's cost model, / `every`."""
-    assert isinstance(node, ValidateSpec)
-    engine = engine_of(ctx.spec, ctx.name)
-    data = ctx.spec.data.model_copy(update={"prompts_per_step": node.prompts,
-                                            "samples_per_prompt": 1})
-    schedule = ctx.spec.schedule.model_copy(update={"partial_rollout": False})
-    spec = ctx.spec.model_copy(update={"data": data, "schedule": schedule})
-    sub = CostContext(spec=spec, name=engine, shape=ctx.shape, gpu=ctx.gpu, gpus=ctx.gpus,
-                      colocated=ctx.colocated)
-    decode = generate_cost(ctx.spec.nodes[engine], sub)
-    ctx.extra["detail"] = (f"{node.prompts} prompts, {sub.extra['detail']} = {decode:.3g} s "
-                           f"every {node.every} steps")
-    return decode / node.every
 
 
 def validate_edges(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:

@@ -74,6 +74,7 @@ from rlgraph.nodes import KINDS
 from rlgraph.runtime.channels import Channel
 from rlgraph.runtime.state_machine import NodeMachine, NodeState
 from rlgraph.runtime.tasks import Completion, Executor, Pending, Task
+from rlgraph.versions import oldest_trainable
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
@@ -252,7 +253,7 @@ class Pipeline:
         >= t - max_lag."""
         if node not in self.versions:
             return True
-        return self.versions[node] >= step // self.k - self.max_lag
+        return self.versions[node] >= oldest_trainable(step, self.max_lag, self.k)
 
     def _inputs_ready(self, machine: NodeMachine) -> bool:
         return all(self.channels[(src, machine.name)].has(machine.step)

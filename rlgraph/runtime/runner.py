@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.compiler.plan import Plan
+from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.runtime import checkpoint as ckpt
@@ -92,6 +93,7 @@ class Runner:
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
         check_loggers(self.spec.logging)
+        refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
@@ -99,6 +101,12 @@ class Runner:
                 err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
                                 "and this plan runs on local CPU slots", ("nodes", node, "tp"),
                                 hint="write tp: 1 (or run on GPUs)")
+                err.source = self.spec.source
+                raise err
+            if getattr(spec, "sharding", "none") == "fsdp":
+                err = SpecError("sharding: fsdp is priced by the compiler but this runtime "
+                                "does not shard yet", ("nodes", node, "sharding"),
+                                hint="write sharding: none")
                 err.source = self.spec.source
                 raise err
             if node in self.plan.weight_sync and self._transport(node) == "nccl":

@@ -205,6 +205,7 @@ def test_ppo_needs_a_critic_and_dynamic_sampling_a_whole_batch() -> None:
         build_graph(spec)
 
 
+@pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 def test_dynamic_sampling_and_critic_are_priced() -> None:
     base = costs_of(cost_spec())
     dapo = costs_of(cost_spec(algorithm={"dynamic_sampling": {"enable": True}}))
@@ -216,6 +217,12 @@ def test_dynamic_sampling_and_critic_are_priced() -> None:
               "rollout": {"share": 0.5, "tasks": ["generate"]}}
     nodes = {"generate": {}, "reward": {}, "logp": {}, "critic": {}, "train": {},
              "param_update": {}}
-    ppo = costs_of(cost_spec(groups=groups, nodes=nodes, algorithm={"name": "ppo"}))
+    spec = cost_spec(groups=groups, nodes=nodes, algorithm={"name": "ppo"})
+    ppo = costs_of(spec)
+    from rlgraph.compiler.memory import group_memory
+    from rlgraph.presets.gpus import GPU_PRESETS
+
+    mem = group_memory(spec, "trainer", ["logp", "critic", "train"], 4, GPU_PRESETS["H100"])
+    assert mem.tasks["critic"].state == mem.tasks["train"].state  # a policy-sized trainee
     # a value forward and a forward + backward: between the train step's and 4/3 of it
     assert base["train"].seconds * 0.9 < ppo["critic"].seconds < base["train"].seconds * 1.5
