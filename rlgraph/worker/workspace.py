@@ -199,6 +199,10 @@ class Workspace:
                                     for k, v in self.policy.state_dict().items()}
             if self.optimizer is not None:
                 state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+            workers = {name: worker.state_dict() for name, worker in self._workers.items()
+                       if hasattr(worker, "state_dict")}  # a model of its own (critic)
+            if workers:
+                state["workers"] = workers
             return state
 
     def load_checkpoint(self, state: dict) -> None:
@@ -211,5 +215,8 @@ class Workspace:
                 optimizer = state["optimizer_shards"][self.replicas.model_rank]
             if self.optimizer is not None and optimizer is not None:
                 self.optimizer.load_state_dict(optimizer)
+            for name, saved in (state.get("workers") or {}).items():
+                if name in self.tasks:
+                    self.worker(name).load_state_dict(saved)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it

@@ -226,3 +226,25 @@ def test_dynamic_sampling_and_critic_are_priced() -> None:
     assert mem.tasks["critic"].state == mem.tasks["train"].state  # a policy-sized trainee
     # a value forward and a forward + backward: between the train step's and 4/3 of it
     assert base["train"].seconds * 0.9 < ppo["critic"].seconds < base["train"].seconds * 1.5
+
+
+def test_the_critic_is_checkpointed_with_its_workspace(tmp_path: object) -> None:
+    from rl_support import MICRO
+
+    from rlgraph.runtime.checkpoint import checkpoint_files
+    from rlgraph.worker.workspace import Workspace
+
+    spec = make_spec(model={"hf_config": dict(MICRO)}, algorithm={"name": "ppo"},
+                     extra_nodes={"critic": {}})
+    ws = Workspace(spec, ["critic"])
+    critic = ws.worker("critic")
+    state = ws.state_for_checkpoint()
+    assert set(state["workers"]["critic"]) == {"weights", "optimizer"}
+    checkpoint_files({"step": 1, "policy_version": 1}, state, {}, {}, None)  # serialisable
+    with torch.no_grad():
+        for p in critic.model.parameters():
+            p.add_(1.0)
+    ws.load_checkpoint(state)
+    restored = critic.model.state_dict()
+    assert all(torch.equal(restored[k], v) for k, v in state["workers"]["critic"]["weights"]
+               .items())
