@@ -28,6 +28,7 @@ from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     channel_capacities,
+    check_inflight,
     check_stream,
     lag_messages,
     prove_lag,
@@ -42,6 +43,7 @@ from rlgraph.compiler.plan import (
     Plan,
     PricingPlan,
     SchedulePlan,
+    check_buckets,
     weight_routes,
 )
 from rlgraph.compiler.references import check_references
@@ -102,7 +104,6 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     """`build_graph(sync_spec(spec))` without re-validating: grouped nodes move to the one
     group, back edges get distance 1 (max_lag 0)."""
     sync = graph.copy()
-    sync.graph["max_lag"] = 0
     sync.graph["mini_batches"] = 1
     for _, attrs in sync.nodes(data=True):
         attrs["group"] = SYNC_GROUP if attrs["group"] else None
@@ -264,7 +265,9 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
+    check_inflight(spec, graph)
     placement: Placement = place(spec)
+    check_buckets(spec, placement.local)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages

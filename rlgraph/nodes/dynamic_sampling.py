@@ -23,16 +23,20 @@ if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
 
 
-def reward_fn_of(worker: GenerateWorker) -> tuple[Any, str]:
-    """The graph's reward function (its first reward node's `fn`) and its name."""
-    from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
+def reward_fn_of(worker: GenerateWorker) -> tuple[Any, str, float | None]:
+    """The graph's reward scorer (its first reward node's `fn`, isolated as the reward node
+    runs it; made once per worker), the fn's name and its timeout."""
+    from rlgraph.rl.rewards import DEFAULT_FN, make_scorer
 
     spec = worker.ws.spec
     name, node = next(((n, s) for n, s in spec.nodes.items() if s.kind == "reward"),
                       (None, None))
     ref = getattr(node, "fn", None)
-    return load_reward_fn(ref, ("nodes", name or "reward", "fn"), worker.ws.base_dir), \
-        ref or DEFAULT_FN
+    scorer = getattr(worker, "dynamic_scorer", None)
+    if scorer is None:
+        scorer = make_scorer(ref, ("nodes", name or "reward", "fn"), worker.ws.base_dir)
+        worker.dynamic_scorer = scorer
+    return scorer, ref or DEFAULT_FN, getattr(node, "timeout_s", None)
 
 
 def informative_groups(rewards: Any, group: Any) -> list[int]:
@@ -62,7 +66,7 @@ def dynamic_batch(worker: GenerateWorker, step: int) -> Batch:
     from rlgraph.rl.rewards import score_samples
 
     spec = worker.ws.spec.algorithm.dynamic_sampling
-    fn, fn_name = reward_fn_of(worker)
+    fn, fn_name, timeout_s = reward_fn_of(worker)
     need = worker.share[1] - worker.share[0]
     kept: list[Batch] = []
     dropped: list[Batch] = []
@@ -72,7 +76,7 @@ def dynamic_batch(worker: GenerateWorker, step: int) -> Batch:
         draws += 1
         scores = score_samples(fn, fn_name, batch["data_source"], batch["response_text"],
                                batch["ground_truth"], batch["extra_info"],
-                               batch["prompt_uid"], step=step)
+                               batch["prompt_uid"], step=step, timeout_s=timeout_s)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
         good = set(informative_groups(batch["rewards"], batch["group"]))
         for g, rows in enumerate(group_slices(batch["group"])):

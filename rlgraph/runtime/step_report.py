@@ -30,6 +30,7 @@ class RunResult:
     startup_s: float = 0.0
     wall_s: float = 0.0
     lag_violations: int = 0
+    notes: list[str] = field(default_factory=list)  # what the closing lines should say
 
 
 class StepReport:
@@ -75,7 +76,8 @@ class StepReport:
         if summary.get("sample_table"):
             self.metrics.write_samples(step, summary["sample_table"])
         self.ledger.append(step, summary.get("trained_uids", []),
-                           int(summary.get("policy_version", step + 1)))
+                           int(summary.get("policy_version", step + 1)),
+                           stale_tokens=int(summary.get("stale_tokens", 0)))
         result.rows.append(row)
         result.next_step = step + 1
         if self.on_step:
