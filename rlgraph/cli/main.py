@@ -59,15 +59,11 @@ def _lazy(module: str, attr: str, command: str) -> Callable[..., Any]:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """A JSON file, or a CLIError naming the file (and line) that is missing or broken."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CLIError(f"{path}: no such file ({what})") from None
-    except OSError as exc:
-        raise CLIError(f"{path}: cannot read it: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CLIError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    """A JSON file, or a CLIError naming the file (and line) that is missing or broken (a
+    FIFO or a device in its place is refused at once: rlgraph.readback)."""
+    from rlgraph.readback import read_json as read_back
+
+    return read_back(path, what, CLIError)
 
 
 def compile_spec(spec: Any, calibration: Path | None = None) -> Plan:
@@ -154,7 +150,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     data = read_json(plan_file, "rlgraph run and rlgraph compile -o DIR write it")
     plan = Plan.from_dict(data, str(plan_file))
     trace_file = run_dir / "trace.json"
-    measured = events_from_trace(read_json(trace_file, "")) if trace_file.exists() else None
+    measured = (events_from_trace(read_json(trace_file, ""), str(trace_file))
+                if trace_file.exists() or trace_file.is_symlink() else None)
     paths = write_timeline(run_dir, plan, measured)
     what = "predicted and measured" if measured else "predicted only: no trace.json"
     print(f"wrote {', '.join(str(p) for p in paths[1:])} ({what})")

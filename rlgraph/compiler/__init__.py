@@ -102,7 +102,6 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     """`build_graph(sync_spec(spec))` without re-validating: grouped nodes move to the one
     group, back edges get distance 1 (max_lag 0)."""
     sync = graph.copy()
-    sync.graph["max_lag"] = 0
     sync.graph["mini_batches"] = 1
     for _, attrs in sync.nodes(data=True):
         attrs["group"] = SYNC_GROUP if attrs["group"] else None

@@ -26,9 +26,39 @@ from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
 
 
+def _surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` (an undecodable byte of a command line or a YAML
+    escape such as "\\udc80"), escaped, or None."""
+    found = next((ch for ch in text if "\ud800" <= ch <= "\udfff"), None)
+    return None if found is None else repr(found)[1:-1]
+
+
+def refuse_surrogates(data: Any, key: Key = ()) -> None:
+    """Refuse a key or string value holding a lone surrogate: it is no text, and would stop
+    rlgraph later when printed or written (after a run dir was made)."""
+    if isinstance(data, str):
+        bad = _surrogate(data)
+        if bad is not None:
+            raise SpecError(f"the text holds {bad}, a lone surrogate (an undecodable byte or a "
+                            f"\\u escape of half a character), which is not text", key,
+                            hint="write the name in UTF-8")
+    elif isinstance(data, dict):
+        for name, value in data.items():
+            refuse_surrogates(name, (*key, name) if isinstance(name, str) else key)
+            refuse_surrogates(value, (*key, name))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            refuse_surrogates(value, (*key, i))
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: SourceMap) -> None:
     """Apply verl-style `a.b.c=value` overrides (value parsed as YAML) in place."""
     for text in overrides:
+        bad = _surrogate(text)
+        if bad is not None:
+            raise _located(SpecError(f"override '{shown(text)}' holds {bad}, a byte that is not "
+                                     f"UTF-8", hint="write the override in UTF-8"),
+                           f"<override {shown(text)}>")
         if "=" not in text:
             raise _located(SpecError(f"override '{text}' has no '='",
                                      hint="write key.path=value, e.g. schedule.max_lag=2"),
@@ -202,7 +232,11 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
 def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
     """Plain data -> Spec, or the first problem as a located SpecError."""
     try:
+        refuse_surrogates(data)
         spec = Spec.model_validate(data)
+    except SpecError as err:
+        err.source = source
+        raise
     except ValidationError as exc:
         err = _first_error(exc, data)
         err.source = source

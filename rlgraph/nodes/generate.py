@@ -151,7 +151,7 @@ class GenerateWorker:
         ids = self.ws.tokenizer.encode_prompt(example.prompt)
         limit = self.ws.spec.data.prompt_len
         if len(ids) > limit:
-            err = SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
+            err = SpecError(f"prompt {example.where} has {len(ids)} tokens, more than prompt_len "
                             f"{limit}", ("data", "prompt_len"), hint=f"raise it to {len(ids)}")
             err.source = self.ws.spec.source  # the user's graph file and line
             raise err

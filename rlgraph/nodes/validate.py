@@ -130,7 +130,7 @@ class ValidateWorker:
     DATA_PARALLEL = "leader"
 
     def __init__(self, name: str, node: ValidateSpec, workspace: Workspace):
-        from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
+        from rlgraph.rl.rewards import DEFAULT_FN, make_scorer
 
         self.name, self.node, self.ws = name, node, workspace
         if workspace.policy is None:
@@ -140,7 +140,9 @@ class ValidateWorker:
         fn = node.fn or next((s.fn for s in workspace.spec.nodes.values()
                               if s.kind == "reward" and s.fn), None)
         self.fn_name = fn or DEFAULT_FN
-        self.fn = load_reward_fn(fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.fn = make_scorer(fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.timeout_s = next((s.timeout_s for s in workspace.spec.nodes.values()
+                               if s.kind == "reward"), None)
         self.examples = validation_examples(node, workspace)
         self.ids = [workspace.tokenizer.encode_prompt(ex.prompt) for ex in self.examples]
 
@@ -168,7 +170,7 @@ class ValidateWorker:
         texts = [tok.decode(r) for r in rollout.responses.tolist()]
         scores = score_samples(self.fn, self.fn_name, [ex.data_source for ex in exs], texts,
                                [ex.ground_truth for ex in exs], [ex.extra_info for ex in exs],
-                               [ex.uid for ex in exs])
+                               [ex.uid for ex in exs], timeout_s=self.timeout_s)
         lengths = rollout.response_mask.sum(1).float()
         return {"step": step, "metrics": {
             "val/reward/mean": sum(scores) / len(scores),

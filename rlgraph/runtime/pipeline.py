@@ -82,12 +82,15 @@ if TYPE_CHECKING:
 
 def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion], None], *,
           stop_requested: Callable[[], bool] = lambda: False, wait_s: float | None = None,
-          after_wait: Callable[[], None] = lambda: None) -> bool:
+          after_wait: Callable[[], None] = lambda: None,
+          give_up: Callable[[], bool] = lambda: False) -> bool:
     """The one scheduling loop: start every task the pipeline allows, wait for any to finish,
     hand each completion to the pipeline and then to `on_done`, until every node is done or
     a stop has drained. A stop recalls the tasks sent but not started (queued in an actor
     behind others): each comes back `recalled` and its step is withdrawn, so a stop asked
-    before train step k starts ends at k. Returns True when it stopped early."""
+    before train step k starts ends at k. A stop that waited long enough (`give_up`, asked
+    while stopping) abandons the tasks still in flight, each withdrawn as if it never ran
+    (the executor must offer `abandon`). Returns True when it stopped early."""
     stopped = False
     while True:
         if stop_requested() and not pipeline.stopping:
@@ -109,6 +112,10 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
             on_done(done)
         _start_all(pipeline, executor)  # react first, write metrics after
         after_wait()
+        if pipeline.stopping and len(executor) and give_up():
+            for task in executor.abandon():  # type: ignore[attr-defined]
+                pipeline.withdraw(task.node, task.step)
+            return True
 
 
 def _start_all(pipeline: Pipeline, executor: Executor) -> None:
