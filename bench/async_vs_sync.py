@@ -65,7 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine, write_result
+from common import RESULTS, ROOT, machine, mean, write_result
 
 GRAPH = ROOT / "graphs" / "longtail.yaml"
 WARMUP_STEPS = 3
@@ -85,10 +85,6 @@ MODES: dict[str, tuple[str, list[str]]] = {
     "partial_rollout": ("trainer | rollout, max_lag 2, partial rollout",
                         ["schedule.max_lag=2", "schedule.partial_rollout=true"]),
 }
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
 
 
 def colocated(graph: Path, replicas: int = 1) -> str:

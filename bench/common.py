@@ -1,4 +1,5 @@
-"""What the runtime benchmarks share: where results go and which machine produced them."""
+"""What the benchmarks share: where results go, which machine produced them, and the few
+statistics every result file reports (mean; median with min and max)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +46,17 @@ def mirrored(src: Path, dst: Path, every_s: float = 5.0) -> Iterator[None]:
     done.set()
     thread.join()
     dst.unlink(missing_ok=True)
+
+
+def mean(values: list[float]) -> float:
+    """The mean, or nan for no values."""
+    return sum(values) / len(values) if values else float("nan")
+
+
+def spread(values: list[float], digits: int | None = None) -> dict[str, float]:
+    """Median, min and max (rounded to `digits` where given)."""
+    out = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return out if digits is None else {k: round(v, digits) for k, v in out.items()}
 
 
 def machine() -> dict:

@@ -17,7 +17,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from common import machine  # noqa: E402
 
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec, validate_spec  # noqa: E402
@@ -154,9 +155,7 @@ def main() -> int:
     by_nodes = {r["nodes"]: r for r in synthetic}
     result = {
         "benchmark": "compile", "command": "python bench/compile_bench.py",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "load_avg_before": load_before,
+        "machine": {**machine(), "load_avg_before": load_before,
                     "load_avg_after": os.getloadavg()},
         "targets": {"seed_graph_ms": SEED_TARGET_MS, "nodes_1000_s": LARGE_TARGET_S,
                     "cli_process_s": CLI_TARGET_S},

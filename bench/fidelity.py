@@ -6,7 +6,7 @@ per-phase times (gen, generate_sequences, old_log_prob, update_actor, step) too,
 verl's published step at 8 / 16 / 32 GPUs of the async-rl seed (`../shared/seeds`) against
 the built-in baseline of its workload's graph at each size.
 
-Targets (issue 14): every speedup within +-25% (a direction-only case: predicted below 1),
+Targets: every speedup within +-25% (a direction-only case: predicted below 1),
 median |log(predicted / published)| <= 0.15, phase times within +-30%.
 
     python bench/fidelity.py [--published DIR]
@@ -27,12 +27,12 @@ from typing import Any
 
 from common import ROOT, machine, write_result
 
+from rlgraph import lengths
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
-from rlgraph.nodes import lengths
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.tune.search import tune
 

@@ -1,5 +1,5 @@
 """Asynchrony where it pays, on one GPU: synchronous colocated vs partial rollout colocated on
-a long-tailed workload (issue 15), side by side in one process.
+a long-tailed workload, side by side in one process.
 
   PYTHONUNBUFFERED=1 python bench/gpu_longtail.py
       [--parts throughput,decode,sweep,compiled,trainshapes,learning] [--repeats 1]

@@ -1,4 +1,4 @@
-"""Issue 12's hostile or mistaken inputs, each through `rlgraph compile` in its own process.
+"""Hostile or mistaken inputs, each through `rlgraph compile` in its own process.
 
 Every attack runs with a 10 s wall clock and a 3 GiB address-space limit; the table records
 the exit status, whether stderr held a traceback, how many lines it printed, the seconds the
@@ -44,7 +44,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def attacks(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
-    """name -> (graph file, overrides): one per item of issue 12's list ("-o" among the
+    """name -> (graph file, overrides): one per item of the list ("-o" among the
     overrides replaces the default output folder)."""
     def write(name: str, data: str | bytes) -> Path:
         path = tmp / name

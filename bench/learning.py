@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine, quickstart_args, write_result
+from common import RESULTS, ROOT, machine, mean, quickstart_args, write_result
 
 WALL_TARGET_S = 300.0
 GAIN_TARGET = 0.3
@@ -37,10 +37,6 @@ def run_quickstart(graph: Path, run_dir: Path, extra: list[str]) -> float:
         sys.stderr.write(proc.stderr[-5000:])
         raise SystemExit(f"rlgraph run failed with status {proc.returncode}")
     return wall
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

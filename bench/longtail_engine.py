@@ -1,4 +1,4 @@
-"""The engine-level parts of bench/gpu_longtail.py (issue 15): the static decoder's sliced and
+"""The engine-level parts of bench/gpu_longtail.py: the static decoder's sliced and
 varlen decode attention by live rows against the HBM roofline, on a synchronous and a partial
 rollout position mix (`decode`), one captured step per (attention kernel, width, length) with a
 profile (`sweep`), and what a new train pass shape costs with cuDNN's SDPA and without

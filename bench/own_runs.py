@@ -2,7 +2,7 @@
 (`bench/results/gpu-*.json`, `gpu4-*.json`: graph, overrides, measured median step) and every
 CPU mode of `bench/results/async_vs_sync*.json` (the long-tail graph, and the quickstart's
 `--graph graphs/quickstart.yaml` run), compiles the graph as it ran, without calibration, and
-sets the predicted period beside the measured step. Target (issue 14): within +-25%, and the
+sets the predicted period beside the measured step. Target: within +-25%, and the
 verdict (split vs colocated) of each CPU graph as measured. Runs of an older runtime, and a
 streamed run that stopped while its pipeline filled (no steady state), are listed but not
 counted.
@@ -26,9 +26,9 @@ from typing import Any
 
 from common import RESULTS, ROOT, machine, write_result
 
+from rlgraph import lengths
 from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
-from rlgraph.nodes import lengths
 from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25

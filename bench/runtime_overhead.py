@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, quickstart_args, write_result
+from common import machine, quickstart_args, spread, write_result
 
 TARGET = 0.05
 WARMUP_STEPS = 2  # the first steps pay one-off costs (allocator, first forward)
@@ -72,10 +72,6 @@ def measure(out: Path) -> dict:
                        "max": max(gaps) * 1e3 if gaps else 0.0},
         "path_nodes": [f"{e['node']}({e['step']})" for e in path.spans],
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def compare(args) -> int:

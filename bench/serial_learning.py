@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from common import machine  # noqa: E402
 
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.runtime.serial import run_serial  # noqa: E402
@@ -45,9 +46,7 @@ def main() -> None:
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     result = {
         "benchmark": "serial_learning",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "threads_per_worker": 1},
+        "machine": {**machine(), "torch": torch.__version__, "threads_per_worker": 1},
         "command": " ".join(["python bench/serial_learning.py", *sys.argv[1:]]),
         "graph": spec.to_yaml_dict(),
         "steps": len(rewards),

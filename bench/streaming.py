@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, machine, write_result
+from common import ROOT, machine, spread, write_result
 
 GRAPH = ROOT / "graphs" / "longtail.yaml"
 WARMUP = 3  # versions
@@ -105,11 +105,6 @@ def measure(out: Path) -> dict[str, Any]:
         "predicted_speedup_vs_sync": plan["schedule"]["speedup_vs_sync"],
         "predicted_period_s": plan["schedule"]["period_s"],
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min and max."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:

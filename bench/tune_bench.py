@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from common import machine  # noqa: E402
 
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.config.schema import Spec  # noqa: E402
@@ -124,8 +125,7 @@ def main() -> None:
     worst_64 = max(r["search_wall_s"] for r in runs_64)
     improvements = [r["improvement_vs_input"] for r in runs if r["improvement_vs_input"]]
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg())},
+        "machine": {**machine(), "load_average": list(os.getloadavg())},
         "command": "python bench/tune_bench.py",
         "seed_graphs": runs,
         "gpus_64": runs_64,

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, spread
 from trl_workload import build, greedy_accuracy
 
 SAMPLES_PER_STEP = 16 * 8
@@ -309,23 +309,18 @@ def predicted(graph: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ rounds and the summary
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
-            "max": round(max(values), 4)}
-
-
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, rs in runs.items():
-        out[mode] = {key: spread([r[key] for r in rs]) for key in
+        out[mode] = {key: spread([r[key] for r in rs], 4) for key in
                      ("samples_per_s", "wall_s", "train_s", "accuracy")
                      if all(r.get(key) is not None for r in rs)}
-        out[mode]["memory_total_mib"] = spread([r["memory"]["total_mib"] for r in rs])
+        out[mode]["memory_total_mib"] = spread([r["memory"]["total_mib"] for r in rs], 4)
         for trl_mode in TRL_THREADS:  # the same round's TRL runs
             if mode != trl_mode and trl_mode in runs:
                 ratios = [r["samples_per_s"] / t["samples_per_s"]
                           for r, t in zip(rs, runs[trl_mode])]
-                out[mode][f"vs_{trl_mode}_same_round"] = spread(ratios)
+                out[mode][f"vs_{trl_mode}_same_round"] = spread(ratios, 4)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +25,21 @@ def shown(path: str | os.PathLike[str]) -> str:
         return text
     half = MAX_NAME_CHARS // 2 - 2
     return f"{text[:half]}...{text[-half:]}"
+
+
+# CSI (colours, cursor moves), OSC (window titles) and two-character escape sequences
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def clean_text(text: str, limit: int = 300) -> str:
+    """Text from user code (an exception's message, a response) as one short line: terminal
+    escape sequences removed, other control characters and line breaks escaped, cut to
+    `limit` characters with a count of the rest."""
+    text = ESCAPES.sub("", str(text))
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 @dataclass

@@ -5,6 +5,8 @@ Node attributes: `kind`, `spec` (the node's pydantic spec), `group` (its group o
 `uses_gpu`. Edge attribute
 `distance`: 0 for data within a step, `max_lag + 1` on edges leaving a weight-carrying node
 (param_update -> generate): generate of step t waits for param_update of t - max_lag - 1.
+That distance is where the graph keeps `max_lag`, once; `max_lag(graph)` reads it back.
+Graph attributes: `name`, `mini_batches` (optimizer steps per policy version).
 Passes add their own attributes (`duration`, ...) to copies, never to this graph.
 """
 
@@ -91,8 +93,7 @@ def _occupies(spec: Spec, name: str, owner: dict[str, str]) -> tuple[str, ...]:
 def build_graph(spec: Spec) -> nx.DiGraph:
     """The step's dataflow with groups and distances; refuses graphs that cannot run."""
     owner = _check_groups(spec)
-    graph = nx.DiGraph(name=spec.name, max_lag=spec.schedule.max_lag,
-                       mini_batches=spec.schedule.mini_batches)
+    graph = nx.DiGraph(name=spec.name, mini_batches=spec.schedule.mini_batches)
     for name, node in spec.nodes.items():
         graph.add_node(name, kind=node.kind, spec=node, group=owner.get(name),
                        occupies=_occupies(spec, name, owner), uses_gpu=KINDS[node.kind].uses_gpu)
@@ -106,6 +107,12 @@ def build_graph(spec: Spec) -> nx.DiGraph:
     _refuse_dead_ends(spec, graph)
     _refuse_stale_policy(graph)
     return graph
+
+
+def max_lag(graph: nx.DiGraph) -> int:
+    """The graph's `max_lag`: the weight edges' step distance less one (0 without any)."""
+    distances = [d for _, _, d in graph.edges(data="distance") if d]
+    return min(distances) - 1 if distances else 0
 
 
 def _refuse_stale_policy(graph: nx.DiGraph) -> None:

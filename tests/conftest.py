@@ -34,3 +34,16 @@ def cluster():
 def cluster4():
     """The same with 4 logical CPUs (e.g. a trainer slot and two rollout replicas)."""
     yield from local_ray(4)
+
+
+@pytest.fixture
+def memory_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The placement pass measures memory but refuses no plan for it: for tests of the cost
+    model on shapes chosen for their arithmetic, not to fit a GPU (the memory check has its
+    own tests, tests/unit/compiler/test_memory.py)."""
+    import functools
+
+    from rlgraph.compiler import memory, placement
+
+    monkeypatch.setattr(placement, "check_memory",
+                        functools.partial(memory.check_memory, refuse=False))

@@ -256,7 +256,7 @@ def for_group(model: torch.nn.Module, spec: Any, tasks: list[str],
     """`model` as the group's model nodes run it: unchanged for `backend: torch`, converted
     to a MegatronPolicy when they say `backend: megatron` (then they must agree on tp, pp and
     ep, and the group must not generate: the native engine needs the transformers model)."""
-    # the model nodes are those with a `backend` field (rlgraph.nodes.parallel)
+    # the model nodes are those with a `backend` field (rlgraph.nodes.parallel_spec)
     nodes = {t: spec.nodes[t] for t in tasks if hasattr(spec.nodes[t], "backend")}
     chosen = {t: n for t, n in nodes.items() if n.backend == "megatron"}
     if not chosen:

@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlgraph import __version__
 from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
 
-PLAN_FILES = ("plan.json", "timeline.json", "timeline.html", "timeline.png")
+PLAN_FILES = ("plan.json", "timeline.json", "timeline.html")  # + timeline.png with --png
 
 
 class CLIError(RLGraphError):
@@ -58,15 +59,11 @@ def _lazy(module: str, attr: str, command: str) -> Callable[..., Any]:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """A JSON file, or a CLIError naming the file (and line) that is missing or broken."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CLIError(f"{path}: no such file ({what})") from None
-    except OSError as exc:
-        raise CLIError(f"{path}: cannot read it: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CLIError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    """A JSON file, or a CLIError naming the file (and line) that is missing or broken (a
+    FIFO or a device in its place is refused at once: rlgraph.readback)."""
+    from rlgraph.readback import read_json as read_back
+
+    return read_back(path, what, CLIError)
 
 
 def compile_spec(spec: Any, calibration: Path | None = None) -> Plan:
@@ -87,9 +84,11 @@ def out_dir_for(name: str) -> Path:
     return Path("out") / (re.sub(r"[^\w.-]+", "-", name).strip("-.") or "graph")
 
 
-def write_plan(out: Path, plan: Plan, measured: list[dict] | None = None) -> list[Path]:
-    """plan.json and the three timeline files into `out`; a folder that cannot be written
-    (read-only, no permission, a name too long, a full disk) is a one-line CLIError."""
+def write_plan(out: Path, plan: Plan, measured: list[dict] | None = None,
+               png: bool = True) -> list[Path]:
+    """plan.json and the timeline files into `out` (timeline.png only with `png`: drawing it
+    takes matplotlib a second or more); a folder that cannot be written (read-only, no
+    permission, a name too long, a full disk) is a one-line CLIError."""
     from rlgraph.config.safe_yaml import shown
     from rlgraph.report.timeline import write_timeline
 
@@ -97,7 +96,7 @@ def write_plan(out: Path, plan: Plan, measured: list[dict] | None = None) -> lis
         out.mkdir(parents=True, exist_ok=True)
         plan_file = out / "plan.json"
         plan_file.write_text(plan.to_json())
-        return [plan_file, *write_timeline(out, plan, measured)]
+        return [plan_file, *write_timeline(out, plan, measured, png=png)]
     except OSError as exc:
         what = exc.strerror or type(exc).__name__
         if exc.errno == errno.ENAMETOOLONG:
@@ -117,14 +116,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None)
     if args.json:
         if args.out:
-            write_plan(Path(args.out), plan)
+            write_plan(Path(args.out), plan, png=args.png)
         sys.stdout.write(plan.to_json())
         return 0
     out = Path(args.out) if args.out else out_dir_for(spec.name)
-    write_plan(out, plan)
+    paths = write_plan(out, plan, png=args.png)
     from rlgraph.report.summary import print_summary
 
-    print_summary(plan, footer=f"wrote {out}/: {' '.join(PLAN_FILES)}")
+    picture = "" if args.png else " (add --png for timeline.png)"
+    print_summary(plan, footer=f"wrote {out}/: {' '.join(p.name for p in paths)}{picture}")
     return 0
 
 
@@ -150,7 +150,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     data = read_json(plan_file, "rlgraph run and rlgraph compile -o DIR write it")
     plan = Plan.from_dict(data, str(plan_file))
     trace_file = run_dir / "trace.json"
-    measured = events_from_trace(read_json(trace_file, "")) if trace_file.exists() else None
+    measured = (events_from_trace(read_json(trace_file, ""), str(trace_file))
+                if trace_file.exists() or trace_file.is_symlink() else None)
     paths = write_timeline(run_dir, plan, measured)
     what = "predicted and measured" if measured else "predicted only: no trace.json"
     print(f"wrote {', '.join(str(p) for p in paths[1:])} ({what})")
@@ -191,17 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlgraph",
         description="Compile and run asynchronous RL dataflow graphs (graph.yaml).")
+    parser.add_argument("--version", action="version", version=f"rlgraph {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("compile", help="placement, lag bound, schedule and timeline of a graph",
                        description="Compile graph.yaml: prints a summary and writes plan.json, "
-                       "timeline.json (Perfetto), timeline.html and timeline.png.")
+                       "timeline.json (Perfetto) and timeline.html (timeline.png with --png).")
     _graph_args(p)
     p.add_argument("-o", "--out", metavar="DIR", help="output folder (default: out/<name>/)")
     p.add_argument("--json", action="store_true",
                    help="print the plan as JSON on stdout and nothing else (files only with -o)")
     p.add_argument("--calibrate", metavar="TRACE_OR_RUN_DIR",
                    help="scale node costs to a measured trace.json (or a run dir holding one)")
+    p.add_argument("--png", action="store_true",
+                   help="also draw timeline.png (matplotlib; about a second more)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("schema", help="print the JSON Schema of graph.yaml")
@@ -250,7 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse; `key=value` words after options count as overrides too."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    for word in words:
+        if word.startswith("--") and ("=" in word or "." in word.split("=")[0]):
+            key = word[2:]
+            if "." in key.split("=")[0]:  # --schedule.max_lag=2: an override with dashes
+                right = key if "=" in key else f"{key}=VALUE"
+                parser.exit(2, f"rlgraph: '{one_line(word)}' is an override: write it without "
+                               f"dashes, after the graph: {one_line(right)}\n")
+    args, extra = parser.parse_known_args(words)
     overrides = [word for word in extra if "=" in word and not word.startswith("-")]
     if len(overrides) != len(extra) or (overrides and not hasattr(args, "overrides")):
         unknown = [w for w in extra if w not in overrides or not hasattr(args, "overrides")]

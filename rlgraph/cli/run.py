@@ -15,17 +15,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import shlex
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from rlgraph.cli.run_log import RunLog
 from rlgraph.compiler.plan import Plan
 from rlgraph.compiler.references import code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
-from rlgraph.errors import SpecError, shown
+from rlgraph.engines.sglang_engine import refuse_unrunnable
+from rlgraph.errors import RLGraphError, SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
 from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
@@ -36,12 +39,19 @@ __all__ = ["RunDirError", "default_run_dir", "prepare", "run_main"]
 class RunProgress:
     """A progress line per step: a rich bar on a terminal, a plain line every 10% otherwise."""
 
-    def __init__(self, total: int, first: int, enabled: bool = True) -> None:
-        self.total, self.first, self.count = total, first, 0
+    def __init__(self, total: int, first: int, enabled: bool = True, per_step: int = 1,
+                 terminal: Any = None, log: Any = None) -> None:
+        """`total` and `first` in train steps (policy versions); a streamed run's rows come
+        `per_step` to a version (its optimizer steps), and `first` counts those."""
+        self.per_step = max(1, per_step)
+        self.total, self.first, self.count = total, first // self.per_step, 0
         self.started = time.time()
         self.bar = None
-        self.terminal = enabled and sys.stdout.isatty()
+        self.log = log  # a RunLog: the terminal's bar is logged as plain lines
+        screen = terminal or sys.stdout
+        self.terminal = enabled and screen.isatty()
         if self.terminal:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -52,8 +62,8 @@ class RunProgress:
 
             self.bar = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
                                 TextColumn("{task.fields[info]}"), TextColumn("ETA"),
-                                TimeRemainingColumn())
-            self.task = self.bar.add_task("run", total=total, completed=first, info="")
+                                TimeRemainingColumn(), console=Console(file=screen))
+            self.task = self.bar.add_task("run", total=total, completed=self.first, info="")
             self.bar.start()
         self.enabled = enabled
 
@@ -65,18 +75,22 @@ class RunProgress:
                 f"{row.get('throughput/samples_per_s', 0):.1f} samples/s")
 
     def update(self, row: dict[str, Any]) -> None:
-        """Show the step just trained."""
+        """Show the step just trained (a streamed run: at the last mini-batch of a version)."""
+        if (row["step"] + 1) % self.per_step:
+            return
         self.count += 1
-        done = row["step"] + 1
+        done = (row["step"] + 1) // self.per_step
+        every = max(1, (self.total - self.first) // 10)
+        due = self.count % every == 0 or done == self.total
+        rate = (time.time() - self.started) / self.count
+        line = (f"step {done}/{self.total}  {self.describe(row)}  "
+                f"ETA {rate * max(self.total - done, 0):.0f}s")
         if self.bar is not None:
             self.bar.update(self.task, completed=done, info=self.describe(row))
-        elif self.enabled:
-            every = max(1, (self.total - self.first) // 10)
-            if self.count % every == 0 or done == self.total:
-                rate = (time.time() - self.started) / self.count
-                eta = rate * (self.total - done)
-                print(f"step {done}/{self.total}  {self.describe(row)}  ETA {eta:.0f}s",
-                      flush=True)
+            if due and self.log is not None:
+                self.log.line(line)
+        elif self.enabled and due:
+            print(line, flush=True)
 
     def close(self) -> None:
         """Stop redrawing."""
@@ -87,8 +101,8 @@ class RunProgress:
 def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
     """Spec with overrides and --steps, the compiled plan, and the run dir. A resumed run
     takes the graph on the command line (refused if it differs from the run's in anything
-    but the step count) and the run's step count, unless told. A fresh default run dir is
-    claimed here."""
+    but the step count and checkpoint keeping) and the run's step count, unless --steps or
+    a `schedule.steps=N` override says otherwise. A fresh default run dir is claimed here."""
     from rlgraph.cli.main import compile_spec
 
     overrides = list(getattr(args, "overrides", None) or [])
@@ -100,20 +114,62 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
-    if getattr(args, "resume", None):
-        out = Path(args.resume)
+    resume = getattr(args, "resume", None)
+    given_out = getattr(args, "out", None)
+    if resume:
+        out = Path(resume)
+        if given_out and Path(given_out).absolute() != out.absolute():
+            raise RunDirError(f"--resume {shown(out)} continues that run in its own folder; "
+                              f"-o {shown(given_out)} cannot move it (drop -o, or copy the "
+                              f"run dir there and resume the copy)")
         meta = run_dir.check_resume(out, spec.to_yaml_dict(), str(args.graph))
-        args.resumed_step = int(meta["step"])
-        steps = steps or meta.get("steps")
-    elif getattr(args, "out", None):
-        out = Path(args.out)
-        run_dir.refuse_reuse(out)
+        # a streamed run's checkpoint counts optimizer steps; --steps counts versions
+        args.resumed_step = int(meta["step"]) // spec.schedule.mini_batches
+        if steps is None and not sets_steps(overrides):
+            steps = meta.get("steps")
+    elif given_out:
+        out = Path(given_out)
+        run_dir.refuse_reuse(out, spec.name)
     else:
         out = None
     if steps:
         spec.schedule.steps = int(steps)
     plan = compile_spec(spec)  # a graph the compiler refuses leaves no run dir behind
-    return spec, plan, out or run_dir.claim_default_dir(spec.name)
+    refuse_unrunnable(spec)  # an engine this machine cannot build: no run dir either
+    if out is None:
+        out = run_dir.claim_default_dir(spec.name)
+    if not resume:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot create the run dir {shown(out)}: {exc.strerror or exc}"
+                              f" (give a writable folder with --out)") from None
+        run_dir.mark(out, spec.name)
+    return spec, plan, out
+
+
+def sets_steps(overrides: list[str]) -> bool:
+    """Whether an override sets `schedule.steps`."""
+    return any(o.partition("=")[0].strip() == "schedule.steps" for o in overrides)
+
+
+def continue_command(args: argparse.Namespace, out: Path, steps: int | None = None) -> str:
+    """The exact command that continues the run in `out` (the graph, its overrides and the
+    options that matter), quoted for a POSIX shell."""
+    words = ["rlgraph", "run", str(getattr(args, "graph", "graph.yaml")),
+             *(getattr(args, "overrides", None) or []), "--resume", str(out)]
+    if steps is not None:
+        words += ["--steps", str(steps)]
+    for flag, name in (("--trust-code", "trust_code"), ("--verify-weights", "verify_weights")):
+        if getattr(args, name, False):
+            words.append(flag)
+    if getattr(args, "checkpoint_every", None) is not None:
+        words += ["--checkpoint-every", str(args.checkpoint_every)]
+    if getattr(args, "address", None):
+        words += ["--address", str(args.address)]
+    text = shlex.join(words)
+    # what a terminal cannot show (a line break, an undecodable byte) printed escaped
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def refuse_code_from_files(spec: Spec, trusted: bool) -> None:
@@ -132,17 +188,41 @@ def refuse_code_from_files(spec: Spec, trusted: bool) -> None:
 
 def run_main(args: argparse.Namespace) -> int:
     """Entry point of `rlgraph run` (called by rlgraph.cli.main); returns the exit status."""
-    from rlgraph.cli.main import write_plan
-    from rlgraph.report.summary import print_summary
-
     spec, plan, out = prepare(args)
     resume = bool(getattr(args, "resume", None))
     steps = spec.schedule.steps
     if resume and getattr(args, "resumed_step", 0) >= steps:
-        print(f"the run in {out} is already complete: it trained {args.resumed_step} of "
-              f"{steps} steps (give --steps N with N > {args.resumed_step} to train on)")
+        done = args.resumed_step
+        print(f"the run in {shown(out)} is already complete: it trained {done} of {steps} "
+              f"steps; to train on, give more steps, e.g. "
+              f"{continue_command(args, out, steps=done + steps)}")
         return 0
-    lock = run_dir.hold(out)  # noqa: F841 (held until the process ends)
+    lock = run_dir.hold(out)
+    try:
+        with RunLog(out) as log:
+            try:
+                return _run(args, spec, plan, out, log)
+            except RLGraphError as err:  # printed by the caller; the log keeps it too
+                log.line(f"rlgraph: {err.render()}")
+                raise
+            except OSError as exc:  # a full disk, a folder made read-only mid-run
+                err = RunDirError(f"cannot write into the run dir {shown(out)}: "
+                                  f"{exc.strerror or exc}"
+                                  + (f" ({shown(exc.filename)})" if exc.filename else "")
+                                  + f"; free space, then continue with "
+                                  f"{continue_command(args, out)}")
+                log.line(f"rlgraph: {err}")
+                raise err from None
+    finally:
+        run_dir.release(out, lock)
+
+
+def _run(args: argparse.Namespace, spec: Spec, plan: Plan, out: Path, log: RunLog) -> int:
+    from rlgraph.cli.main import write_plan
+    from rlgraph.report.summary import print_summary
+
+    resume = bool(getattr(args, "resume", None))
+    steps, per_step = spec.schedule.steps, spec.schedule.mini_batches
     print_summary(plan, footer=f"running {steps} steps into {out}/")
     write_plan(out, plan)
     progress: RunProgress | None = None
@@ -151,7 +231,8 @@ def run_main(args: argparse.Namespace) -> int:
         nonlocal progress
         for note in runner.notes[printed:]:  # what the actors measured at start-up
             print(f"note: {note}", file=sys.stderr, flush=True)
-        progress = RunProgress(steps, runner.first_step, enabled=getattr(args, "progress", True))
+        progress = RunProgress(steps, runner.first_step, enabled=getattr(args, "progress", True),
+                               per_step=per_step, terminal=log.terminal, log=log)
 
     def on_step(row: dict[str, Any]) -> None:
         if progress is not None:
@@ -180,7 +261,7 @@ def run_main(args: argparse.Namespace) -> int:
             progress.close()
     status = finish(out, plan, result, args)
     if terminated.get("signal") and result.stopped:
-        print(f"terminated by SIGTERM: checkpoint at step {result.next_step} in "
+        print(f"terminated by SIGTERM: checkpoint at step {result.next_step // per_step} in "
               f"{out}/checkpoint", file=sys.stderr)
         return 128 + signal.SIGTERM
     return status
@@ -230,7 +311,10 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
         head = [r["reward/mean"] for r in rows[:10]]
         tail = [r["reward/mean"] for r in rows[-10:]]
         lag_max = max(r["lag/max"] for r in rows)
-        print(f"trained steps {result.first_step}..{result.next_step - 1}: reward/mean "
+        k = plan.spec.schedule.mini_batches
+        what = (f"trained steps {result.first_step // k}..{result.next_step // k - 1}" + (
+            f" ({result.next_step - result.first_step} optimizer steps)" if k > 1 else ""))
+        print(f"{what}: reward/mean "
               f"{sum(head) / len(head):.3f} (first {len(head)}) -> {sum(tail) / len(tail):.3f} "
               f"(last {len(tail)}); lag/max {lag_max:g} <= bound "
               f"{plan.lag.max_policy_lag}; {result.wall_s:.1f}s running + "
@@ -246,9 +330,11 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
               file=sys.stderr)
     print(f"wrote {out}/: plan.json metrics.jsonl trace.json timeline.html timeline.png "
           f"checkpoint/ tensorboard/")
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
     if result.stopped:
-        graph = getattr(args, "graph", "graph.yaml")
-        print(f"stopped at step {result.next_step}; continue with: rlgraph run {graph} "
-              f"--resume {out}", file=sys.stderr)
+        done = result.next_step // plan.spec.schedule.mini_batches
+        print(f"stopped at step {done}; continue with: {continue_command(args, out)}",
+              file=sys.stderr)
         return 130
     return 0

@@ -5,7 +5,8 @@ and what the passes before it returned:
 
 0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
-2. `placement.place`         shares -> GPUs -> devices, every divisibility / memory rule;
+2. `placement.place`         shares -> GPUs -> devices, every divisibility rule, and
+                             `memory.check_memory`: bytes per GPU of every group;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
 4. `lag.prove_lag`           the off-policy bound, per pair and per edge;
 5. `bound.schedule_bound`    max(cycle ratio, group load), exact;
@@ -37,6 +38,7 @@ from rlgraph.compiler.period_bound import Bound, schedule_bound
 from rlgraph.compiler.placement import Placement, place
 from rlgraph.compiler.plan import (
     LagPlan,
+    MemoryPlan,
     Plan,
     PricingPlan,
     SchedulePlan,
@@ -56,7 +58,7 @@ from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.pricing import PRICING, hybrid_engine_priced
+from rlgraph.pricing.system import PRICING, hybrid_engine_priced
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
@@ -100,7 +102,6 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     """`build_graph(sync_spec(spec))` without re-validating: grouped nodes move to the one
     group, back edges get distance 1 (max_lag 0)."""
     sync = graph.copy()
-    sync.graph["max_lag"] = 0
     sync.graph["mini_batches"] = 1
     for _, attrs in sync.nodes(data=True):
         attrs["group"] = SYNC_GROUP if attrs["group"] else None
@@ -243,6 +244,21 @@ def compile_plan(spec: Spec, calibration: Any = None) -> Plan:
         raise
 
 
+def first_hour_advice(placement: Placement, period: float, sync: float) -> list[str]:
+    """Advice a newcomer needs before a run: GPUs (slots) that no group holds, and a plan slower
+    than the colocated synchronous baseline (`rlgraph tune` searches the alternatives)."""
+    advice = []
+    held = sum(g.gpus for g in placement.groups.values())
+    if not placement.local and held < placement.slots:
+        advice.append(f"the group shares leave {placement.slots - held} of {placement.slots} "
+                      f"GPUs idle: raise a share (groups.<name>.share) or add a group")
+    if period > 0 and sync > 0 and sync < period * 0.99:
+        advice.append(f"colocated sync would run {period / sync:.2f}x faster than this plan: "
+                      f"`rlgraph tune` on this graph searches groups, shares, lag and partial "
+                      f"rollout for a faster one")
+    return advice
+
+
 def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
@@ -278,6 +294,7 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
         messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
     sync, sync_costs = ((period, costs) if _is_sync(spec)
                         else _sync_baseline(spec, graph, costs))
+    messages += first_hour_advice(placement, period, sync)
     runtime, why = PRICING[hybrid_engine_priced(spec)]
     util = utilization(tg, period)
     if not steady.exact:
@@ -317,6 +334,8 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
         ),
         channels=channel_capacities(graph),
         weight_sync=weight_routes(spec),
+        memory=MemoryPlan(checked=bool(placement.memory),
+                          groups={g: m.to_dict() for g, m in placement.memory.items()}),
         pricing=PricingPlan(runtime=runtime, why=why),
         trust=trust(spec, costs, sync_costs, sync),
         messages=messages,

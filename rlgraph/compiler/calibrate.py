@@ -9,13 +9,13 @@ least three.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlgraph.errors import RLGraphError
+from rlgraph.readback import MAX_SECONDS, finite_number, read_json, trace_spans
 
 WARMUP_MIN_STEPS = 3  # drop the first step only when at least this many were measured
 
@@ -31,8 +31,13 @@ def calibration_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, fl
         node, step = event.get("node"), event.get("step")
         if node is None or step is None:
             continue
-        per_node.setdefault(str(node), {})[int(step)] = float(event["end"]) - float(
-            event["start"])
+        seconds = float(event["end"]) - float(event["start"])
+        if not 0 <= seconds <= MAX_SECONDS:  # NaN too: it would never converge
+            raise CalibrationError(f"node {node} step {step}: a measured duration of "
+                                   f"{seconds:g} s (not finite, negative or over "
+                                   f"{MAX_SECONDS:g} s); calibrate with the trace.json of a "
+                                   f"real run")
+        per_node.setdefault(str(node), {})[int(step)] = seconds
     out = {}
     for node, steps in per_node.items():
         ordered = [steps[s] for s in sorted(steps)]
@@ -42,12 +47,12 @@ def calibration_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, fl
     return out
 
 
-def events_of_trace(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Event dicts (seconds) of a Chrome trace's complete ("X") spans."""
+def events_of_trace(trace: Mapping[str, Any], where: str = "trace.json"
+                    ) -> list[dict[str, Any]]:
+    """Event dicts (seconds) of a Chrome trace's complete ("X") spans (checked: finite,
+    non-negative times; a bad span is a CalibrationError naming `where`)."""
     events = []
-    for span in trace.get("traceEvents", []):
-        if span.get("ph") != "X":
-            continue
+    for span in trace_spans(trace, where, CalibrationError):
         args = span.get("args") or {}
         start = float(span.get("ts", 0)) / 1e6
         events.append({"node": args.get("node", span.get("name")), "step": args.get("step"),
@@ -60,18 +65,16 @@ def load_calibration(path: str | Path) -> dict[str, float]:
     file = Path(path)
     if file.is_dir():
         file = file / "trace.json"
+    trace = read_json(file, "give a run dir or its trace.json", CalibrationError)
+    if not isinstance(trace, dict | list):
+        raise CalibrationError(f"{file}: not a Chrome trace (a mapping with traceEvents)")
     try:
-        trace = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise CalibrationError(f"{file}: no such file (give a run dir or its trace.json)"
+        calibration = calibration_from_events(events_of_trace(
+            trace if isinstance(trace, dict) else {"traceEvents": trace}, str(file)))
+    except CalibrationError as err:
+        text = str(err)
+        raise CalibrationError(text if text.startswith(str(file)) else f"{file}: {text}"
                                ) from None
-    except OSError as exc:
-        raise CalibrationError(f"{file}: cannot read it: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(f"{file}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
-                               ) from None
-    calibration = calibration_from_events(events_of_trace(trace if isinstance(trace, dict)
-                                                          else {"traceEvents": trace}))
     if not calibration:
         raise CalibrationError(f"{file}: the trace has no node spans (args.node, args.step) "
                                f"to calibrate with")
@@ -87,5 +90,6 @@ def as_calibration(value: Mapping[str, float] | Iterable[Mapping[str, Any]] | st
     if isinstance(value, str | Path):
         return load_calibration(value)
     if isinstance(value, Mapping):
-        return {str(k): float(v) for k, v in value.items()}
+        return {str(k): finite_number(v, f"calibration of {k}", upper=MAX_SECONDS,
+                                      error=CalibrationError) for k, v in value.items()}
     return calibration_from_events(value)

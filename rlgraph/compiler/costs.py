@@ -1,17 +1,18 @@
 """Cost pass: seconds per step of every node, dispatched to its kind's cost model.
 
-Order of precedence: a measured calibration (source "calibrated"), then the node's
-`cost: {seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"),
-then the kind's analytic model (`rlgraph/nodes/<kind>.py`, constants in `rlgraph/presets/costs.py`;
-source "model"). Where the plan prices verl's hybrid engine (a generate node on engine
-sglang, `nodes.rollout_cost.hybrid_engine_priced`), a group that holds both a train and a
-generate node pays the colocation switch on its generate node every step: train states and
-rollout weights go to host memory and come back over PCIe, and the weights are resharded
-into the engine at the measured resharding rate. rlgraph's own runtime (engine native)
-decodes with the training weights and pays no switch; local CPU clusters pay none either.
-A generate node that receives weights from another group pays the dual-buffer switch instead
-(`nodes.param_update.switch_cost`): param_update stages the new version beside generation
-and holds only the sender's group, so the copy into the live weights is all generate waits.
+Order of precedence: a measured calibration (source "calibrated"), then the node's `cost:
+{seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"), then
+the kind's analytic model (`rlgraph/pricing/<kind>.py`, constants in
+`rlgraph/pricing/constants.py`; source "model"). Where the plan prices verl's hybrid engine
+(a generate node on engine sglang, `pricing.system.hybrid_engine_priced`), a group that
+holds both a train and a generate node pays the colocation switch on its generate node every
+step: train states and rollout weights go to host memory and come back over PCIe, and the
+weights are resharded into the engine at the measured resharding rate. rlgraph's own runtime
+(engine native) decodes with the training weights and pays no switch; local CPU clusters pay
+none either. A generate node that receives weights from another group pays the dual-buffer
+switch instead (`pricing.param_update.switch_cost`): param_update stages the new version
+beside generation and holds only the sender's group, so the copy into the live weights is
+all generate waits.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.base import CostContext
-from rlgraph.nodes.param_update import switch_cost
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.models import ModelShape
+from rlgraph.pricing.constants import COSTS
+from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.param_update import switch_cost
+from rlgraph.pricing.system import hybrid_engine_priced
 
 
 @dataclass

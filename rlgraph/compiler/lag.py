@@ -35,6 +35,7 @@ import networkx as nx
 
 from rlgraph.errors import SpecError
 from rlgraph.graph import data_edges, step_order
+from rlgraph.graph import max_lag as graph_max_lag
 from rlgraph.nodes import KINDS
 
 BEST_PERIOD_TOLERANCE = 0.005  # a lag "reaches the best period" within 0.5%
@@ -179,10 +180,8 @@ def colocated_trainer(graph: nx.DiGraph, gen: str) -> str | None:
 
 def version_gate(graph: nx.DiGraph) -> int:
     """The runtime's version gate: generate (or any weight receiver) of step t waits for a
-    version >= t - gate. It is the back edges' distance less one (graph.yaml's max_lag); a
-    graph without back edges keeps the spec's max_lag."""
-    distances = [d for _, _, d in graph.edges(data="distance") if d]
-    return min(distances) - 1 if distances else int(graph.graph.get("max_lag", 0))
+    version >= t - gate: graph.yaml's max_lag, as the graph keeps it (`graph.max_lag`)."""
+    return graph_max_lag(graph)
 
 
 def channel_capacities(graph: nx.DiGraph) -> dict[str, int]:

@@ -5,11 +5,13 @@ laid out largest first: a group larger than one node takes whole free nodes (its
 packs like a small group), smaller groups pack inside one node (best fit) and split across
 nodes only when fragmentation leaves no node with room. Then every rule a run would trip
 over later is checked here, naming the graph.yaml key: shares over 1, a group with no GPU,
-tp / pp / ep not dividing a group, a batch not divisible by the data-parallel size, and a
-model that cannot fit (train: weights + grads + Adam states sharded over the group; generate:
-weights / tp + the KV cache of one full-length sequence; longer batches decode in waves).
-A local CPU cluster gives every group at least one slot (slots are then shared) and skips
-the memory checks.
+tp / pp / ep not dividing a group, a batch not divisible by the data-parallel size, a
+data-parallel rank left without work, and a group whose memory per GPU does not fit
+(`rlgraph.compiler.memory`). A node's data-parallel size is its group's GPUs / (tp x pp);
+rows are sharded by sample (GRPO advantages are computed before the split), so a step needs
+one sample per data-parallel rank of every update, and a sampling node one prompt per engine
+replica (a replica samples whole prompts). A local CPU cluster gives every group at least one
+slot (slots are then shared) and skips the memory check.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgraph.compiler.shapes import shape_of
+from rlgraph.compiler.memory import GroupMemory, check_memory
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
@@ -37,7 +38,8 @@ class GroupPlacement:
     share: float
     gpus: int
     devices: list[tuple[int, int]]
-    replicas: int = 1  # data-parallel processes (rlgraph.worker.replicas)
+    replicas: int = 1  # processes: one per GPU, or a local group's CPU replicas
+    data_parallel: dict[str, int] = field(default_factory=dict)  # task -> its DP ranks
 
     def nodes(self) -> set[int]:
         """Cluster nodes (machines) the group's devices sit on."""
@@ -54,6 +56,7 @@ class Placement:
     groups: dict[str, GroupPlacement]
     shared_slots: bool = False
     messages: list[str] = field(default_factory=list)
+    memory: dict[str, GroupMemory] = field(default_factory=dict)  # GPU clusters, strict only
 
     @property
     def preset(self) -> GPUPreset:
@@ -70,7 +73,8 @@ class Placement:
             "local": self.local, "slots": self.slots, "gpu": self.gpu,
             "shared_slots": self.shared_slots,
             "groups": [{"name": g.name, "tasks": list(g.tasks), "share": g.share, "gpus": g.gpus,
-                        "replicas": g.replicas, "devices": [list(d) for d in g.devices]}
+                        "replicas": g.replicas, "data_parallel": dict(g.data_parallel),
+                        "devices": [list(d) for d in g.devices]}
                        for g in self.groups.values()],
         }
 
@@ -154,8 +158,27 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
             raise SpecError(f"tp x pp = {mp} does not divide the {group.gpus} GPUs of group "
                             f"'{group.name}'", ("nodes", task, "tp"),
                             hint="make tp x pp a divisor of the group's GPUs")
-        dp = group.gpus // mp
-        if batch % dp and not KINDS[node.kind].samples:
+        dp = group.data_parallel.get(task, group.gpus // mp)
+        if KINDS[node.kind].samples:
+            if dp > spec.data.prompts_per_step:
+                raise SpecError(f"'{task}' runs {dp} engine replicas ({group.gpus} GPUs / tp "
+                                f"{mp}) in group '{group.name}' but a step has "
+                                f"{spec.data.prompts_per_step} prompts: a replica samples "
+                                f"whole prompts, so some would get none",
+                                ("data", "prompts_per_step"),
+                                hint=f"use at least {dp} prompts per step, raise "
+                                f"nodes.{task}.tp, or give the group fewer GPUs")
+            continue
+        updates = spec.schedule.mini_batches * getattr(node, "mini_batches", 1)
+        rows = batch // updates
+        if dp > rows:
+            raise SpecError(f"'{task}' has {dp} data-parallel ranks ({group.gpus} GPUs / "
+                            f"(tp x pp = {mp})) in group '{group.name}' but an update has "
+                            f"{rows} samples ({batch} a step over {updates} update(s)): "
+                            f"some ranks would get none", ("data", "prompts_per_step"),
+                            hint=f"use at least {dp} samples an update, raise tp or pp, or "
+                            f"give the group fewer GPUs")
+        if batch % dp:
             prompts = dp // math.gcd(dp, spec.data.samples_per_prompt)
             raise SpecError(f"{batch} samples per step (prompts_per_step x samples_per_prompt) "
                             f"do not split over the {dp} data-parallel replicas of '{task}' in "
@@ -164,38 +187,9 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
                             f"groups.{group.name}.share")
 
 
-def _check_memory(spec: Spec, group: GroupPlacement, gpu: GPUPreset) -> None:
-    """Train states sharded over the group, generate weights / tp + one sequence's KV cache."""
-    shape = shape_of(spec)
-    usable = gpu.memory_bytes * COSTS.usable_memory_fraction
-    for task in group.tasks:
-        node = spec.nodes[task]
-        role = KINDS[node.kind]
-        if role.advances_policy:  # weights, grads and optimizer states
-            need = COSTS.train_state_bytes_per_param * shape.params / group.gpus
-            if need > usable:
-                least = math.ceil(COSTS.train_state_bytes_per_param * shape.params / usable)
-                raise SpecError(
-                    f"'{task}' needs {need / 1e9:.1f} GB per GPU for weights, grads and Adam "
-                    f"states ({COSTS.train_state_bytes_per_param:g} B/param sharded over "
-                    f"{group.gpus} GPUs); a {gpu.name} has {usable / 1e9:.0f} GB usable",
-                    ("groups", group.name, "share"),
-                    hint=f"give group '{group.name}' at least {least} GPUs")
-        elif role.samples:  # weights / tp and one sequence's KV cache
-            data = spec.data
-            weights = 2 * shape.params / node.tp
-            kv = shape.kv_bytes_per_token() / node.tp * (data.prompt_len + data.response_len.max)
-            if weights + kv > usable:
-                raise SpecError(
-                    f"'{task}' needs {(weights + kv) / 1e9:.1f} GB per GPU for weights / tp and "
-                    f"the KV cache of one {data.prompt_len + data.response_len.max}-token "
-                    f"sequence; a {gpu.name} has {usable / 1e9:.0f} GB usable",
-                    ("nodes", task, "tp"), hint="raise tp (it must divide the group's GPUs)")
-
-
 def _replicas(spec: Spec, group: str, slots: int, strict: bool) -> int:
-    """Data-parallel processes of `group`: one per GPU, or `replicas` (default 1) of a local
-    group's CPU slots; each must get at least one prompt of a step."""
+    """Processes of `group`: one per GPU, or `replicas` (default 1) of a local group's CPU
+    slots (each a data-parallel rank; `_check_parallel` checks each gets work)."""
     asked = spec.groups[group].replicas
     where = ("groups", group, "replicas")
     if spec.cluster.local:
@@ -209,12 +203,20 @@ def _replicas(spec: Spec, group: str, slots: int, strict: bool) -> int:
             raise SpecError(f"rlgraph runs one replica per GPU: group '{group}' has {slots} "
                             f"GPUs, so replicas is {slots}", where,
                             hint="drop the key, or change the group's share")
-    prompts = spec.data.prompts_per_step
-    if strict and replicas > prompts:
-        raise SpecError(f"group '{group}' splits each step's {prompts} prompts over "
-                        f"{replicas} replicas: some would get none", ("data", "prompts_per_step"),
-                        hint=f"use at least {replicas} prompts per step")
     return replicas
+
+
+def data_parallel_sizes(spec: Spec, group: str, gpus: int, replicas: int, local: bool
+                        ) -> dict[str, int]:
+    """Data-parallel ranks of each model-running task of a group: GPUs / (tp x pp) on GPUs
+    (a sampling node: GPUs / tp engine replicas), the group's replicas on a local cluster."""
+    out = {}
+    for task in spec.groups[group].tasks:
+        node = spec.nodes.get(task)
+        if node is None or not hasattr(node, "model_parallel"):
+            continue
+        out[task] = replicas if local else max(1, gpus // node.model_parallel())
+    return out
 
 
 def place(spec: Spec, strict: bool = True) -> Placement:
@@ -250,14 +252,17 @@ def place(spec: Spec, strict: bool = True) -> Placement:
                                     hint=f"raise it to at least {1 / slots:.4g} (one GPU)")
         devices, notes = _lay_out(counts, cluster.gpus_per_node, cluster.nodes)
         messages += notes
-    groups = {g: GroupPlacement(g, list(s.tasks), s.share, counts[g], devices[g],
-                                _replicas(spec, g, counts[g], strict))
-              for g, s in spec.groups.items()}
+    groups = {}
+    for g, s in spec.groups.items():
+        replicas = _replicas(spec, g, counts[g], strict)
+        groups[g] = GroupPlacement(g, list(s.tasks), s.share, counts[g], devices[g], replicas,
+                                   data_parallel_sizes(spec, g, counts[g], replicas,
+                                                       cluster.local))
     placement = Placement(cluster.local, slots, "cpu" if cluster.local else cluster.gpu, groups,
                           shared, messages)
     if strict:
         for group in groups.values():
             _check_parallel(spec, group)
-            if not cluster.local:
-                _check_memory(spec, group, placement.preset)
+        if not cluster.local:
+            placement.memory = check_memory(spec, groups, placement.preset, slots)
     return placement

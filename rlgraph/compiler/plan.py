@@ -44,6 +44,7 @@ class GroupPlan(_Section):
     share: float
     gpus: int
     replicas: int = 1
+    data_parallel: dict[str, int] = Field(default_factory=dict)  # task -> data-parallel ranks
     devices: tuple[tuple[int, int], ...] = ()  # (node, gpu) per slot
 
 
@@ -128,6 +129,14 @@ def weight_routes(spec: Spec) -> dict[str, RoutePlan]:
             for name, node in spec.nodes.items() if KINDS[node.kind].carries_weights}
 
 
+class MemoryPlan(_Section):
+    """Memory per GPU of every group (`rlgraph.compiler.memory`), in GB: what stays resident,
+    each task's peak, the usable capacity; empty on a local CPU cluster (not checked)."""
+
+    checked: bool = False
+    groups: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
 class PricingPlan(_Section):
     """Which runtime the plan's colocated baseline is priced as, and why."""
 
@@ -156,6 +165,7 @@ class Plan(_Section):
     schedule: SchedulePlan = Field(default_factory=SchedulePlan)
     channels: dict[str, int] = Field(default_factory=dict)  # "src->dst" -> steps it holds
     weight_sync: dict[str, RoutePlan] = Field(default_factory=dict)  # param_update node -> route
+    memory: MemoryPlan = Field(default_factory=MemoryPlan)
     pricing: PricingPlan = Field(default_factory=PricingPlan)
     trust: TrustPlan = Field(default_factory=TrustPlan)
     messages: list[str] = Field(default_factory=list)

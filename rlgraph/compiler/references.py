@@ -5,7 +5,9 @@ A reward function (`nodes.<reward>.fn`, `nodes.<validate>.fn`: `module:function`
 level: the file is found the way `rlgraph.rl.rewards.load_reward_fn` finds it (a file relative
 to the graph's folder or the working directory; a module on sys.path, located through its
 packages without importing them) and parsed with `ast`, never executed. Data files
-(`data.train_files`, `data.val_files`, `nodes.<validate>.files`) must be regular files.
+(`data.train_files`, `data.val_files`, `nodes.<validate>.files`) must be regular files
+whose first rows read as verl's rows (UTF-8 JSON lines or a readable parquet file, with
+`prompt` and `reward_model.ground_truth`): a wrong column is found now, before Ray starts.
 Each refusal names the key, so it prints as the user's `file:line:col`.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import Key, SpecError
+from rlgraph.rl.data import DataError, check_file
 
 MAX_SOURCE_BYTES = 8 << 20  # a reward module larger than this is not parsed (accepted)
 
@@ -143,6 +146,10 @@ def check_data_files(files: list[str], key: Key, base: Path | None) -> None:
         if not path.is_file():
             raise SpecError(f"data file '{name}' is not a regular file", (*key, i),
                             hint="give a path to a .jsonl or .parquet file")
+        try:
+            check_file(path, (*key, i))
+        except DataError as err:
+            raise SpecError(str(err), (*key, i)) from None
 
 
 def code_from_files(spec: Spec) -> list[tuple[Key, str, str]]:

@@ -9,9 +9,9 @@ from typing import Any
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
-from rlgraph.nodes.pricing import hybrid_engine_priced
 from rlgraph.presets.char_vocab import CHAR_VOCAB_SIZE
 from rlgraph.presets.models import MODEL_PRESETS, ModelShape, model_shape
+from rlgraph.pricing.system import hybrid_engine_priced
 
 
 def model_config(spec: Spec) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from rlgraph.graph import max_lag as graph_max_lag
 from rlgraph.graph import step_order
 from rlgraph.nodes import KINDS
 
@@ -165,7 +166,7 @@ def timed_graph(graph: nx.DiGraph, seconds: Mapping[str, float], groups: Sequenc
             back.append((index[u], index[v], int(dist)))
         else:
             data.append((index[u], index[v]))
-    max_lag = int(graph.graph.get("max_lag", 0))
+    max_lag = graph_max_lag(graph)
     return TimedGraph(names, tuple(float(seconds[n]) for n in names), tuple(groups), occupies,
                       tuple(sorted(data)), tuple(sorted(back)), max_lag + 1 if capacity else None,
                       max_lag,

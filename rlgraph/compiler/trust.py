@@ -10,9 +10,9 @@ from rlgraph.compiler.costs import NodeCost
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS, pass_efficiency
 from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.pricing.constants import COSTS, pass_efficiency
+from rlgraph.pricing.system import hybrid_engine_priced
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 _DRIVER = re.compile(r"verl driver transfer ([0-9.e+-]+) s")
@@ -93,7 +93,7 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
         lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, verl "
-                     f"issue 2419)")
+                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, "
+                     f"verl issue 2419)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

@@ -26,9 +26,39 @@ from rlgraph.errors import Key, SourceMap, SpecError, did_you_mean
 from rlgraph.nodes import KINDS
 
 
+def _surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` (an undecodable byte of a command line or a YAML
+    escape such as "\\udc80"), escaped, or None."""
+    found = next((ch for ch in text if "\ud800" <= ch <= "\udfff"), None)
+    return None if found is None else repr(found)[1:-1]
+
+
+def refuse_surrogates(data: Any, key: Key = ()) -> None:
+    """Refuse a key or string value holding a lone surrogate: it is no text, and would stop
+    rlgraph later when printed or written (after a run dir was made)."""
+    if isinstance(data, str):
+        bad = _surrogate(data)
+        if bad is not None:
+            raise SpecError(f"the text holds {bad}, a lone surrogate (an undecodable byte or a "
+                            f"\\u escape of half a character), which is not text", key,
+                            hint="write the name in UTF-8")
+    elif isinstance(data, dict):
+        for name, value in data.items():
+            refuse_surrogates(name, (*key, name) if isinstance(name, str) else key)
+            refuse_surrogates(value, (*key, name))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            refuse_surrogates(value, (*key, i))
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: SourceMap) -> None:
     """Apply verl-style `a.b.c=value` overrides (value parsed as YAML) in place."""
     for text in overrides:
+        bad = _surrogate(text)
+        if bad is not None:
+            raise _located(SpecError(f"override '{shown(text)}' holds {bad}, a byte that is not "
+                                     f"UTF-8", hint="write the override in UTF-8"),
+                           f"<override {shown(text)}>")
         if "=" not in text:
             raise _located(SpecError(f"override '{text}' has no '='",
                                      hint="write key.path=value, e.g. schedule.max_lag=2"),
@@ -42,6 +72,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
             raise _located(SpecError(f"override '{text}' names no key",
                                      hint="e.g. schedule.max_lag=2"), f"<override {text}>")
         value = parse_value(raw, f"<override {shown(text)}>")
+        if not dotted.startswith("+"):
+            _check_named_entry(data, keys, text)
         target = data
         for i, key in enumerate(keys[:-1]):
             nxt = target.setdefault(key, {})
@@ -55,6 +87,25 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
         source.overrides[tuple(keys)] = text
         for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
             del source.positions[stale]  # the file's lines under it no longer hold its value
+
+
+NAMED_SECTIONS = {"groups": "group", "nodes": "node"}  # mappings whose keys the user names
+
+
+def _check_named_entry(data: dict[str, Any], keys: list[str], text: str) -> None:
+    """An override below `groups.NAME` or `nodes.NAME` must name an entry the file has (a
+    typo would otherwise create a new, half-written one); `+groups.NAME...` adds one."""
+    section = data.get(keys[0])
+    if keys[0] not in NAMED_SECTIONS or len(keys) < 3 or not isinstance(section, dict):
+        return
+    if keys[1] in section:
+        return
+    what, names = NAMED_SECTIONS[keys[0]], [str(name) for name in section]
+    guess = did_you_mean(keys[1], names)
+    hint = (guess + "; " if guess else f"{what}s: {', '.join(names)}; ") + \
+        f"to add a new {what}, write +{text}"
+    raise _located(SpecError(f"unknown {what} '{shown(keys[1])}'",
+                             hint=hint), f"<override {shown(text)}>")
 
 
 # ---------------------------------------------------------------- validation errors
@@ -181,7 +232,11 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> SpecError:
 def validate_spec(data: dict[str, Any], source: SourceMap) -> Spec:
     """Plain data -> Spec, or the first problem as a located SpecError."""
     try:
+        refuse_surrogates(data)
         spec = Spec.model_validate(data)
+    except SpecError as err:
+        err.source = source
+        raise
     except ValidationError as exc:
         err = _first_error(exc, data)
         err.source = source

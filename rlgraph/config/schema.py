@@ -30,7 +30,8 @@ from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS
 
 MAX_LAG = 256  # policy versions; the seeds use 1 to 8
-MIN_SHARE = 1e-3  # of the cluster; a sliver would still get a whole slot
+MIN_SHARE = 1e-6  # of the cluster (one GPU of the largest cluster the schema takes is
+# 1 / 262144); a sliver below it is a typo, not a plan
 
 
 class ClusterSpec(StrictModel):
@@ -202,6 +203,16 @@ class ScheduleSpec(StrictModel):
         return self.stream.mini_batches if self.stream is not None else 1
 
 
+class CheckpointSpec(StrictModel):
+    """Which checkpoints a run keeps (the latest is always `RUN_DIR/checkpoint/`; older ones
+    go to `RUN_DIR/checkpoints/<step>/`). A resumed run may change these."""
+
+    keep_last: int = Field(default=1, ge=1, le=MAX_COUNT, description="the newest N "
+                           "checkpoints, the latest included")
+    keep_every: int = Field(default=0, ge=0, le=MAX_STEPS, description="also every checkpoint "
+                            "whose step is a multiple of N (0: none)")
+
+
 def _node_union() -> Any:
     specs = tuple(kind.spec for kind in KINDS.values())
     return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007
@@ -222,6 +233,7 @@ class Spec(StrictModel):
     nodes: dict[str, NodeSpecs] = Field(min_length=1)  # type: ignore[valid-type]
     edges: list[str] | None = None
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 
     _source: SourceMap = PrivateAttr(default_factory=SourceMap)
 

@@ -55,6 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlgraph.versions import oldest_trainable
+
 if TYPE_CHECKING:
     import torch
 
@@ -122,7 +124,7 @@ class RolloutCache:
     def evict(self, step: int, version: int | None = None) -> tuple[int, int]:
         """Drop or restart every sample too old to be trained at `step`: (dropped, restarted).
         Without `mix_versions`, a sample begun under a version other than `version` restarts."""
-        floor = step // self.stride - self.max_lag
+        floor = oldest_trainable(step, self.max_lag, self.stride)
         dropped = restarted = 0
         keep = []
         for group in self.groups:
@@ -155,7 +157,7 @@ class RolloutCache:
             window = (version + self.max_lag) * self.stride + self.stride - step
             target = min(self.in_flight, max(1, window) * self.prompts_per_step)
         else:
-            can_carry = version > step - self.max_lag
+            can_carry = version > oldest_trainable(step, self.max_lag)
             target = self.in_flight if can_carry else self.prompts_per_step
         added = 0
         while len(self.groups) < target:
@@ -176,7 +178,7 @@ class RolloutCache:
         policies."""
         if self.stale != "finish":
             return set()
-        floor = (step + 1) // self.stride - self.max_lag  # what the next call may train
+        floor = oldest_trainable(step + 1, self.max_lag, self.stride)  # the next call's
         old = [i for i, g in enumerate(self.groups)
                if any(s.versions and s.oldest() < floor for s in g.samples)]
         return set(old[: self.prompts_per_step])

@@ -14,6 +14,13 @@ into its dual buffer and handed to sglang with `load_from_receiver` (no second N
 
 sglang is optional (`pip install rlgraph[sglang]`) and needs a CUDA GPU; constructing the
 adapter without it raises MissingDependencyError. Importing this module never imports sglang.
+
+In `rlgraph run`, a generate node with `engine: sglang` decodes on this adapter
+(`SGLangRollout`: sglang loads the policy's weights whenever its version changed, then samples
+the step's batch), or the run is refused before anything starts, in one line naming the key
+(`refuse_unrunnable`): where sglang is not installed, on a local CPU cluster, and for what
+the adapter does not run (partial rollout, streaming, forced lengths, tp > 1 in one replica).
+`python tools/check_sglang_api.py` checks every call here against sglang's released wheel.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ import importlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.errors import MissingDependencyError
+from rlgraph.errors import MissingDependencyError, SpecError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rlgraph.config.schema import Spec
+    from rlgraph.engines.cpu_decode import Rollout
     from rlgraph.weights.nccl import WeightReceiver
 
 
@@ -39,6 +48,37 @@ def require_sglang() -> Any:
             f"engine: sglang needs the sglang package, which is not installed ({err}); "
             "install it with `pip install rlgraph[sglang]` on a CUDA machine, or use "
             "engine: native") from err
+
+
+def refuse_unrunnable(spec: Spec) -> None:
+    """A SpecError naming the key where a generate node asks for `engine: sglang` and this
+    machine or this plan cannot run it; nothing where every engine the plan names can run."""
+    for name, node in spec.nodes.items():
+        if getattr(node, "engine", "native") != "sglang":
+            continue
+        problem, key, hint = None, "engine", "write engine: native"
+        if spec.cluster.local:
+            problem = "sglang decodes on CUDA GPUs, and this plan runs on local CPU slots"
+        elif spec.schedule.partial_rollout or spec.schedule.stream is not None:
+            problem = ("the sglang adapter samples whole synchronous batches; partial rollout "
+                       "and streaming run on engine native")
+        elif getattr(node, "forced_lengths", False):
+            problem, key = "forced_lengths is a mode of engine native", "forced_lengths"
+            hint = "write forced_lengths: false"
+        elif getattr(node, "tp", 1) > 1:
+            problem, key = ("each generate replica holds one GPU in this runtime, so an sglang "
+                            "engine cannot span tp > 1 of them"), "tp"
+            hint = "write tp: 1"
+        else:
+            try:
+                require_sglang()
+            except MissingDependencyError as err:
+                problem = f"the sglang package is not installed here ({err.__cause__})"
+                hint = "pip install 'rlgraph[sglang]' on a CUDA machine, or write engine: native"
+        if problem:
+            err = SpecError(f"engine: sglang cannot run: {problem}", ("nodes", name, key), hint)
+            err.source = spec.source
+            raise err
 
 
 class SGLangEngine:
@@ -165,6 +205,40 @@ class SGLangEngine:
     def shutdown(self) -> None:
         """Stop sglang's scheduler and detokenizer processes."""
         self.engine.shutdown()
+
+
+class SGLangRollout:
+    """generate's synchronous batch on an SGLangEngine: before sampling, sglang loads the
+    policy's weights whenever their version changed since it last did (CUDA IPC, tensors on
+    this GPU), so every token is sampled by the version it is tagged with."""
+
+    def __init__(self, policy: Any, *, seed: int, eos_id: int, **server_args: Any):
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="rlgraph-sglang-")
+        policy.save_pretrained(self.folder)  # architecture and initial weights for sglang
+        self.adapter = SGLangEngine(self.folder, seed=seed, skip_tokenizer_init=True,
+                                   **server_args)
+        self.eos_id, self.loaded = eos_id, None
+
+    def sample(self, policy: Any, version: int, prompts: list[list[int]], *,
+               max_new_tokens: int, temperature: float, top_p: float, pad_id: int) -> Rollout:
+        """One response per prompt, sampled by `policy` at `version`, in the batch layout."""
+        from rlgraph.engines.cpu_decode import pack
+
+        if self.loaded != version:
+            self.adapter.load_tensors(((n, t.detach()) for n, t in policy.state_dict().items()),
+                                     version)
+            self.loaded = version
+        outs = self.adapter.generate(prompts, max_new_tokens, temperature, top_p,
+                                    stop_token_ids=[self.eos_id])
+        tokens = [o["tokens"] for o in outs]
+        return pack(prompts, tokens, [o["logprobs"] for o in outs],
+                    [[version] * len(t) for t in tokens], pad_id)
+
+    def shutdown(self) -> None:
+        """Stop sglang's processes."""
+        self.adapter.shutdown()
 
 
 def _ok(result: Any) -> tuple[bool, str]:

@@ -181,10 +181,6 @@ class StaticDecoder:
 
     # ------------------------------------------------------------------ public API
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        """The live parameters (e.g. the targets of a `WeightReceiver`); update them in place."""
-        return dict(self.model.named_parameters())
-
     def submit(self, requests: Iterable[Request], front: bool = False) -> None:
         """Queue requests; `front=True` puts them before those already waiting (resumes)."""
         reqs = list(requests)

@@ -1,4 +1,4 @@
-"""Decode attention that reads only each row's own K/V (issue 15): flex attention over a block
+"""Decode attention that reads only each row's own K/V: flex attention over a block
 mask built on the device from the per-slot positions.
 
 The static decoder's slots hold sequences of very different lengths (in partial rollout,

@@ -69,11 +69,6 @@ def build_model(spec: ModelSpec, tokenizer: Tokenizer, seed: int = 0,
     return model.to(device)
 
 
-def parameter_count(model: torch.nn.Module) -> int:
-    """Distinct parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 @cache
 def _cache_keyword(forward_owner: type) -> str:
     params = inspect.signature(forward_owner.forward).parameters

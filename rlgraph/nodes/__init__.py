@@ -11,7 +11,7 @@ import pkgutil
 
 from rlgraph.nodes.base import NodeKind, NodeSpec
 
-_NOT_KINDS = {"base", "parallel"}
+_NOT_KINDS = {"base", "parallel_spec"}
 
 
 def _discover() -> dict[str, NodeKind]:

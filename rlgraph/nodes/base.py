@@ -1,23 +1,21 @@
-"""What every node kind shares: the spec fields common to all nodes, the cost override, the
-context a cost model reads, and the `NodeKind` record each kind module registers.
+"""What every node kind shares: the spec fields common to all nodes, the cost override, and
+the `NodeKind` record each kind module registers.
 
-A kind module (`rlgraph/nodes/<kind>.py`) defines its spec class, its cost model and its
-worker, and ends with `KIND = NodeKind(...)`; nothing outside `rlgraph/nodes/` changes when
-a kind is added. Kind modules import neither torch nor ray at module level.
+A kind module (`rlgraph/nodes/<kind>.py`) defines its spec class and its worker, takes its
+cost model from `rlgraph/pricing/<kind>.py` (what a cost model reads:
+`rlgraph.pricing.context.CostContext`), and ends with `KIND = NodeKind(...)`. Kind modules
+import neither torch nor ray at module level.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-if TYPE_CHECKING:
-    from rlgraph.presets.gpus import GPUPreset
-    from rlgraph.presets.models import ModelShape
-
+from rlgraph.pricing.context import CostContext
 
 # Every int and float key of every section declares a lower and an upper bound, and no
 # section accepts inf or NaN (`allow_inf_nan=False`), so a value outside them is refused
@@ -72,25 +70,6 @@ class GraphSpec(Protocol):
     def group_of(self, task: str) -> str | None:
         """The group a task belongs to, or None."""
         ...
-
-
-@dataclass
-class CostContext:
-    """What a cost model may read: the whole spec, the model's shape, the hardware, the group."""
-
-    spec: GraphSpec
-    name: str
-    shape: ModelShape
-    gpu: GPUPreset
-    gpus: int  # GPUs (or CPU slots) of the node's group; 1 for a node in no group
-    colocated: frozenset[str] = frozenset()  # kinds sharing the node's group
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def local(self) -> bool:
-        """Whether the node runs on a local CPU cluster (the compiler's placement says; a
-        bare context on the cpu preset counts as one)."""
-        return bool(self.extra.get("local", self.gpu.name == "cpu"))
 
 
 EdgeList = list[tuple[str, str]]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
-from rlgraph.nodes.rollout_cost import generate_cost
+from rlgraph.pricing.generate import generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -96,6 +96,7 @@ class GenerateWorker:
         self.share = shard_bounds(prompts, replicas.dp_rank, replicas.dp_world)  # [lo, hi)
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
+        self.sglang: Any = None  # engine: sglang: rlgraph.engines.sglang_engine.SGLangRollout
         self.snapshots: dict[int, dict[str, Any]] = {}
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
@@ -150,7 +151,7 @@ class GenerateWorker:
         ids = self.ws.tokenizer.encode_prompt(example.prompt)
         limit = self.ws.spec.data.prompt_len
         if len(ids) > limit:
-            err = SpecError(f"prompt {example.uid} has {len(ids)} tokens, more than prompt_len "
+            err = SpecError(f"prompt {example.where} has {len(ids)} tokens, more than prompt_len "
                             f"{limit}", ("data", "prompt_len"), hint=f"raise it to {len(ids)}")
             err.source = self.ws.spec.source  # the user's graph file and line
             raise err
@@ -172,12 +173,27 @@ class GenerateWorker:
             data = self.ws.spec.data
             prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
             slots = prompts * data.samples_per_prompt
+            if not self.ws.spec.cluster.local:  # as many as the compiler's memory pass holds
+                from rlgraph.compiler.memory import native_engine_slots
+
+                slots = min(slots, native_engine_slots(self.ws.spec, self.name,
+                                                       self.ws.replicas.world))
             self.static = StaticRollout(
                 self.sampling_model, slots=slots,
                 max_len=data.prompt_len + data.response_len.max, eos_id=self.ws.tokenizer.eos_id,
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
+
+    def _sglang_rollout(self) -> Any:
+        """The sglang engine of `engine: sglang`, built on first use (the runner has refused
+        the plans it cannot run: `sglang_engine.refuse_unrunnable`)."""
+        if self.sglang is None:
+            from rlgraph.engines.sglang_engine import SGLangRollout
+
+            self.sglang = SGLangRollout(self.sampling_model, seed=self.ws.spec.data.seed,
+                                        eos_id=self.ws.tokenizer.eos_id)
+        return self.sglang
 
     def _swap(self) -> int | None:
         """Adopt a policy version staged by param_update, if one is complete (contract W)."""
@@ -238,7 +254,11 @@ class GenerateWorker:
             self._swap()
             version = self.sampling_version()
             generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
-            if engine is not None:
+            if self.node.engine == "sglang":
+                rollout = self._sglang_rollout().sample(
+                    self.sampling_model, version, prompts, max_new_tokens=data.response_len.max,
+                    temperature=self.node.temperature, top_p=self.node.top_p, pad_id=tok.pad_id)
+            elif engine is not None:
                 rollout, metrics = engine.sample(
                     prompts, max_new_tokens=data.response_len.max, pad_id=tok.pad_id,
                     policy_version=version, temperature=self.node.temperature,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from rlgraph.nodes.base import CostContext, GraphSpec, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.nodes.parallel import ParallelNodeSpec, token_pass_cost
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS
+from rlgraph.nodes.base import GraphSpec, NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.nodes.parallel_spec import ParallelNodeSpec
+from rlgraph.pricing.logp import forward_cost
+from rlgraph.pricing.system import hybrid_engine_priced
 
 if TYPE_CHECKING:
     import torch
@@ -48,18 +48,6 @@ def skip_reason(spec: GraphSpec) -> str | None:
         return None
     return ("skipped: max_lag 0 and one update per batch (mini_batches 1, epochs 1), so the "
             "PPO ratio is 1 and train's own forward, detached, gives the old log-probs")
-
-
-def forward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """One forward over every token of the step: 2 * N * tokens FLOPs plus attention's
-    (`parallel.token_pass_cost`), compute-bound;
-    0 where the compiler proves the forward redundant (`skip_reason`)."""
-    reason = skip_reason(ctx.spec)
-    if reason is not None and node.kind == "logp":
-        ctx.extra["detail"] = reason
-        ctx.extra["note"] = f"{ctx.name}: {reason}"
-        return 0.0
-    return token_pass_cost(node, ctx, 2, COSTS.forward_mfu, response_bytes=8)
 
 
 def on_policy(batch: Batch, version: int) -> bool:

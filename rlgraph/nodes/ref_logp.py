@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from rlgraph.nodes.base import NodeKind, inputs_from_kinds
-from rlgraph.nodes.logp import LogpWorker, forward_cost
-from rlgraph.nodes.parallel import ParallelNodeSpec
+from rlgraph.nodes.logp import LogpWorker
+from rlgraph.nodes.parallel_spec import ParallelNodeSpec
+from rlgraph.pricing.logp import forward_cost
 
 
 class RefLogpSpec(ParallelNodeSpec):

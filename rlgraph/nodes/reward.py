@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlgraph.nodes.base import CostContext, NodeKind, NodeSpec, inputs_from_kinds
-from rlgraph.presets.costs import COSTS
+from rlgraph.nodes.base import NodeKind, NodeSpec, inputs_from_kinds
+from rlgraph.pricing.reward import reward_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -31,6 +31,10 @@ class RewardSpec(NodeSpec):
 
     kind: Literal["reward"] = "reward"
     fn: str | None = Field(default=None, description="module:function or file.py:function")
+    timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False,
+                             description="longest one call of a user's fn may take; a call "
+                             "that takes longer stops the run with a checkpoint, naming the "
+                             "sample (a user's fn runs in a process of its own)")
 
     _current_fn = field_validator("fn")(current_fn)
 
@@ -43,13 +47,6 @@ class RewardSpec(NodeSpec):
                              "in one process (remove the key; a slow verifier can be given its "
                              "own group or a cost: override)")
         return data
-
-
-def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, in one process."""
-    samples = ctx.spec.data.samples_per_step()
-    ctx.extra["detail"] = f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us"
-    return COSTS.reward_seconds_per_sample * samples
 
 
 KIND = NodeKind(
@@ -66,31 +63,48 @@ KIND = NodeKind(
 
 class RewardWorker:
     """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample.
-    A function that raises or returns a non-number stops the run naming fn and sample."""
+    A function that raises, returns a non-number or runs past `timeout_s` stops the run
+    naming fn and sample; what a user's fn prints travels in the summary (`output`) to the
+    run dir's reward.log."""
 
     def __init__(self, name: str, node: RewardSpec, workspace: Workspace):
-        from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
+        from rlgraph.rl.rewards import DEFAULT_FN, make_scorer
 
         self.name, self.node, self.ws = name, node, workspace
         self.fn_name = node.fn or DEFAULT_FN
-        self.fn = load_reward_fn(node.fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.fn = make_scorer(node.fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.output = ""
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
         """Score every response of the batch of `step`."""
         import torch
 
         from rlgraph.rl.batch import check_step, merge
-        from rlgraph.rl.rewards import score_samples
+        from rlgraph.rl.rewards import RewardFnError, score_samples
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
-        scores = score_samples(self.fn, self.fn_name, batch["data_source"],
-                               batch["response_text"], batch["ground_truth"],
-                               batch["extra_info"], batch["prompt_uid"], step=step)
+        try:
+            scores = score_samples(self.fn, self.fn_name, batch["data_source"],
+                                   batch["response_text"], batch["ground_truth"],
+                                   batch["extra_info"], batch["prompt_uid"], step=step,
+                                   timeout_s=self.node.timeout_s)
+        except RewardFnError as err:
+            err.output = self._take_output(step)
+            raise
+        self.output = self._take_output(step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
         return batch
 
-    @staticmethod
-    def summary(out: Batch) -> dict[str, Any]:
-        """The step's mean reward, for the driver's ledger."""
-        return {"reward/mean": float(out["rewards"].float().mean())} if "rewards" in out else {}
+    def _take_output(self, step: int) -> str:
+        take = getattr(self.fn, "take_output", None)
+        text = take() if take is not None else ""
+        return f"--- {self.name} step {step}\n{text}" if text else ""
+
+    def summary(self, out: Batch) -> dict[str, Any]:
+        """The step's mean reward, for the driver's ledger, and what fn printed."""
+        found: dict[str, Any] = {"output": self.output} if self.output else {}
+        self.output = ""
+        if "rewards" in out:
+            found["reward/mean"] = float(out["rewards"].float().mean())
+        return found

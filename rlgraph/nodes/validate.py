@@ -25,14 +25,13 @@ from rlgraph.errors import SpecError, did_you_mean
 from rlgraph.nodes.base import (
     MAX_COUNT,
     MAX_STEPS,
-    CostContext,
     EdgeList,
     GraphSpec,
     NodeKind,
     NodeSpec,
 )
-from rlgraph.nodes.generate import generate_cost
 from rlgraph.nodes.reward import current_fn
+from rlgraph.pricing.validate import validate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -89,22 +88,6 @@ def engine_of(spec: GraphSpec, name: str) -> str:
                     hint=f"list '{name}' in the tasks of {where}")
 
 
-def validate_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A greedy synchronous batch of `prompts` decoded by generate's cost model, / `every`."""
-    assert isinstance(node, ValidateSpec)
-    engine = engine_of(ctx.spec, ctx.name)
-    data = ctx.spec.data.model_copy(update={"prompts_per_step": node.prompts,
-                                            "samples_per_prompt": 1})
-    schedule = ctx.spec.schedule.model_copy(update={"partial_rollout": False})
-    spec = ctx.spec.model_copy(update={"data": data, "schedule": schedule})
-    sub = CostContext(spec=spec, name=engine, shape=ctx.shape, gpu=ctx.gpu, gpus=ctx.gpus,
-                      colocated=ctx.colocated)
-    decode = generate_cost(ctx.spec.nodes[engine], sub)
-    ctx.extra["detail"] = (f"{node.prompts} prompts, {sub.extra['detail']} = {decode:.3g} s "
-                           f"every {node.every} steps")
-    return decode / node.every
-
-
 def validate_edges(name: str, node: NodeSpec, nodes: Mapping[str, NodeSpec]) -> EdgeList:
     """generate -> validate -> train: after the step's rollout, before its train step (the
     train edge carries only the step's val metrics and keeps validate's work in use)."""
@@ -147,7 +130,7 @@ class ValidateWorker:
     DATA_PARALLEL = "leader"
 
     def __init__(self, name: str, node: ValidateSpec, workspace: Workspace):
-        from rlgraph.rl.rewards import DEFAULT_FN, load_reward_fn
+        from rlgraph.rl.rewards import DEFAULT_FN, make_scorer
 
         self.name, self.node, self.ws = name, node, workspace
         if workspace.policy is None:
@@ -157,7 +140,9 @@ class ValidateWorker:
         fn = node.fn or next((s.fn for s in workspace.spec.nodes.values()
                               if s.kind == "reward" and s.fn), None)
         self.fn_name = fn or DEFAULT_FN
-        self.fn = load_reward_fn(fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.fn = make_scorer(fn, ("nodes", name, "fn"), workspace.base_dir)
+        self.timeout_s = next((s.timeout_s for s in workspace.spec.nodes.values()
+                               if s.kind == "reward"), None)
         self.examples = validation_examples(node, workspace)
         self.ids = [workspace.tokenizer.encode_prompt(ex.prompt) for ex in self.examples]
 
@@ -185,7 +170,7 @@ class ValidateWorker:
         texts = [tok.decode(r) for r in rollout.responses.tolist()]
         scores = score_samples(self.fn, self.fn_name, [ex.data_source for ex in exs], texts,
                                [ex.ground_truth for ex in exs], [ex.extra_info for ex in exs],
-                               [ex.uid for ex in exs])
+                               [ex.uid for ex in exs], timeout_s=self.timeout_s)
         lengths = rollout.response_mask.sum(1).float()
         return {"step": step, "metrics": {
             "val/reward/mean": sum(scores) / len(scores),

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlgraph.nodes import KINDS, NodeKind, NodeSpec
+from rlgraph.readback import ReadBackError, trace_spans
 
 NO_GROUP = "cpu"  # lane of nodes that hold no GPU group (reward on CPU)
 
@@ -124,28 +125,36 @@ def _flows(spans: list[dict]) -> list[dict]:
     return flows
 
 
-def events_from_trace(trace: dict | list) -> list[dict]:
-    """Chrome trace -> event dicts (the inverse of `chrome_trace`; duplicates merged)."""
+def events_from_trace(trace: dict | list, where: str = "trace.json") -> list[dict]:
+    """Chrome trace -> event dicts (the inverse of `chrome_trace`; duplicates merged). A
+    trace of the wrong shape (a span without a name, a time that is not a finite number >= 0,
+    ...) is a one-line ReadBackError naming `where`."""
+    if not isinstance(trace, dict | list):
+        raise ReadBackError(f"{where}: not a Chrome trace (a mapping with traceEvents)")
+    spans = trace_spans(trace, where)
     raw = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    names = {e["pid"]: e["args"]["name"] for e in raw
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {e.get("pid"): e["args"]["name"] for e in raw
+             if e.get("ph") == "M" and e.get("name") == "process_name"
+             and isinstance(e.get("args"), dict) and isinstance(e["args"].get("name"), str)
+             and isinstance(e.get("pid"), int | str)}
     events: dict[tuple[str, Any, float], dict] = {}
-    for span in raw:
-        if span.get("ph") != "X":
-            continue
+    for span in spans:
         args = dict(span.get("args") or {})
-        start = span["ts"] / 1e6
+        start = span.get("ts", 0) / 1e6
         node = str(args.pop("node", span.get("name")))
         step = args.pop("step", -1)
         key = (node, step, round(start, 6))
         if key in events:
             continue
-        group = args.pop("group", names.get(span.get("pid")))
+        pid = span.get("pid")
+        group = args.pop("group", names.get(pid) if isinstance(pid, int | str) else None)
+        if group is not None and not isinstance(group, str):
+            raise ReadBackError(f"{where}: span {node} step {step}: args.group is not a name")
         group = None if group == NO_GROUP else group
         occupies = list(args.pop("occupies", None) or ([group] if group else []))
         event = {"node": node, "step": step, "start": start,
                  "end": start + span.get("dur", 0) / 1e6, "group": group, "occupies": occupies}
         event.update(args)
-        event.setdefault("kind", span.get("cat", node))
+        event["kind"] = str(event.get("kind", span.get("cat", node)))
         events[key] = event
     return sorted(events.values(), key=lambda e: (e["start"], e["node"]))

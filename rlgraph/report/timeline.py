@@ -376,8 +376,10 @@ def _draw_panel(ax: Any, panel: Panel) -> None:
 # ---------------------------------------------------------------- files
 
 
-def write_timeline(out_dir: Path, plan: Plan, measured: list[dict] | None = None) -> list[Path]:
-    """Write timeline.json (predicted), timeline.html and timeline.png into out_dir.
+def write_timeline(out_dir: Path, plan: Plan, measured: list[dict] | None = None,
+                   png: bool = True) -> list[Path]:
+    """Write timeline.json (predicted), timeline.html and (with `png`) timeline.png into
+    out_dir; returns the paths written.
 
     With `measured` (event dicts from a run's trace.json) the HTML and PNG show the
     predicted and the measured timeline one above the other.
@@ -389,8 +391,10 @@ def write_timeline(out_dir: Path, plan: Plan, measured: list[dict] | None = None
     sched = plan.schedule
     trace["otherData"].update({k: getattr(sched, k) for k in
                                ("period_s", "bound_s", "sync_period_s", "speedup_vs_sync")})
-    paths = [out_dir / "timeline.json", out_dir / "timeline.html", out_dir / "timeline.png"]
+    paths = [out_dir / "timeline.json", out_dir / "timeline.html"]
     paths[0].write_text(json.dumps(trace))
     paths[1].write_text(render_html(plan, measured))
-    render_png(paths[2], plan, measured)
+    if png:
+        paths.append(out_dir / "timeline.png")
+        render_png(paths[2], plan, measured)
     return paths

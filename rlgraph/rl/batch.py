@@ -78,9 +78,17 @@ def group_rows(batch: Batch, rank: int, world: int) -> slice:
     return slice(starts[0], ends[0])
 
 
-def take_rows(batch: Batch, where: slice) -> Batch:
+def sample_rows(batch: Batch, rank: int, world: int) -> slice:
+    """Rows of data-parallel rank `rank` of `world`, sharded by sample: contiguous, sizes
+    within one, a GRPO group's rows possibly on two ranks (what needs a whole group, the
+    advantages, is computed on the whole batch: train takes it whole)."""
+    return slice(*shard_bounds(rows(batch), rank, world))
+
+
+def take_rows(batch: Batch, where: slice, regroup: bool = True) -> Batch:
     """The batch restricted to rows `where` (every per-row tensor or list; scalars kept);
-    `group` renumbered from 0."""
+    `group` renumbered from 0, or kept as it is with `regroup=False` (a share of a batch
+    cut by sample, joined back by `concat_rows(..., regroup=False)`)."""
     import torch
 
     count = rows(batch)
@@ -89,7 +97,7 @@ def take_rows(batch: Batch, where: slice) -> Batch:
         if isinstance(value, (torch.Tensor, list)) and len(value) == count:
             value = value[where]
         out[key] = value
-    if len(out["group"]):
+    if regroup and len(out["group"]):
         out["group"] = out["group"] - out["group"].min()
     return out
 
@@ -100,10 +108,11 @@ SUMMED = {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/ca
 MAXED = {"rollout/version_span", "rollout/decode_steps"}  # replicas run side by side
 
 
-def concat_rows(parts: list[Batch]) -> Batch:
-    """Replicas' batches of one step as one batch: rows in replica order, `group` renumbered,
-    prompts re-padded on the left and responses on the right to the widest; `metrics`
-    combined by `combine_metrics`."""
+def concat_rows(parts: list[Batch], regroup: bool = True) -> Batch:
+    """Replicas' batches of one step as one batch: rows in replica order, `group` renumbered
+    (each part's from where the previous ended; `regroup=False`: kept, for shares of one
+    batch cut by sample), prompts re-padded on the left and responses on the right to the
+    widest; `metrics` combined by `combine_metrics`."""
     import torch
 
     parts = [p for p in parts if rows(p)] or parts[:1]
@@ -114,8 +123,8 @@ def concat_rows(parts: list[Batch]) -> Batch:
     out: Batch = dict(first)
     offset, grouped = 0, []
     for p in parts:
-        grouped.append(p["group"] + offset)
-        offset += int(p["group"].max()) + 1
+        grouped.append(p["group"] + offset if regroup else p["group"])
+        offset += int(p["group"].max()) + 1 if len(p["group"]) else 0
     out["group"] = torch.cat(grouped)
     for key, value in first.items():
         if key == "group" or not isinstance(value, (list, torch.Tensor)):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError, did_you_mean
+from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError, did_you_mean, shown
 from rlgraph.presets.tasks import TASKS, Lengths
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ class Example:
     ground_truth: Any
     data_source: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    where: str = ""  # a file row as a user finds it: `train.jsonl:line 12` (1-based)
+
+    def __post_init__(self) -> None:
+        self.where = self.where or self.uid
 
 
 def task_example(task: str, seed: int, split: str, index: int,
@@ -49,8 +53,13 @@ def task_example(task: str, seed: int, split: str, index: int,
 # ---------------------------------------------------------------- files
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl / .json / .parquet file."""
+CHECK_ROWS = 64  # rows of each data file `rlgraph compile` reads and checks
+
+
+def _read_rows(path: Path, limit: int | None = None) -> list[tuple[str, Any]]:
+    """(where, row) of a .jsonl / .json / .parquet file (`where`: `file:line N` or
+    `file:row N`, 1-based), the first `limit` rows when given. Text that is not UTF-8, JSON
+    that does not parse and a file pyarrow cannot read are one-line DataErrors."""
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -58,33 +67,74 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             raise MissingDependencyError(
                 f"reading {path} needs pyarrow: pip install pyarrow (or convert it to .jsonl)"
             ) from None
-        return pq.read_table(path).to_pylist()
-    if path.suffix == ".json":
-        rows = json.loads(path.read_text())
-        if not isinstance(rows, list):
-            raise DataError(f"{path}: a .json data file must hold a list of rows")
-        return rows
-    rows = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-    return rows
+            if limit is None:
+                rows = pq.read_table(path).to_pylist()
+            else:
+                batches = pq.ParquetFile(path).iter_batches(batch_size=limit)
+                rows = next(iter(batches), None)
+                rows = [] if rows is None else rows.to_pylist()[:limit]
+        except Exception as exc:  # pyarrow's own error types: a damaged or foreign file
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{shown(path)}: not a readable parquet file ({shown(first)[:200]})"
+                            f"; give a verl-format .parquet or .jsonl file") from None
+        return [(f"{shown(path)}:row {i + 1}", row) for i, row in enumerate(rows)]
+    try:
+        with path.open(encoding="utf-8") as f:
+            if path.suffix == ".json":
+                try:
+                    rows = json.load(f)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{shown(path)}:{exc.lineno}:{exc.colno}: not valid JSON "
+                                    f"({exc.msg})") from None
+                if not isinstance(rows, list):
+                    raise DataError(f"{shown(path)}: a .json data file must hold a list of rows")
+                rows = rows if limit is None else rows[:limit]
+                return [(f"{shown(path)}:row {i + 1}", row) for i, row in enumerate(rows)]
+            out: list[tuple[str, Any]] = []
+            for line_no, line in enumerate(f, 1):
+                if limit is not None and len(out) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"{shown(path)}:line {line_no}", json.loads(line)))
+                except (json.JSONDecodeError, RecursionError) as exc:
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+                    raise DataError(f"{shown(path)}:{line_no}: not valid JSON ({why})") from None
+            return out
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{shown(path)}: not UTF-8 text (byte {exc.start}); save the data "
+                        f"as UTF-8 JSON lines") from None
+    except OSError as exc:
+        raise DataError(f"{shown(path)}: cannot read it: {exc.strerror or exc}") from None
+
+
+def check_file(path: Path, key: tuple[str | int, ...]) -> None:
+    """What `rlgraph compile` checks of a data file: its first CHECK_ROWS rows read and
+    turned into examples (verl's columns), and at least one row."""
+    rows = _read_rows(path, CHECK_ROWS)
+    if not rows:
+        raise SpecError(f"data file '{shown(path)}' holds no rows", key,
+                        hint="give a .jsonl / .parquet file in verl's format with at least "
+                        "one row")
+    for where, row in rows:
+        _example_from_row(row, where, where)
 
 
 def _example_from_row(row: Any, where: str, uid: str) -> Example:
     """A verl row -> Example, with a clear error for a missing or malformed field."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
+        raise DataError(f"{where}: a row must be a mapping with verl's columns (prompt, "
+                        f"reward_model.ground_truth), got {type(row).__name__}")
     prompt = row.get("prompt")
     if isinstance(prompt, list):
         if not all(isinstance(m, dict) and "content" in m for m in prompt):
             raise DataError(f"{where}: 'prompt' messages need a 'content' (and a 'role')")
     elif not isinstance(prompt, str):
-        raise DataError(f"{where}: the row has no 'prompt' (a string or a list of messages)")
+        have = ", ".join(sorted(map(str, row))[:6]) or "none"
+        raise DataError(f"{where}: the row has no 'prompt' (a string or a list of messages); "
+                        f"its columns: {shown(have)}")
     reward_model = row.get("reward_model") or {}
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         raise DataError(f"{where}: the row has no 'reward_model.ground_truth'")
@@ -103,9 +153,10 @@ def load_files(files: list[str], key: tuple[str, ...], base_dir: Path | None) ->
         if not path.exists():
             raise SpecError(f"data file '{name}' does not exist", (*key, i),
                             hint="give a path to a .jsonl or .parquet file in verl's format")
-        for row_no, row in enumerate(_read_rows(path)):
-            where = f"{path}:row {row_no}"
-            examples.append(_example_from_row(row, where, f"{path.name}:{row_no}"))
+        for row_no, (where, row) in enumerate(_read_rows(path)):
+            example = _example_from_row(row, where, f"{path.name}:{row_no}")
+            example.where = where
+            examples.append(example)
     if not examples:
         raise SpecError("the data files hold no rows", key)
     return examples

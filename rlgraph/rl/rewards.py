@@ -4,6 +4,11 @@
 dict with a `score`), so a verl user's function works unchanged. `fn` is `module:function`
 or `path/to/file.py:function`. A function that raises or returns something that is not a
 number stops the run with `RewardFnError`, naming the function and the sample.
+
+A user's function runs in a child process of its own (`rlgraph.worker.isolated`): a call
+that takes longer than the node's `timeout_s` is stopped and fails the same way, and what it
+prints is captured (capped) for the run dir instead of Ray's worker logs. The built-in
+verifiers of this module run in the worker itself.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlgraph.errors import RLGraphError, SpecError
+from rlgraph.errors import RLGraphError, SpecError, clean_text
 
 RewardFn = Callable[..., Any]
 DEFAULT_FN = "rlgraph.rl.rewards:default_compute_score"
@@ -28,8 +33,30 @@ DEFAULT_FN = "rlgraph.rl.rewards:default_compute_score"
 MAX_ABS_REWARD = 1e6
 
 
+DEFAULT_TIMEOUT_S = 60.0  # one call of a user's reward function (verl's sandboxes: 30-60 s)
+
+
 class RewardFnError(RLGraphError):
-    """A reward function failed on a sample; the message names both."""
+    """A reward function failed on a sample; the message names both. `output`: what the
+    function printed in the failing call's batch (the run writes it to reward.log)."""
+
+    output: str = ""
+
+
+def make_scorer(ref: str | None, key: Sequence[str | int], base_dir: Path | None) -> Any:
+    """What `score_samples` calls: a built-in verifier as is, a user's function behind an
+    `Isolated` child process (started now, so an import error is found at build time)."""
+    from rlgraph.worker.isolated import Isolated, IsolatedError
+
+    ref = ref or DEFAULT_FN
+    if ref.rpartition(":")[0] == __name__:
+        return load_reward_fn(ref, key, base_dir)
+    isolated = Isolated(ref, base_dir)
+    try:
+        isolated.start()
+    except IsolatedError as exc:
+        raise SpecError(clean_text(str(exc), 500), key) from None
+    return isolated
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any,
@@ -118,32 +145,47 @@ def _as_score(value: Any) -> float | None:
     return None
 
 
-def score_samples(fn: RewardFn, fn_name: str, data_sources: Sequence[str],
+def score_samples(fn: Any, fn_name: str, data_sources: Sequence[str],
                   responses: Sequence[str], ground_truths: Sequence[Any],
                   extra_infos: Sequence[dict], uids: Sequence[str],
-                  step: int | None = None) -> list[float]:
-    """Score every sample; the first failure (an exception, not a number, not finite or
-    beyond MAX_ABS_REWARD) raises RewardFnError naming the fn, the step and the sample."""
+                  step: int | None = None, timeout_s: float | None = None) -> list[float]:
+    """Score every sample with `fn` (a function, or an `Isolated` one whose calls may take
+    `timeout_s` each); the first failure (an exception, a timeout, not a number, not finite
+    or beyond MAX_ABS_REWARD) raises RewardFnError naming the fn, the step and the sample,
+    its text one line (escape sequences removed, cut short)."""
+    from rlgraph.worker.isolated import Isolated, IsolatedError
+
     at_step = f" at step {step}" if step is not None else ""
-    scores = []
-    for i, (source, response, truth, extra, uid) in enumerate(
-        zip(data_sources, responses, ground_truths, extra_infos, uids)
-    ):
-        where = (f"reward fn {fn_name}{at_step} on sample {i} (prompt {uid}, data_source "
-                 f"{source!r}, response {str(response)[:200]!r}, ground_truth "
-                 f"{str(truth)[:200]!r})")
-        try:
-            value = fn(data_source=source, solution_str=response, ground_truth=truth,
-                       extra_info=extra)
-        except Exception as exc:
-            raise RewardFnError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-        score = _as_score(value)
-        if score is None:
-            raise RewardFnError(f"{where} returned {value!r}, not a number "
-                                "(return a float, or a dict with a 'score')")
-        if not abs(score) <= MAX_ABS_REWARD:
-            raise RewardFnError(f"{where} returned {score!r}, not a finite reward within "
-                                f"+-{MAX_ABS_REWARD:g} (it would turn the weights into NaN; "
-                                "scale or clip the reward)")
-        scores.append(score)
+    samples = list(zip(data_sources, responses, ground_truths, extra_infos, uids))
+    calls = [{"data_source": source, "solution_str": response, "ground_truth": truth,
+              "extra_info": extra} for source, response, truth, extra, _ in samples]
+
+    def where(i: int) -> str:
+        source, response, truth, _, uid = samples[i]
+        return (f"reward fn {fn_name}{at_step} on sample {i} (prompt {uid}, data_source "
+                f"{clean_text(repr(source), 100)}, response {clean_text(repr(str(response)), 200)}"
+                f", ground_truth {clean_text(repr(str(truth)), 200)})")
+
+    values = (fn.map(calls, timeout_s) if isinstance(fn, Isolated)
+              else (fn(**call) for call in calls))
+    scores: list[float] = []
+    try:
+        for value in values:
+            i = len(scores)
+            score = _as_score(value)
+            if score is None:
+                raise RewardFnError(f"{where(i)} returned {clean_text(repr(value), 200)}, not a "
+                                    "number (return a float, or a dict with a 'score')")
+            if not abs(score) <= MAX_ABS_REWARD:
+                raise RewardFnError(f"{where(i)} returned {score!r}, not a finite reward within "
+                                    f"+-{MAX_ABS_REWARD:g} (it would turn the weights into NaN;"
+                                    " scale or clip the reward)")
+            scores.append(score)
+    except RewardFnError:
+        raise
+    except IsolatedError as exc:
+        raise RewardFnError(f"{where(max(exc.index, 0))} {clean_text(str(exc))}") from None
+    except Exception as exc:
+        raise RewardFnError(f"{where(len(scores))} raised {type(exc).__name__}: "
+                            f"{clean_text(str(exc))}") from exc
     return scores

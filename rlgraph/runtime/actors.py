@@ -14,7 +14,8 @@ started: each returns `NotRun` (only the actor knows what has started; Ray 2.60'
 
 Data parallelism (rlgraph.worker.replicas): a group of W replicas is W actors; the driver talks to
 rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
-task's worker: "rows", the default, cuts the input batch at GRPO groups; "whole" gives every
+task's worker: "rows", the default, cuts the input batch by sample, sizes within one, GRPO
+group ids kept, so a step needs one sample per data-parallel rank; "whole" gives every
 replica the whole batch and the worker takes its part; "leader" runs on rank 0 alone), runs
 its own share meanwhile and joins the results (`combine` of the worker, or the rows
 concatenated). param_update receives, checkpoint loads and rollout caches fan out the same way.
@@ -31,7 +32,7 @@ from typing import Any
 
 from rlgraph.config.schema import Spec
 from rlgraph.errors import RLGraphError, SpecError
-from rlgraph.rl.batch import Batch, concat_rows, group_rows, merge, take_rows
+from rlgraph.rl.batch import Batch, concat_rows, merge, sample_rows, take_rows
 from rlgraph.runtime import weight_sync as ws_sync
 from rlgraph.runtime.tasks import NotRun, TaskFailure
 from rlgraph.weights import BucketMiB
@@ -254,7 +255,8 @@ class GroupActor:
             shares = [inputs] + [ray.put(inputs)] * (world - 1)
         else:  # the ranks of one model (megatron tp) see the same rows
             batch = merge(inputs)
-            parts = [{"batch": take_rows(batch, group_rows(batch, dp, world // model))}
+            parts = [{"batch": take_rows(batch, sample_rows(batch, dp, world // model),
+                                         regroup=False)}
                      for dp in range(world // model)]
             stored = {dp: ray.put(parts[dp]) for dp in {r // model for r in range(1, world)}}
             shares = [parts[0]] + [stored[rank // model] for rank in range(1, world)]
@@ -272,7 +274,9 @@ class GroupActor:
                 raise exc.cause from None  # the user's error, as a lone replica raises it
             raise
         timing["wait_s"] = time.time() - began - timing["own_s"]
-        combine = getattr(worker, "combine", concat_rows)
+        combine = getattr(worker, "combine", None)
+        if combine is None:  # "rows": shares cut by sample, group ids as they were
+            return concat_rows(outs[::model], regroup=mode != "rows")
         return combine(outs[::model])  # one output per model copy
 
     def _resolve(self, batch: Batch) -> Batch:

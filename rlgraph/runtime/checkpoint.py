@@ -37,10 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.errors import RLGraphError
+from rlgraph.nodes.base import MAX_STEPS
+from rlgraph.readback import MAX_SECONDS, count, finite_number, read_bytes, read_json
 from rlgraph.runtime.hf_folder import MODEL_WEIGHTS
 from rlgraph.runtime.state_files import StateFormatError, join, owned, split
 
 CHECKPOINT = "checkpoint"
+ARCHIVE = "checkpoints"  # older checkpoints kept by `checkpoint.keep_last` / `keep_every`
 MANIFEST = "manifest.json"
 FORMAT = 2
 REQUIRED = ("meta.json", MODEL_WEIGHTS, "trainer.json", "trainer.safetensors", "rollout.json",
@@ -127,26 +130,44 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class Keep:
+    """Which checkpoints a run keeps: the `last` newest (the latest, `checkpoint/`, is one of
+    them) and every one whose step is a multiple of `every` (0: none), in `checkpoints/<step>/`."""
+
+    last: int = 1
+    every: int = 0
+
+    def kept(self, steps: list[int]) -> set[int]:
+        """The archived steps to keep, given the archived steps (the latest not among them)."""
+        newest = sorted(steps, reverse=True)[: max(self.last - 1, 0)]
+        return set(newest) | {s for s in steps if self.every and s % self.every == 0}
+
+
 def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
                     rollout: dict[tuple[str, int], dict[str, Any]],
                     caches: dict[str, dict[str, Any]] | None = None,
-                    policy_files: dict[str, bytes] | None = None) -> Path:
-    """Write DIR/checkpoint atomically: a crash or a full disk mid-write leaves the previous
-    one (a full disk is a CheckpointError saying so)."""
+                    policy_files: dict[str, bytes] | None = None, keep: Keep = Keep()) -> Path:
+    """Write DIR/checkpoint: into `checkpoint.tmp/` first (every file fsync'd); only then is
+    the previous one moved to `checkpoints/<step>/` and the new one renamed into place, and
+    only after that are archived ones beyond `keep` removed. A crash or a full disk at any
+    point leaves a complete earlier checkpoint (a full disk is a CheckpointError saying so)."""
     final = run_dir / CHECKPOINT
     tmp = run_dir / f"{CHECKPOINT}.tmp"
-    old = run_dir / f"{CHECKPOINT}.old"
     try:
         files = checkpoint_files(meta, state, rollout, caches, policy_files)
     except StateFormatError as exc:
         raise CheckpointError(f"cannot write the checkpoint at step {meta.get('step')}: "
                               f"{exc}") from None
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a write a crash cut short (never the last one)
         write_folder(tmp, files)
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
+        if final.is_dir() and not final.is_symlink():
+            target = run_dir / ARCHIVE / _archive_name(final)
+            target.parent.mkdir(exist_ok=True)
+            if target.exists():  # an earlier copy of the step `final` holds whole
+                shutil.rmtree(target)
+            final.rename(target)
         tmp.rename(final)
         _fsync_dir(run_dir)
     except OSError as exc:
@@ -157,15 +178,44 @@ def save_checkpoint(run_dir: Path, meta: dict[str, Any], state: dict[str, Any],
             f"{exc.strerror or exc}; "
             + (f"the checkpoint at step {kept} stays valid (free space, then --resume "
                f"{run_dir})" if kept is not None else "no earlier checkpoint exists")) from None
-    shutil.rmtree(old, ignore_errors=True)
+    prune(run_dir, keep)
     return final
+
+
+def _archive_name(folder: Path) -> str:
+    """`<step>` of a checkpoint folder (from its meta.json), or `unreadable-<time>`."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        step = json.loads((folder / "meta.json").read_text())["step"]
+        if isinstance(step, int) and step >= 0:
+            return str(step)
+    return f"unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def archived(run_dir: Path) -> dict[int, Path]:
+    """step -> folder of the checkpoints kept in `DIR/checkpoints/` (newest last)."""
+    root = run_dir / ARCHIVE
+    if not root.is_dir() or root.is_symlink():
+        return {}
+    found = {int(p.name): p for p in root.iterdir()
+             if p.name.isdigit() and p.is_dir() and not p.is_symlink()}
+    return dict(sorted(found.items()))
+
+
+def prune(run_dir: Path, keep: Keep) -> None:
+    """Remove archived checkpoints beyond `keep` (the latest, `checkpoint/`, stays)."""
+    folders = archived(run_dir)
+    wanted = keep.kept(list(folders))
+    for step, folder in folders.items():
+        if step not in wanted:
+            shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(run_dir / f"{CHECKPOINT}.old", ignore_errors=True)  # an older rlgraph's
 
 
 def kept_step(run_dir: Path) -> int | None:
     """The step of the checkpoint that survives a failed write (None when there is none)."""
-    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            return int(json.loads((run_dir / name / "meta.json").read_text())["step"])
+    with contextlib.suppress(CheckpointError, OSError, ValueError, KeyError, TypeError):
+        folder = checkpoint_folder(run_dir)
+        return int(json.loads((folder / "meta.json").read_text())["step"])
     return None
 
 
@@ -173,10 +223,19 @@ def kept_step(run_dir: Path) -> int | None:
 
 
 def checkpoint_folder(run_dir: Path) -> Path:
-    """DIR/checkpoint, or DIR/checkpoint.old when a crash came between the two renames."""
+    """DIR/checkpoint; when a crash came between moving it aside and renaming its successor
+    into place, the newest complete one in DIR/checkpoints/ (or an older rlgraph's
+    DIR/checkpoint.old)."""
     folder = run_dir / CHECKPOINT
-    if not folder.is_dir() and (run_dir / f"{CHECKPOINT}.old" / MANIFEST).exists():
-        folder = run_dir / f"{CHECKPOINT}.old"
+    if folder.is_symlink():
+        raise CheckpointError(f"{folder}: a symbolic link; rlgraph reads checkpoints only from "
+                              f"folders it wrote inside the run dir (copy the folder there)")
+    if not (folder / MANIFEST).exists():
+        fallbacks = [*reversed(archived(run_dir).values()), run_dir / f"{CHECKPOINT}.old"]
+        found = next((f for f in fallbacks if (f / MANIFEST).is_file()), None)
+        if found is not None and not (folder.is_dir() and any(
+                (folder / n).exists() for n in ("trainer.pt", "rollout.pt"))):
+            folder = found
     if not folder.is_dir():
         raise CheckpointError(f"{run_dir}: no checkpoint to resume from (a run writes "
                               f"{CHECKPOINT}/ every few steps, at its end and when stopped)")
@@ -208,9 +267,12 @@ def verified_files(folder: Path) -> dict[str, Path]:
         path = folder / name
         if Path(name).name != name or not isinstance(entry, dict):
             raise CheckpointError(f"{folder / MANIFEST}: bad entry {name!r}; {REDO}")
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise CheckpointError(f"{path}: a link or not a regular file; a checkpoint holds "
+                                  f"only the files rlgraph wrote; {REDO}")
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (listed in {MANIFEST}); {REDO}")
-        data = path.read_bytes()
+        data = read_bytes(path, REDO, CheckpointError)
         if not data and entry.get("bytes"):
             raise CheckpointError(f"{path}: empty file ({MANIFEST} lists {entry['bytes']} "
                                   f"bytes); {REDO}")
@@ -226,14 +288,29 @@ def verified_files(folder: Path) -> dict[str, Path]:
 
 def read_json_file(path: Path) -> Any:
     """A JSON file, or a one-line CheckpointError naming it."""
-    try:
-        return json.loads(path.read_bytes())
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read it: {exc.strerror or exc}; {REDO}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f"{path}:{exc.lineno}:{exc.colno}" if isinstance(
-            exc, json.JSONDecodeError) else str(path)
-        raise CheckpointError(f"{where}: not valid JSON; {REDO}") from None
+    return read_json(path, REDO, CheckpointError)
+
+
+META_COUNTS = {"step": 2**53, "policy_version": 2**53, "steps": MAX_STEPS,
+               "data_position": 2**53, "generate_next_step": 2**53, "max_lag": 2**16}
+
+
+def check_meta(meta: Any, where: Path) -> dict[str, Any]:
+    """meta.json's figures, each of the right type and range (one line naming the key)."""
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where}: not a mapping; {REDO}")
+    for key in ("step", "policy_version"):
+        if key not in meta:
+            raise CheckpointError(f"{where}: no integer '{key}'; {REDO}")
+    for key, upper in META_COUNTS.items():
+        if key in meta:
+            meta[key] = count(meta[key], f"{where}: '{key}'", upper, CheckpointError)
+    if meta.get("steps") == 0:
+        raise CheckpointError(f"{where}: 'steps' is 0 (a run trains at least one step); {REDO}")
+    if "trace_end_s" in meta:
+        finite_number(meta["trace_end_s"], f"{where}: 'trace_end_s'", upper=MAX_SECONDS,
+                      error=CheckpointError)
+    return meta
 
 
 def read_tensors(path: Path) -> dict[str, Any]:
@@ -260,10 +337,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     """Read and check DIR/checkpoint (manifest first); runs no code from the run dir."""
     folder = checkpoint_folder(run_dir)
     paths = verified_files(folder)
-    meta = read_json_file(paths["meta.json"])
-    for key in ("step", "policy_version"):
-        if not isinstance(meta, dict) or not isinstance(meta.get(key), int):
-            raise CheckpointError(f"{paths['meta.json']}: no integer '{key}'; {REDO}")
+    meta = check_meta(read_json_file(paths["meta.json"]), paths["meta.json"])
     state = _part(paths, "trainer")
     rows = _part(paths, "rollout")
     if not isinstance(state, dict) or not isinstance(rows, list):
@@ -306,14 +380,25 @@ class Ledger:
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
-    """Rows of a ledger.jsonl, in step order (a last line cut short by a crash is dropped)."""
-    if not path.exists():
+    """Rows of a ledger.jsonl, in step order (a last line cut short by a crash is dropped;
+    any other line that is not a row with a whole `step` is a one-line CheckpointError)."""
+    if not path.exists() and not path.is_symlink():
         return []
+    try:
+        lines = read_bytes(path, REDO, CheckpointError).decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {exc.start}); {REDO}") from None
     rows = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line half-written when the process was killed
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                if number == len(lines):
+                    continue  # a line half-written when the process was killed
+                raise CheckpointError(f"{path}:{number}: not a JSON row; {REDO}") from None
+            if not isinstance(row, dict):
+                raise CheckpointError(f"{path}:{number}: not a mapping; {REDO}")
+            count(row.get("step"), f"{path}:{number}: 'step'", error=CheckpointError)
+            rows.append(row)
     return sorted(rows, key=lambda r: r["step"])

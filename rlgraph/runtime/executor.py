@@ -241,6 +241,24 @@ class RayExecutor:
     def __len__(self) -> int:
         return len(self.pending) + len(self.local) + len(self.buffer)
 
+    def in_flight(self) -> list[Task]:
+        """Tasks submitted and not yet returned by `wait`."""
+        return ([task for task, _, _ in self.pending.values()]
+                + [item[0] for item in self.local] + [task for task, _ in self.buffer])
+
+    def abandon(self) -> list[Task]:
+        """A stop that cannot wait any longer (a task that does not return): forget every task
+        in flight and return them (their actors are killed when the run ends)."""
+        tasks = self.in_flight()
+        self.pending.clear()
+        self.local.clear()
+        self.buffer.clear()
+        self.refs.clear()
+        self.senders.clear()
+        self.fused.clear()
+        self.known_outputs.clear()
+        return tasks
+
     def wait(self, timeout: float | None = None) -> list[Completion]:
         """Every task finished by now (at least one unless `timeout` passes first)."""
         self.flush()  # raises a failure the last wait saw
@@ -367,13 +385,3 @@ class RayExecutor:
                        "call)" if chain else task.node)
             raise WorkerError(f"the actor running {running} died at step {task.step}: "
                               f"{_first_line(exc)}") from exc
-
-    def cancel_all(self) -> None:
-        """Forget pending tasks (their actors are killed by the caller)."""
-        self.pending.clear()
-        self.buffer.clear()
-        self.local.clear()
-        self.known_outputs.clear()
-        self.refs.clear()
-        self.senders.clear()
-        self.fused.clear()

@@ -19,8 +19,11 @@ A row is written when train step t finishes. Its keys:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from rlgraph.readback import ReadBackError, count, read_bytes
 
 REQUIRED_KEYS = ("step", "policy/version", "reward/mean", "lag/max", "lag/mean", "time/step_s",
                  "throughput/samples_per_s", "throughput/tokens_per_s")
@@ -73,8 +76,8 @@ class MetricsWriter:
 
     def __init__(self, out_dir: Path, first_step: int = 0, tensorboard: bool = True) -> None:
         self.path = out_dir / "metrics.jsonl"
-        keep = [r for r in read_rows(self.path) if r.get("step", 0) < first_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        keep = [r for r in read_rows(self.path) if r["step"] < first_step]
+        replace_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         self.file = self.path.open("a")
         self.tb = None
         if tensorboard:
@@ -101,8 +104,8 @@ class MetricsWriter:
         if first is None:
             return
         self.file.close()
-        keep = [r for r in read_rows(self.path) if r.get("step", 0) < first]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep + rows))
+        keep = [r for r in read_rows(self.path) if r["step"] < first]
+        replace_text(self.path, "".join(json.dumps(r) + "\n" for r in keep + rows))
         self.file = self.path.open("a")
 
     def close(self) -> None:
@@ -113,8 +116,44 @@ class MetricsWriter:
             self.tb.close()
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsync'd, then renamed
+    over it (a crash or a full disk mid-write leaves the previous file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl (none when it does not exist)."""
-    if not path.exists():
+    """The rows of a metrics.jsonl (none when it does not exist). A last line cut short by a
+    crash is dropped; any other line that is not a row with a whole `step` >= 0 (an edited
+    or damaged file) is a one-line ReadBackError naming the file and line."""
+    if not path.exists() and not path.is_symlink():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    what = "restore it from a copy of the run dir, or delete it to start the curves anew"
+    try:
+        text = read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReadBackError(f"{path}: not UTF-8 text (byte {exc.start}); {what}") from None
+    lines = text.split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            if number == len(lines):  # no newline after it: a write the crash cut short
+                continue
+            raise ReadBackError(f"{path}:{number}: not a JSON row; {what}") from None
+        if not isinstance(row, dict):
+            raise ReadBackError(f"{path}:{number}: not a mapping; {what}")
+        count(row.get("step"), f"{path}:{number}: step")
+        rows.append(row)
+    return rows

@@ -74,6 +74,7 @@ from rlgraph.nodes import KINDS
 from rlgraph.runtime.channels import Channel
 from rlgraph.runtime.state_machine import NodeMachine, NodeState
 from rlgraph.runtime.tasks import Completion, Executor, Pending, Task
+from rlgraph.versions import oldest_trainable
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
@@ -81,12 +82,15 @@ if TYPE_CHECKING:
 
 def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion], None], *,
           stop_requested: Callable[[], bool] = lambda: False, wait_s: float | None = None,
-          after_wait: Callable[[], None] = lambda: None) -> bool:
+          after_wait: Callable[[], None] = lambda: None,
+          give_up: Callable[[], bool] = lambda: False) -> bool:
     """The one scheduling loop: start every task the pipeline allows, wait for any to finish,
     hand each completion to the pipeline and then to `on_done`, until every node is done or
     a stop has drained. A stop recalls the tasks sent but not started (queued in an actor
     behind others): each comes back `recalled` and its step is withdrawn, so a stop asked
-    before train step k starts ends at k. Returns True when it stopped early."""
+    before train step k starts ends at k. A stop that waited long enough (`give_up`, asked
+    while stopping) abandons the tasks still in flight, each withdrawn as if it never ran
+    (the executor must offer `abandon`). Returns True when it stopped early."""
     stopped = False
     while True:
         if stop_requested() and not pipeline.stopping:
@@ -108,6 +112,10 @@ def drive(pipeline: Pipeline, executor: Executor, on_done: Callable[[Completion]
             on_done(done)
         _start_all(pipeline, executor)  # react first, write metrics after
         after_wait()
+        if pipeline.stopping and len(executor) and give_up():
+            for task in executor.abandon():  # type: ignore[attr-defined]
+                pipeline.withdraw(task.node, task.step)
+            return True
 
 
 def _start_all(pipeline: Pipeline, executor: Executor) -> None:
@@ -252,7 +260,7 @@ class Pipeline:
         >= t - max_lag."""
         if node not in self.versions:
             return True
-        return self.versions[node] >= step // self.k - self.max_lag
+        return self.versions[node] >= oldest_trainable(step, self.max_lag, self.k)
 
     def _inputs_ready(self, machine: NodeMachine) -> bool:
         return all(self.channels[(src, machine.name)].has(machine.step)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.compiler.plan import Plan
+from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.runtime import checkpoint as ckpt
@@ -43,6 +44,15 @@ WAIT_S = 0.25  # longest the loop blocks in ray.wait before it looks at a stop r
 # `python bench/checkpoint_cost.py`), so one a minute costs under 1% and a crash loses at
 # most a minute of training
 CHECKPOINT_EVERY_S = 60.0
+# a stop waits this long for the tasks in flight, then abandons those that are not a train
+# step (a hung reward function, a generate that does not return) and checkpoints what was
+# trained; a train step in flight is waited for up to STOP_MAX_S (the trainer's state is
+# what the checkpoint holds), then the last checkpoint written stays the one to resume from
+STOP_GRACE_S = 5.0
+STOP_MAX_S = 60.0
+STOP_FETCH_S = 10.0  # longest wait for the trainer's state when a stop abandoned tasks
+OUTPUT_LOG = "reward.log"  # what user reward functions printed (rlgraph.worker.isolated)
+OUTPUT_LOG_MAX = 32 << 20  # bytes; a run that prints more keeps the first 32 MiB
 
 
 @dataclass
@@ -90,6 +100,7 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
             if getattr(spec, "backend", "torch") == "megatron" and spec.pp > 1:
@@ -296,6 +307,7 @@ class Runner:
                             on_step=opts.on_step)
 
         def on_done(done: Completion) -> None:
+            self._keep_output(done.info["summary"].get("output"))
             event = self._record(done, tracer)
             report.latest[done.task.node] = event
             if not self.roles[done.task.node].advances_policy:
@@ -309,13 +321,33 @@ class Runner:
                     # behind this one already ran: the next one will do
                     self._checkpoint(pipeline, tracer)
 
+        stopped_at: list[float] = []
+        abandoned: list[bool] = []
+
+        def stop_requested() -> bool:
+            if self._stop_requested and not stopped_at:
+                stopped_at.append(time.time())
+            return self._stop_requested
+
+        def give_up() -> bool:
+            waited = time.time() - stopped_at[0] if stopped_at else 0.0
+            training = any(KINDS[t.kind].advances_policy for t in executor.in_flight())
+            late = waited > STOP_MAX_S or (waited > STOP_GRACE_S and not training)
+            if late:
+                abandoned.append(True)
+            return late
+
         try:
             result.stopped = drive(pipeline, executor, on_done, wait_s=WAIT_S,
-                                   stop_requested=lambda: self._stop_requested,
-                                   after_wait=report.flush)
+                                   stop_requested=stop_requested, after_wait=report.flush,
+                                   give_up=give_up)
             if pipeline.finished and not result.stopped:
                 self._validate_final(result)
         except Exception as err:
+            if getattr(err, "output", None) and isinstance(err, RLGraphError) and len(
+                    err.args) == 1:
+                self._keep_output(err.output)
+                err.args = (f"{err.args[0]} (its output: {out / OUTPUT_LOG})",)
             if isinstance(err, WorkerError):
                 (out / "error.log").write_text(
                     "".join(traceback.format_exception(err.__cause__))
@@ -334,8 +366,35 @@ class Runner:
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
         result.next_step = pipeline.trained_steps()
-        self._checkpoint(pipeline, tracer)
+        if not abandoned:
+            self._checkpoint(pipeline, tracer)
+            return result
+        try:  # tasks that never returned were left behind: their actors may not answer
+            self._checkpoint(pipeline, tracer, timeout=STOP_FETCH_S)
+        except Exception as exc:  # any failure: the last checkpoint stays
+            kept = ckpt.kept_step(out)
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            result.notes.append(f"the stop could not write a checkpoint ({why}); "
+                                + (f"the one at step {kept} stays" if kept is not None
+                                   else "no checkpoint exists"))
+            result.next_step = kept if kept is not None else first
         return result
+
+    def _keep_output(self, text: str | None) -> None:
+        """Append what a user's function printed to DIR/reward.log (up to OUTPUT_LOG_MAX)."""
+        if not text:
+            return
+        path = self.options.out_dir / OUTPUT_LOG
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size if path.exists() else 0
+            if size >= OUTPUT_LOG_MAX:
+                return
+            data = text.encode("utf-8", "replace")
+            if size + len(data) > OUTPUT_LOG_MAX:
+                data = data[:OUTPUT_LOG_MAX - size] + (
+                    f"\n... {OUTPUT_LOG} stops here ({OUTPUT_LOG_MAX} bytes)\n").encode()
+            with path.open("ab") as f:
+                f.write(data if data.endswith(b"\n") else data + b"\n")
 
     def calls(self) -> int:
         """Train calls of the whole run: steps, times the mini-batches of a streaming run
@@ -392,7 +451,7 @@ class Runner:
         rescue.check_version(state, step // self.spec.schedule.mini_batches)
         rollout = rescue.fetch_rollout(pipeline, timeout, self._keeps_cache())
         gens = [m.step + 1 for m in pipeline.machines.values() if self.roles[m.name].samples]
-        caches = self._rollout_caches(rollout, step)
+        caches = self._rollout_caches(rollout, step, timeout)
         if self._policy_files is None:
             self._policy_files = policy_files(self.spec)
         meta = {"graph": self.spec.name, "spec": self.spec_data, "step": step,
@@ -401,13 +460,14 @@ class Runner:
                 "generate_next_step": min(gens) if gens else step,
                 "max_lag": self.max_lag, "steps": self.options.steps,
                 "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
+        keep = ckpt.Keep(self.spec.checkpoint.keep_last, self.spec.checkpoint.keep_every)
         folder = ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches,
-                                      self._policy_files)
+                                      self._policy_files, keep)
         self._last_checkpoint = time.time()
         return folder
 
-    def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int
-                        ) -> dict[str, dict[str, Any]]:
+    def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int,
+                        timeout: float | None = None) -> dict[str, dict[str, Any]]:
         """Partial rollout: each generate node's rollout cache as it stood after the last
         step in the checkpoint's buffer (or the last trained step), so a resumed run carries
         the same unfinished samples on."""
@@ -420,7 +480,7 @@ class Runner:
             if role.samples:
                 last = max((s for n, s in rollout if n == node), default=trained - 1)
                 refs[node] = self.actors[node].rollout_cache.remote(node, last)
-        states = dict(zip(refs, ray.get(list(refs.values()))))
+        states = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout)))
         return {node: state for node, state in states.items() if state is not None}
 
     def _write_trace(self, tracer: Tracer) -> None:

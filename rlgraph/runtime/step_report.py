@@ -30,6 +30,7 @@ class RunResult:
     startup_s: float = 0.0
     wall_s: float = 0.0
     lag_violations: int = 0
+    notes: list[str] = field(default_factory=list)  # what the closing lines should say
 
 
 class StepReport:

@@ -65,11 +65,13 @@ class Tracer:
 
 def load_events(path: Path) -> list[dict[str, Any]]:
     """The event dicts of an earlier trace.json (a resumed run keeps them)."""
+    from rlgraph.readback import read_json
     from rlgraph.report.chrome_trace import events_from_trace
 
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    return events_from_trace(json.loads(path.read_text()))
+    what = "restore it from a copy of the run dir, or delete it (the timeline then starts anew)"
+    return events_from_trace(read_json(path, what), f"{path}")
 
 
 # ---------------------------------------------------------------- overhead

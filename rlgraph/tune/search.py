@@ -161,11 +161,6 @@ class Leaderboard:
         ranked = self.ranked()
         return ranked[self.size - 1].period_s if len(ranked) >= self.size else math.inf
 
-    def best_period(self) -> float:
-        """The best period known."""
-        ranked = self.ranked()
-        return ranked[0].period_s if ranked else math.inf
-
 
 def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
     cand, tg, bound = ev.candidate, ev.tg, ev.bound

@@ -1,7 +1,7 @@
 """Weight movement, one package and one unit (MiB, as users write `bucket_mb`): buckets and
 digests, the receiver's dual buffer, NCCL transfer and its layout. torch only, no ray.
 
-This file imports nothing heavy: the cost model (`rlgraph.nodes.param_update`) reads the unit
+This file imports nothing heavy: the cost model (`rlgraph.pricing.param_update`) reads the unit
 from here, so the price and the runtime count a bucket's bytes the same way.
 """
 

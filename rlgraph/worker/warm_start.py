@@ -7,7 +7,9 @@ The learning rate stays constant: a decayed warm start settles in a sharp minimu
 fresh RL optimizer's first steps undo it (measured on the tiny preset), a constant one does
 not. It runs single-threaded and seeded so every group that builds the model computes identical
 version-0 weights, and the result is cached on disk (`$RLGRAPH_CACHE`, default
-~/.cache/rlgraph) keyed by everything that decides it, so repeated runs skip it.
+~/.cache/rlgraph) keyed by everything that decides it (the data files by their contents, not
+their names), so repeated runs skip it. The cache holds data only: `<key>.safetensors` (the
+weights) and `<key>.json` (the loss curve); a damaged entry is computed again.
 """
 
 from __future__ import annotations
@@ -58,15 +60,75 @@ def sft_batch(tokenizer: Tokenizer, examples: list[Example]) -> dict[str, torch.
             "response_mask": answer_mask, "prompt_len": prompt_ids.shape[1]}
 
 
-def cache_path(spec: Spec, seed: int, tokenizer: Tokenizer) -> Path:
-    """Where the warm-started weights of this (model, data, warm start, seed) are kept."""
+def _data_digest(spec: Spec, base_dir: Path | None) -> list[str]:
+    """SHA-256 of each training data file's bytes (edited data is a new cache entry)."""
+    digests = []
+    for name in spec.data.train_files or []:
+        path = Path(name).expanduser()
+        if not path.is_absolute() and not path.exists() and base_dir is not None:
+            path = base_dir / path
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except OSError:
+            h.update(f"unreadable:{name}".encode())
+        digests.append(h.hexdigest())
+    return digests
+
+
+def cache_path(spec: Spec, seed: int, tokenizer: Tokenizer, base_dir: Path | None = None
+               ) -> Path:
+    """Where the warm-started weights of this (model, data, warm start, seed) are kept
+    (`.safetensors`; the losses beside it as `.json`)."""
     vocab = getattr(tokenizer, "itos", tokenizer.vocab_size)
     key = json.dumps({"model": spec.model.model_dump(mode="json"), "vocab": vocab,
-                      "data": [spec.data.task, spec.data.train_files, spec.data.seed],
+                      "data": [spec.data.task, _data_digest(spec, base_dir), spec.data.seed],
                       "seed": seed, "torch": torch.__version__, "v": _VERSION},
                      sort_keys=True, default=str)
     root = Path(os.environ.get("RLGRAPH_CACHE", Path.home() / ".cache" / "rlgraph"))
-    return root / "warm_start" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+    return root / "warm_start" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
+
+
+def _load_cached(model: torch.nn.Module, path: Path) -> list[float] | None:
+    """The cached weights loaded into `model` and their losses, or None (absent or damaged:
+    the warm start runs again and replaces it)."""
+    from safetensors.torch import load_file
+
+    losses_file = path.with_suffix(".json")
+    if not (path.is_file() and losses_file.is_file()):
+        return None
+    try:
+        losses = json.loads(losses_file.read_text())
+        weights = load_file(str(path))
+        model.load_state_dict(weights)
+    except Exception:  # a torn or foreign file: compute it again
+        return None
+    if not isinstance(losses, list) or not all(isinstance(x, float | int) for x in losses):
+        return None
+    return [float(x) for x in losses]
+
+
+def _store(model: torch.nn.Module, losses: list[float], path: Path) -> None:
+    """Write the cache entry (each file whole or not at all; a full disk skips caching)."""
+    from safetensors.torch import save_file
+
+    from rlgraph.runtime.state_files import owned
+
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        weights[name] = owned(tensor, weights)  # tied embeddings: the second name a copy
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for target, write in ((path.with_suffix(".json"),
+                               lambda t: t.write_text(json.dumps(losses))),
+                              (path, lambda t: save_file(weights, str(t)))):
+            tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+            write(tmp)
+            os.replace(tmp, target)
+    except OSError:
+        return
 
 
 def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: int,
@@ -75,11 +137,10 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
     ws = spec.model.warm_start
     if ws.steps == 0:
         return []
-    path = cache_path(spec, seed, tokenizer)
-    if path.exists():
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["weights"])
-        return list(state["losses"])
+    path = cache_path(spec, seed, tokenizer, base_dir)
+    cached = _load_cached(model, path)
+    if cached is not None:
+        return cached
     source = DataSource(spec.data, "train", base_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: bit-identical results in every process
@@ -100,8 +161,5 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
                 losses.append(float(loss.detach()))
     finally:
         torch.set_num_threads(threads)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"weights": model.state_dict(), "losses": losses}, tmp)
-    os.replace(tmp, path)
+    _store(model, losses, path)
     return losses

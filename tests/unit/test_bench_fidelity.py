@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from bench_support import bench_module
 
 fidelity = bench_module("fidelity")
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # the floor, not memory
 
 GRAPH = {
     "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "H20"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench_support import bench_module
 
-from rlgraph.nodes import lengths
+from rlgraph import lengths
 
 own_runs = bench_module("own_runs")
 

@@ -195,9 +195,10 @@ def test_run_dirs_are_claimed_once_and_held_by_one_run(tmp_path, monkeypatch):
         run_dir.hold(tmp_path / "r")
     lock.close()
     run_dir.hold(tmp_path / "r").close()  # free again once the first run ends
+    run_dir.mark(tmp_path / "r", "race")
     (tmp_path / "r" / "ledger.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(run_dir.RunDirError, match="--resume"):
-        run_dir.refuse_reuse(tmp_path / "r")
+        run_dir.refuse_reuse(tmp_path / "r", "race")
 
 
 def test_full_disk_keeps_the_previous_checkpoint(tmp_path, spec, policy, monkeypatch):

@@ -66,7 +66,7 @@ def test_bad_rows_name_file_and_row(tmp_path: Path) -> None:
     path.write_text(json.dumps({"prompt": "x", "reward_model": {"ground_truth": "1"}}) + "\n"
                     + json.dumps({"prompt": "y"}) + "\n")
     spec = make_spec(data={"train_files": [str(path)]})
-    with pytest.raises(DataError, match=r"bad.jsonl:row 1: .*reward_model.ground_truth"):
+    with pytest.raises(DataError, match=r"bad.jsonl:line 2: .*reward_model.ground_truth"):
         DataSource(spec.data)
     path.write_text("{not json\n")
     with pytest.raises(DataError, match=r"bad.jsonl:1: not valid JSON"):

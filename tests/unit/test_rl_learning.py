@@ -42,7 +42,7 @@ def test_quickstart_learns_with_lag_one(private_cache: Path) -> None:
     torch.set_num_threads(1)
     steps = 70
     run = run_serial(make_spec(**QUICKSTART, max_lag=1), steps)
-    assert len(list(private_cache.glob("warm_start/*.pt"))) == 1  # computed once, shared
+    assert len(list(private_cache.glob("warm_start/*.safetensors"))) == 1  # computed once, shared
     rewards = [m["metrics"]["reward/mean"] for m in run.metrics]
     first, last = mean(rewards[:10]), mean(rewards[-10:])
     print(f"reward first10 {first:.3f} last10 {last:.3f}; seconds per step {run.seconds}")

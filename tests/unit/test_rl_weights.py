@@ -129,9 +129,10 @@ def test_bucket_mb_is_mib_in_the_runtime_and_the_cost_model() -> None:
     (not 4) for the same bytes."""
     from types import SimpleNamespace
 
-    from rlgraph.nodes.base import CostContext
-    from rlgraph.nodes.param_update import ParamUpdateSpec, param_update_cost
+    from rlgraph.nodes.param_update import ParamUpdateSpec
     from rlgraph.presets.gpus import GPU_PRESETS
+    from rlgraph.pricing.context import CostContext
+    from rlgraph.pricing.param_update import param_update_cost
     from rlgraph.weights import MIB, BucketMiB
     from rlgraph.weights.buckets import bucket_names
     from rlgraph.weights.nccl import WeightSender

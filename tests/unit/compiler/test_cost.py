@@ -25,11 +25,13 @@ from rlgraph.compiler.costs import switch_seconds
 from rlgraph.compiler.placement import place
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.compiler.trust import SPLIT_TRAINER_CAVEAT
-from rlgraph.nodes.lengths import LengthModel, expected_max, moments
-from rlgraph.nodes.param_update import switch_cost
-from rlgraph.presets.costs import COST_SOURCES, COSTS, CostConstants, pass_efficiency
+from rlgraph.lengths import LengthModel, expected_max, moments
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
+from rlgraph.pricing.constants import COST_SOURCES, COSTS, CostConstants, pass_efficiency
+from rlgraph.pricing.param_update import switch_cost
+
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
 
 def seconds(spec: Any, node: str) -> float:
@@ -203,11 +205,11 @@ def test_moe_passes_run_below_the_dense_roofline_figure(monkeypatch: Any) -> Non
     priced = {name: costs_of(spec)["train"] for name, spec in (("moe", moe), ("dense", dense))}
     assert f"at {figure:.0%} of" in priced["moe"].detail
     assert 0.5 < COSTS.moe_pass_factor < 1.0
-    monkeypatch.setattr("rlgraph.nodes.parallel.COSTS",
+    monkeypatch.setattr("rlgraph.pricing.passes.COSTS",
                         dataclasses.replace(COSTS, moe_pass_factor=1.0))
     assert seconds(moe, "train") < priced["moe"].seconds  # the factor slows MoE passes
     assert seconds(dense, "train") == pytest.approx(priced["dense"].seconds)  # dense untouched
-    monkeypatch.undo()
+    monkeypatch.setattr("rlgraph.pricing.passes.COSTS", COSTS)  # (not undo: memory_unchecked)
     said = [a for a in compile_plan(moe).trust.assumptions if "passes run at" in a]
     assert said and f"{figure:.0%} of H100" in said[0] and "routed experts" in said[0]
 
@@ -454,8 +456,8 @@ def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
 def test_decode_attention_adds_to_compute_bound_gemms() -> None:
     # on H20 a large batch is compute-bound in its GEMMs; the KV reads of attention run
     # after them, so longer contexts still cost time (a max() would hide them)
-    from rlgraph.nodes.base import CostContext
-    from rlgraph.nodes.rollout_cost import decode_step_seconds
+    from rlgraph.pricing.context import CostContext
+    from rlgraph.pricing.generate import decode_step_seconds
 
     spec = spec_of(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H20"})
     node = spec.nodes["generate"]
@@ -487,7 +489,7 @@ def test_length_sorted_passes_price_the_tokens_the_runtime_runs():
     """`micro_tokens` passes pad each pass to its own longest (rounded up to the block, at most
     the batch's width): a fixed length is not padded; a long tail costs between the packed
     tokens and the batch padded to its longest."""
-    from rlgraph.nodes import lengths
+    from rlgraph import lengths
 
     fixed = lengths.LengthModel(mean=300, max=300)
     tokens, square = lengths.sorted_pass_tokens(fixed, 64, 8, 16384, 256)

@@ -11,10 +11,12 @@ from rl_support import cost_spec as spec_of
 from rl_support import costs_of
 
 from rlgraph.compiler.shapes import shape_of
-from rlgraph.nodes.base import CostContext
-from rlgraph.nodes.rollout_cost import decode_step_seconds, per_layer_floor
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.pricing.constants import COSTS
+from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.generate import decode_step_seconds, per_layer_floor
+
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
 
 def context(spec: Any, gpus: int = 4) -> CostContext:
@@ -159,7 +161,7 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
     # verl's trainer.balance_batch gives every rank about the same tokens for a pass over the
     # whole batch: only the longest sequence bounds the slowest rank; split into mini-batches,
     # each is a random draw again and the slowest of 16 ranks carries more
-    from rlgraph.nodes.parallel import data_parallel_imbalance
+    from rlgraph.pricing.passes import data_parallel_imbalance
 
     spec = spec_of(cluster={"nodes": 4, "gpus_per_node": 8, "gpu": "H20"},
                    nodes=dict(NODES, generate={"engine": "sglang"}),
@@ -177,7 +179,7 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
 def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> None:
     # flex decoding: splits = SMs // (width x KV heads) x 2 (at least 1), width the power of
     # two >= rows (16 at least); one block streams its share of the longest row's K/V
-    from rlgraph.nodes.rollout_cost import split_kv_seconds
+    from rlgraph.pricing.generate import split_kv_seconds
 
     spec = spec_of()
     ctx = context(spec)
@@ -201,8 +203,8 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
 def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backward() -> None:
     # variable lengths: transformers' SDPA runs the bias-reading kernel, layers x query heads x
     # sum of S^2 bf16 per read; fixed lengths: no padding, no mask; verl packs: none either
-    from rlgraph.nodes import lengths
-    from rlgraph.nodes.parallel import mask_traffic
+    from rlgraph import lengths
+    from rlgraph.pricing.passes import mask_traffic
 
     varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
                            "response_len": {"mean": 512, "max": 4096}})

@@ -10,13 +10,14 @@ from rl_support import make_spec
 
 from rlgraph.config.load import validate_spec
 from rlgraph.errors import SourceMap, SpecError
-from rlgraph.graph import build_graph, data_edges, step_order
+from rlgraph.graph import build_graph, data_edges, max_lag, step_order
 
 
-@given(st.integers(min_value=0, max_value=8))
-def test_weight_edge_carries_max_lag_plus_one(max_lag: int) -> None:
-    graph = build_graph(make_spec(max_lag=max_lag))
-    assert graph.edges["param_update", "generate"]["distance"] == max_lag + 1
+@given(lag=st.integers(min_value=0, max_value=8))
+def test_weight_edge_carries_max_lag_plus_one(lag: int) -> None:
+    graph = build_graph(make_spec(max_lag=lag))
+    assert graph.edges["param_update", "generate"]["distance"] == lag + 1
+    assert max_lag(graph) == lag and "max_lag" not in graph.graph  # kept once: the edge
     assert all(d == 0 for u, v, d in graph.edges(data="distance") if u != "param_update")
     assert ("param_update", "generate") not in data_edges(graph)
 

@@ -50,6 +50,7 @@ def test_largest_remainder_gives_every_gpu_once() -> None:
     assert sum(largest_remainder({"a": 0.7, "b": 0.3}, 10).values()) == 10
 
 
+@pytest.mark.usefixtures("memory_unchecked")  # packing, not memory
 def test_small_groups_pack_inside_nodes() -> None:
     spec = make_spec({f"g{i}": {"share": 0.25, "tasks": [t]} for i, t in
                       enumerate(["generate", "train", "reward"])},
@@ -143,27 +144,38 @@ def test_a_sampling_group_takes_shares_a_prompt_apart() -> None:
 def test_train_that_cannot_fit_is_refused() -> None:
     spec = two_groups(model={"preset": "qwen2.5-32b"},
                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H100"})
-    # rlgraph's runtime builds it with the character vocabulary (no model.path): 16 B/param
-    # x 31.2e9 / 4 GPUs = 125 GB > 72 GB usable
+    # rlgraph's runtime builds it with the character vocabulary (no model.path): bf16 weights,
+    # gradients and AdamW states, 8 B/param x 31.2e9 on every GPU = 250 GB > 72 GB usable
     err = refusal(spec)
     assert err.key == ("groups", "trainer", "share")
-    assert "weights, grads and Adam" in err.message and "at least 7 GPUs" in (err.hint or "")
+    assert "AdamW states 124.8" in err.message and "GB per GPU" in err.message
+    assert "sharding: fsdp" in (err.hint or "") and "at least" in (err.hint or "")
 
 
 def test_generate_that_cannot_fit_is_refused() -> None:
-    spec = two_groups(0.5, 0.5, model={"preset": "qwen2.5-32b"},
-                      cluster={"nodes": 2, "gpus_per_node": 8, "gpu": "H100"},
-                      data={"prompts_per_step": 64, "samples_per_prompt": 1, "prompt_len": 4096,
-                            "response_len": {"mean": 8192, "max": 32768}})
-    err = refusal(spec)  # weights 65.6 GB + KV of one 36864-token sequence 9.7 GB > 72 GB
-    assert err.key == ("nodes", "generate", "tp")
-    assert "KV cache" in err.message and "raise tp" in (err.hint or "")
-    nodes = {"generate": {"tp": 2}, "reward": {}, "train": {}, "param_update": {}}
-    spec = two_groups(0.5, 0.5, model={"preset": "qwen2.5-32b"}, nodes=nodes,
-                      cluster={"nodes": 2, "gpus_per_node": 8, "gpu": "H100"},
-                      data={"prompts_per_step": 64, "samples_per_prompt": 1, "prompt_len": 4096,
-                            "response_len": {"mean": 8192, "max": 32768}})
-    assert place(spec).groups["rollout"].gpus == 8  # tp 2 halves the weights: it fits
+    from rlgraph.compiler.memory import group_memory
+    from rlgraph.compiler.memory import refusal as memory_refusal
+    from rlgraph.compiler.shapes import shape_of
+    from rlgraph.presets.gpus import GPU_PRESETS
+
+    h100 = GPU_PRESETS["H100"]
+    data = {"prompts_per_step": 64, "samples_per_prompt": 1, "prompt_len": 4096,
+            "response_len": {"mean": 8192, "max": 32768}}
+
+    def rollout(generate: dict[str, Any]) -> tuple[Any, Any]:
+        nodes = {"generate": generate, "reward": {}, "train": {}, "param_update": {}}
+        spec = two_groups(0.5, 0.5, model={"preset": "qwen2.5-32b"}, nodes=nodes, data=data,
+                          cluster={"nodes": 2, "gpus_per_node": 8, "gpu": "H100"})
+        return spec, group_memory(spec, "rollout", ["generate"], 8, h100)
+
+    spec, mem = rollout({"engine": "sglang"})  # weights 65.5 GB + one 36864-token KV 9.7 GB
+    assert not mem.fits and "KV cache 9.7" in mem.breakdown()
+    err = memory_refusal(spec, mem, 16, shape_of(spec), h100)
+    assert err.key == ("nodes", "generate", "tp") and "raise tp" in (err.hint or "")
+    assert rollout({"engine": "sglang", "tp": 2})[1].fits  # tp 2 halves the weights
+    spec, mem = rollout({"engine": "native", "tp": 2})  # the native engine: the whole model
+    assert not mem.fits
+    assert "no setting" in (memory_refusal(spec, mem, 16, shape_of(spec), h100).hint or "")
 
 
 def test_local_cluster_gives_every_group_a_slot_and_skips_memory() -> None:

@@ -1,4 +1,4 @@
-"""The cost model's simulated partial-rollout rounds (`rlgraph.nodes.rollout_rounds`) against
+"""The cost model's simulated partial-rollout rounds (`rlgraph.pricing.rollout_rounds`) against
 the runtime's own rollout cache (`engines.partial_rollout.RolloutCache`) driven by a counting
 decoder over the same seeded lengths, and the invariants of a round (issue 15, item 5)."""
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlgraph.engines.partial_rollout import RolloutCache
-from rlgraph.nodes.lengths import LengthModel, expected_max, moments
-from rlgraph.nodes.rollout_rounds import ROUNDS, WARMUP, draw, simulate
+from rlgraph.lengths import LengthModel, expected_max, moments
+from rlgraph.pricing.rollout_rounds import ROUNDS, WARMUP, draw, simulate
 
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,

@@ -12,8 +12,10 @@ from rlgraph.compiler import compile_plan
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import load_spec
 from rlgraph.presets.char_vocab import CHAR_VOCAB_SIZE
-from rlgraph.presets.costs import COSTS
 from rlgraph.presets.models import MODEL_PRESETS
+from rlgraph.pricing.constants import COSTS
+
+pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
 GRAPHS = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu"
 COLOCATED = GRAPHS / "colocated-sync.yaml"  # qwen2.5-0.5b shape, 512 rows of 40 tokens

@@ -9,7 +9,7 @@ there), then attention,
 which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
 layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
 with tp > 1, two all-reduce latencies per layer. Lengths follow
-`data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.nodes.lengths`): rows
+`data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.lengths`): rows
 finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes
 until the expected longest of its samples, not always max.
 """
@@ -17,12 +17,16 @@ until the expected longest of its samples, not always max.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlgraph.nodes import lengths, rollout_rounds
-from rlgraph.nodes.base import CostContext, NodeSpec
-from rlgraph.nodes.parallel import compute_units, efficiency, thread_handoff, thread_slowdown
-from rlgraph.presets.costs import COSTS
+from rlgraph import lengths
+from rlgraph.pricing import rollout_rounds
+from rlgraph.pricing.constants import COSTS
+from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.passes import compute_units, efficiency, thread_handoff, thread_slowdown
+
+if TYPE_CHECKING:
+    from rlgraph.nodes.base import NodeSpec
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
 

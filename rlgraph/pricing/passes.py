@@ -1,50 +1,20 @@
-"""What the model-running kinds share: parallelism fields (tp / pp / ep, backend) and the
-compute-bound cost of a pass over every token of the step."""
+"""The shared physics of the model-running kinds' passes: the compute-bound cost of a
+forward (+ backward) over every token of the step, and what data and model parallelism,
+a local CPU cluster, MoE experts and rlgraph's eager runtime add to it."""
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field, model_validator
-
-from rlgraph.nodes import lengths
-from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_TOKENS, CostContext, NodeSpec
-from rlgraph.nodes.pricing import hybrid_engine_priced
-from rlgraph.presets.costs import COSTS, pass_efficiency
+from rlgraph import lengths
 from rlgraph.presets.models import PASS_WIDTH_BLOCK
+from rlgraph.pricing.constants import COSTS, pass_efficiency
+from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.system import hybrid_engine_priced
 
-
-class ParallelNodeSpec(NodeSpec):
-    """A node that runs the policy or reference model on its group's GPUs."""
-
-    backend: Literal["torch", "megatron"] = "torch"
-    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
-    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
-    ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
-    micro_tokens: int | None = Field(
-        default=None, ge=1, le=MAX_COUNT * MAX_TOKENS,
-        description="tokens per forward (padding included): rows sorted "
-        "by response length, each pass trimmed to its longest response rounded up to 256 "
-        "(verl: use_dynamic_bsz); none: the whole batch (train: micro_batch rows) at once")
-    sharding: Literal["none", "fsdp"] = Field(
-        default="none", description="how a group's data-parallel ranks hold the model: "
-        "'none' keeps a whole copy on each (replicated); 'fsdp' shards parameters, "
-        "gradients and optimizer states over them with torch's FSDP2 (fully_shard), bf16 "
-        "compute and fp32 master weights on GPUs (verl: actor.strategy fsdp2)")
-    activation_checkpointing: bool = Field(
-        default=False, description="recompute each decoder layer's activations in the "
-        "backward instead of keeping them (verl: enable_gradient_checkpointing)")
-
-    @model_validator(mode="after")
-    def _sharding_needs_torch(self) -> ParallelNodeSpec:
-        if self.sharding == "fsdp" and self.backend != "torch":
-            raise ValueError("sharding: fsdp runs on backend: torch (megatron shards by tp)")
-        return self
-
-    def model_parallel(self) -> int:
-        """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
-        return self.tp * self.pp
+if TYPE_CHECKING:
+    from rlgraph.nodes.base import NodeSpec
 
 
 def compute_units(ctx: CostContext) -> float:
@@ -98,7 +68,7 @@ def sole_process_speedup(ctx: CostContext) -> float:
 
 def efficiency(ctx: CostContext, local_figure: float) -> float:
     """Fraction of peak a large-batch pass sustains on the node's hardware: on GPUs from the
-    roofline (`presets.costs.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
+    roofline (`pricing.constants.pass_efficiency`: GEMMs at their efficiency, the memory-bound rest
     at HBM speed); on a local CPU cluster the measured `local_figure` (COSTS.train_mfu, ...)."""
     if ctx.local:
         return local_figure

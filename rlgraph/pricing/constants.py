@@ -176,7 +176,7 @@ COST_SOURCES: dict[str, str] = {
                                       "0.555 s as two (replicas: 2): a second process adds "
                                       "34% of a core; two torch threads in one process took "
                                       "1.02 s (no gain), as they did on the quickstart "
-                                      "(issue 14 README)",
+                                      "(docs/results/async_vs_sync.md)",
     "reward_seconds_per_sample": "a rule-based verifier (parse + exact match of the final "
                                  "answer) in Python: ~50 us per sample on one core",
     "bucket_overhead_s": "fixed cost per weight bucket (Python call, NCCL launch, engine "

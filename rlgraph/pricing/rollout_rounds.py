@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
-from rlgraph.nodes.lengths import LengthModel
+from rlgraph.lengths import LengthModel
+from rlgraph.versions import oldest_trainable
 
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
 ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out
@@ -73,7 +74,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     warm = WARMUP * stride
     for t in range(ROUNDS * stride):
         version = t // stride - generate_lag
-        floor = t // stride - max_lag  # oldest version batch t may train
+        floor = oldest_trainable(t, max_lag, stride)  # oldest version batch t may train
         if groups:  # evict: a group holding a token older than the floor (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
@@ -91,7 +92,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             window = (version + max_lag) * stride + stride - t
             target = min(in_flight, max(1, window) * prompts)
         else:
-            target = in_flight if version > t - max_lag else prompts
+            target = in_flight if version > oldest_trainable(t, max_lag) else prompts
         re_tokens = re_square = 0.0
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
             for r, d in zip(g["left"], g["done"], strict=True):
@@ -103,7 +104,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                            "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k})
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
         must = [i for i, g in enumerate(groups)
-                if any(g["done"]) and g["version"] < (t + 1) // stride - max_lag]
+                if any(g["done"]) and g["version"] < oldest_trainable(t + 1, max_lag, stride)]
         must = must[:prompts] if stale == "finish" else []
         end = sorted(need)[prompts - 1]
         if must:
