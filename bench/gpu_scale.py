@@ -48,7 +48,8 @@ from bench.gpu_longtail import run_mode, without_logp  # noqa: E402
 GRAPH = ROOT / "bench" / "graphs_gpu_scale" / "colocated-sync.yaml"
 SHAPES = {  # --shape: model, batch and lengths
     "3b": ["model={preset: qwen2.5-3b}", "data.prompts_per_step=128",
-           "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}"],
+           "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
+           "nodes.train.activation_checkpointing=true"],
     "7b": ["model={preset: qwen2.5-7b}", "data.prompts_per_step=64",
            "data.response_len={mean: 512, max: 8192, dist: lognormal, sigma: 1.5}",
            "nodes.train.micro_tokens=8192", "nodes.train.activation_checkpointing=true"],
@@ -69,16 +70,17 @@ def split(cpu: bool) -> list[str]:
             "nodes.param_update.transport=nccl"]
 
 
-def plans(cpu: bool) -> dict[str, list[str]]:
-    """Plan name -> overrides of the graph (after the shape's); tune-top is added later."""
+def plans(cpu: bool, base: list[str]) -> dict[str, list[str]]:
+    """Plan name -> overrides of the graph (`base`, the shape's, included); tune-top is
+    added later."""
     colocated = ["groups={all: {share: 1.0, tasks: [generate, logp, train], replicas: 2}}"
                  ] if cpu else []
     return {
-        "colocated-sync": [*colocated, "schedule.max_lag=0"],
-        "split-fsdp-lag1": [*split(cpu), "schedule.max_lag=1"],
+        "colocated-sync": [*base, *colocated, "schedule.max_lag=0"],
+        "split-fsdp-lag1": [*base, *split(cpu), "schedule.max_lag=1"],
         "split-fsdp-partial-lag3": without_logp(GRAPH, [
-            *split(cpu), *PARTIAL, "schedule.max_lag=3", "nodes.train.old_logp=rollout"]),
-        "colocated-partial-lag3": [*colocated, *PARTIAL, "schedule.max_lag=3"],
+            *base, *split(cpu), *PARTIAL, "schedule.max_lag=3", "nodes.train.old_logp=rollout"]),
+        "colocated-partial-lag3": [*base, *colocated, *PARTIAL, "schedule.max_lag=3"],
     }
 
 
@@ -103,16 +105,19 @@ def tuned_graph(overrides: list[str], out: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def memory_verdicts(overrides: list[str]) -> dict[str, Any]:
-    """What the compiler's memory check says of the plans' variants that may not fit (where
-    this build has one): the colocated plan replicated, and the trainer without sharding."""
+    """What the compiler's memory check says of variants of the plans that may not fit: the
+    colocated plan without activation checkpointing, the trainer half without sharding."""
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import load_spec
     from rlgraph.errors import SpecError
 
     out = {}
-    for name, extra in {"split-replicated-trainer": [
-            *split(False), "nodes.train.sharding=none", "nodes.logp.sharding=none",
-            "schedule.max_lag=1"]}.items():
+    for name, extra in {
+            "colocated-sync-without-activation-checkpointing": [
+                "nodes.train.activation_checkpointing=false", "schedule.max_lag=0"],
+            "split-replicated-trainer": [
+                *split(False), "nodes.train.sharding=none", "nodes.logp.sharding=none",
+                "schedule.max_lag=1"]}.items():
         try:
             compile_plan(load_spec(GRAPH, [*overrides, *extra]))
             out[name] = "accepted"
@@ -188,10 +193,10 @@ def main() -> int:
         res["memory_check"] = memory_verdicts(base) if not args.cpu else {}
     except Exception as exc:  # the check is optional: record why it did not run
         res["memory_check"] = {"error": f"{type(exc).__name__}: {exc}"}
-    todo = plans(args.cpu)
+    todo = plans(args.cpu, base)
     for name in args.plans.split(","):
         graph = GRAPH
-        overrides = [*base, *todo.get(name, [])]
+        overrides = todo.get(name, [])
         try:
             if name == "tune-top":
                 graph, res["tune"] = tuned_graph(base, GRAPH.with_name(".tuned.yaml"))

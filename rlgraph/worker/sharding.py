@@ -9,8 +9,8 @@ gradients reduce-scattered in fp32). FSDP averages gradients over the ranks; tra
 each rank's loss by the whole mini-batch's token count (as its replicated path does) and by
 the rank count (`gradient_scale`: the average of the scaled ones is their sum; gloo has no
 pre-multiplied sum), so every rank takes the step one process would.
-With `activation_checkpointing` each layer's forward runs under non-reentrant
-`torch.utils.checkpoint` (its activations recomputed in the backward).
+With `activation_checkpointing` (sharded or not) each layer's forward runs under
+non-reentrant `torch.utils.checkpoint` (its activations recomputed in the backward).
 
 FSDP's all-gathers are collectives: every rank runs as many forwards (and backwards) as the
 others, so a rank with fewer passes than the busiest runs extra ones that add nothing
@@ -90,9 +90,18 @@ def _checkpointed(forward: Any) -> Any:
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # decode and log-prob forwards: nothing to keep
+            return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Every decoder layer of `model` recomputes its activations in the backward (in place;
+    names and weights unchanged)."""
+    for layer in decoder_layers(model):
+        layer.forward = _checkpointed(layer.forward)
 
 
 def shard(model: torch.nn.Module, device: str, checkpointing: bool = False) -> torch.nn.Module:
@@ -108,9 +117,9 @@ def shard(model: torch.nn.Module, device: str, checkpointing: bool = False) -> t
     precision = (MixedPrecisionPolicy() if kind == "cpu" else
                  MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     model = model.float()
+    if checkpointing:
+        checkpoint_layers(model)
     for layer in decoder_layers(model):
-        if checkpointing:
-            layer.forward = _checkpointed(layer.forward)
         fully_shard(layer, mesh=mesh, mp_policy=precision)
     fully_shard(model, mesh=mesh, mp_policy=precision)
     return model

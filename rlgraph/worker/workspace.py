@@ -122,13 +122,16 @@ class Workspace:
 
     def _placed(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
         """`model` as this workspace runs it: sharded (rlgraph.worker.sharding) where its
-        tasks say `sharding: fsdp`, else as built."""
+        tasks say `sharding: fsdp`, else as built; the policy's decoder layers recompute
+        their activations in the backward where a task asks for activation checkpointing."""
+        checkpointing = sharding.checkpointing_of(self.spec, self.tasks) and role == "policy"
         if not self.sharded[role]:
+            if checkpointing and hasattr(model, "model"):  # megatron: its own layers
+                sharding.checkpoint_layers(model)
             return model
         # fp32 masters of the weights every group holds, on the host until sharded
         model = model.to(device="cpu", dtype=torch.float32)
-        return sharding.shard(model, self.device, sharding.checkpointing_of(self.spec,
-                                                                              self.tasks))
+        return sharding.shard(model, self.device, checkpointing)
 
     def worker(self, node_name: str) -> Any:
         """The node's worker bound to this workspace (built once, imported lazily)."""
