@@ -132,3 +132,17 @@ def test_sharded_policy_refuses_to_share_a_group_with_generate() -> None:
     spec = make_spec(train={"sharding": "fsdp"})
     with pytest.raises(SpecError, match="cannot share a group with 'generate'"):
         Workspace(spec, ["generate", "train"])
+
+
+def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import validate_spec
+    from rlgraph.errors import SourceMap
+    from rlgraph.runtime.runner import Runner, RunOptions
+
+    data = make_spec(train={"backend": "megatron", "pp": 2}).to_yaml_dict()
+    data["cluster"] = {"local": True, "cpus": 4}
+    plan = compile_plan(validate_spec(data, SourceMap()))  # the compiler prices pp 2
+    with pytest.raises(SpecError, match="runs pp 1 only here") as err:
+        Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
+    assert err.value.key == ("nodes", "train", "pp")
