@@ -14,23 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import EdgeList, NodeKind, NodeSpec, StrictModel
+from rlgraph.nodes.base import EdgeList, NodeKind, NodeSpec
 from rlgraph.pricing.param_update import param_update_cost
 from rlgraph.weights import BucketMiB
 
 if TYPE_CHECKING:
     from rlgraph.worker.workspace import Workspace
-
-
-class BucketSizes(StrictModel):
-    """Sender and receiver granularity in MiB (dots.rl: param_update_*_bucket_size_mb)."""
-
-    produce: float = Field(default=512, ge=0.01, le=1e6)
-    consume: float = Field(default=128, ge=0.01, le=1e6)
-
-    def as_mib(self) -> BucketMiB:
-        """The sizes as the weights package carries them."""
-        return BucketMiB(self.produce, self.consume)
 
 
 class ParamUpdateSpec(NodeSpec):
@@ -39,7 +28,7 @@ class ParamUpdateSpec(NodeSpec):
     kind: Literal["param_update"] = "param_update"
     src: str = "train"
     dst: str = "generate"
-    bucket_mb: BucketSizes = Field(default_factory=BucketSizes)
+    bucket_mb: BucketMiB = Field(default_factory=BucketMiB)
     transport: Literal["auto", "nccl", "object_store"] = "auto"
 
 

@@ -100,6 +100,7 @@ class TrainWorker:
         from rlgraph.nodes.logp import on_policy
         from rlgraph.rl.batch import check_step, merge
         from rlgraph.rl.loss import batch_advantages, grpo_advantages
+        from rlgraph.versions import oldest_trainable
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -114,7 +115,13 @@ class TrainWorker:
             adv = batch_advantages(rewards)
         device = next(ws.policy.parameters()).device
         t = {k: batch[k].to(device) for k in ("sequences", "attention_mask", "behavior_logp")}
-        t["mask"], t["adv"] = batch["response_mask"].float().to(device), adv.to(device)
+        k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
+        # the lag bound, token by token: a token sampled by a version older than this step's
+        # floor is left out of the loss (and counted: `lag/stale_tokens`, in the ledger)
+        stale = batch["response_mask"].bool() & (
+            batch["token_version"] < oldest_trainable(step, ws.spec.schedule.max_lag, k))
+        trained = batch["response_mask"].bool() & ~stale
+        t["mask"], t["adv"] = trained.float().to(device), adv.to(device)
         if "ref_logp" in batch:
             t["ref_logp"] = batch["ref_logp"].to(device)
         allocator = _allocator_counters(device)
@@ -123,7 +130,6 @@ class TrainWorker:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
             own_forward = from_rollout = False
-            k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
             window = on_policy(batch, ws.policy_version)  # sampled by this version's weights
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
@@ -163,7 +169,7 @@ class TrainWorker:
                 ws.policy_version += 1
             version = ws.policy_version
         valid = batch["response_mask"].bool()
-        lag = (step // k - batch["token_version"][valid]).float()
+        lag = (step // k - batch["token_version"][trained]).float()
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
@@ -171,6 +177,7 @@ class TrainWorker:
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "lag/max": float(lag.max()) if lag.numel() else 0.0,
             "lag/mean": float(lag.mean()) if lag.numel() else 0.0,
+            "lag/stale_tokens": float(stale.sum()),
             "actor/entropy": float(-(batch["behavior_logp"][valid]).mean()) if valid.any()
             else 0.0,
             "response/length_mean": float(batch["response_mask"].sum(1).float().mean()),
@@ -186,7 +193,7 @@ class TrainWorker:
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         return {"step": step, "policy_version": version, "metrics": metrics,
-                "trained_uids": uids}
+                "trained_uids": uids, "stale_tokens": int(stale.sum())}
 
     def _passes(self, mask: torch.Tensor, prompt_len: int) -> list[tuple[torch.Tensor, int]]:
         """The forward/backward passes over these rows (indices into them, response width):
@@ -222,9 +229,11 @@ class TrainWorker:
     @staticmethod
     def summary(out: Batch) -> dict[str, Any]:
         """What the driver reads of a step: its figures, the samples it trained on (the
-        ledger) and the policy version it made."""
+        ledger, with the tokens left out for exceeding the lag bound) and the policy version
+        it made."""
         return {"metrics": dict(out.get("metrics", {})),
                 "trained_uids": list(out.get("trained_uids", [])),
+                "stale_tokens": int(out.get("stale_tokens", 0)),
                 "policy_version": int(out.get("policy_version", 0))}
 
     @staticmethod

@@ -33,8 +33,8 @@ from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tasks import Completion
 from rlgraph.runtime.tracing import Tracer, load_events
-from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
-from rlgraph.weights import BucketMiB
+from rlgraph.runtime.weight_sync import Route, backend_for, connect_route
+from rlgraph.weights import resolve_transport
 
 __all__ = ["CHECKPOINT_EVERY_S", "RunOptions", "RunResult", "Runner"]
 
@@ -118,16 +118,6 @@ class Runner:
                                 hint="write tp: 1 (or run on GPUs)")
                 err.source = self.spec.source
                 raise err
-            if node in self.plan.weight_sync and self._transport(node) == "nccl":
-                buckets = BucketMiB.of(self.plan.weight_sync[node].bucket_mb)
-                if buckets.produce_bytes % buckets.consume_bytes:
-                    err = SpecError(f"the nccl transport cuts each produce bucket into consume "
-                                    f"chunks: produce {buckets.produce:g} MiB is not a multiple "
-                                    f"of consume {buckets.consume:g} MiB",
-                                    ("nodes", node, "bucket_mb"),
-                                    hint="e.g. bucket_mb: {produce: 512, consume: 128}")
-                    err.source = self.spec.source
-                    raise err
 
     def _model_parallel_notes(self) -> list[str]:
         """Model parallelism the plan's cost model counts but this runtime does not run:
@@ -437,6 +427,9 @@ class Runner:
             extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
         if info.get("fused"):  # ran in one actor call with the other tasks of its chain
             extra["fused"] = info["fused"]
+        env_spans = info.get("summary", {}).get("env_spans")
+        if env_spans:  # a multi-turn generate's env calls: the timeline's env lane
+            tracer.record_env(task.node, task.step, env_spans)
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 

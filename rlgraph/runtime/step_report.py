@@ -74,7 +74,8 @@ class StepReport:
         self.last_train_end = event["end"]
         self.metrics.write(row)
         self.ledger.append(step, summary.get("trained_uids", []),
-                           int(summary.get("policy_version", step + 1)))
+                           int(summary.get("policy_version", step + 1)),
+                           stale_tokens=int(summary.get("stale_tokens", 0)))
         result.rows.append(row)
         result.next_step = step + 1
         if self.on_step:
