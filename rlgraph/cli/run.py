@@ -24,10 +24,11 @@ from typing import Any
 
 from rlgraph.cli.run_log import RunLog
 from rlgraph.compiler.plan import Plan
-from rlgraph.compiler.references import code_from_files
+from rlgraph.compiler.references import base_dir, code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
 from rlgraph.engines.sglang_engine import refuse_unrunnable
+from rlgraph.envs.load import check_envs
 from rlgraph.errors import RLGraphError, SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
@@ -114,6 +115,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
+    check_envs(spec, base_dir(spec))  # an env that cannot be built: one line, nothing started
     resume = getattr(args, "resume", None)
     given_out = getattr(args, "out", None)
     if resume:

@@ -27,7 +27,8 @@ from rlgraph.tune.search import Plan, TuneResult, tune
 
 def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneResult
                      ) -> dict[str, Any]:
-    """The user's graph.yaml data with the best plan's groups, lag, partial rollout and tp."""
+    """The user's graph.yaml data with the best plan's groups, lag, partial rollout, tp and
+    env workers."""
     data, source = read_graph(path)
     apply_overrides(data, overrides, source)
     best = result.best
@@ -56,6 +57,10 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
             raw["tp"] = best.tp
         if isinstance(raw, dict) and "inflight" in raw:  # tried only where the user set it
             raw["inflight"] = bool(getattr(node, "inflight", False))
+    for name, node in best.spec.nodes.items():  # a multi-turn generate's env workers
+        env, raw = getattr(node, "env", None), data["nodes"].get(name)
+        if env is not None and isinstance(raw, dict) and isinstance(raw.get("env"), dict):
+            raw["env"]["workers"] = env.workers
     return data
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from rlgraph.envs.spec import EnvSpec
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
 from rlgraph.pricing.generate import generate_cost
 
@@ -48,6 +49,32 @@ class GenerateSpec(NodeSpec):
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
         "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
+    env: EnvSpec | None = Field(
+        default=None, description="multi-turn rollout: an environment the policy acts in "
+        "(docs/how-to/agentic-rollouts.md); decodes on the dynamic KV cache")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_decodes_dynamic(cls, data: Any) -> Any:
+        """A multi-turn node decodes on the dynamic KV cache: its default `cuda_decode`."""
+        if isinstance(data, dict) and data.get("env") is not None and "cuda_decode" not in data:
+            data = {**data, "cuda_decode": "dynamic"}
+        return data
+
+    @model_validator(mode="after")
+    def _env_engine(self) -> GenerateSpec:
+        if self.env is None:
+            return self
+        if self.engine != "native":
+            raise ValueError("env: multi-turn rollouts run on engine native (remove "
+                             "engine: sglang)")
+        if self.cuda_decode != "dynamic":
+            raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
+                             "by turn; write cuda_decode: dynamic (or leave it out)")
+        if self.forced_lengths:
+            raise ValueError("env: forced_lengths is not supported with an env (a turn ends "
+                             "at eos or the env's stop strings; the delay env forces turns)")
+        return self
 
     def model_parallel(self) -> int:
         """GPUs one engine replica spans."""
@@ -56,8 +83,9 @@ class GenerateSpec(NodeSpec):
 
 def use_static_engine(node: GenerateSpec, device: str) -> bool:
     """Whether generate decodes with the static decoder: engine native on a CUDA device (the
-    synchronous batch and partial rollout's rounds alike)."""
-    return (node.engine == "native" and node.cuda_decode != "dynamic"
+    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) decodes
+    on the dynamic cache (validation requires `cuda_decode: dynamic` on GPUs)."""
+    return (node.engine == "native" and node.cuda_decode != "dynamic" and node.env is None
             and device.split(":")[0] == "cuda")
 
 
@@ -107,6 +135,15 @@ class GenerateWorker:
         self.inflight: Any = None  # rlgraph.engines.inflight.InflightDecode (inflight: true)
         self.sglang: Any = None  # engine: sglang: rlgraph.engines.sglang_engine.SGLangRollout
         self.snapshots: dict[int, dict[str, Any]] = {}
+        self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
+        self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
+        if node.env is not None:
+            from rlgraph.envs.rollout import AgentRollout
+
+            self.agent = AgentRollout(node.env, workspace.tokenizer,
+                                      workspace.spec.data.response_len.max,
+                                      str(workspace.base_dir) if workspace.base_dir else None,
+                                      name)
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
         self.snapshot: Any = None
@@ -116,7 +153,10 @@ class GenerateWorker:
 
             self.snapshot = copy.deepcopy(workspace.policy).requires_grad_(False).eval()
         if schedule.partial_rollout or schedule.stream is not None:
+            from functools import partial
+
             from rlgraph.engines.partial_rollout import RolloutCache
+            from rlgraph.envs.rollout import AgentCache
 
             data, k = workspace.spec.data, schedule.mini_batches
             prompts = self.share[1] - self.share[0]
@@ -128,7 +168,10 @@ class GenerateWorker:
             # streaming: a call emits one mini-batch and keeps the whole batch's groups in
             # flight (continuous batching), oversampled as well with partial rollout
             oversample = k * (node.oversample if schedule.partial_rollout else 1.0)
-            self.cache = RolloutCache(
+            cache = RolloutCache if self.agent is None else partial(
+                AgentCache, key_of=lambda position: self.data.example(
+                    self._data_position(position)).uid)
+            self.cache = cache(
                 prompts_per_step=prompts // k,
                 samples_per_prompt=data.samples_per_prompt, oversample=oversample,
                 max_lag=schedule.max_lag, stale=node.stale, stride=k,
@@ -256,6 +299,8 @@ class GenerateWorker:
         sampled it, its response tokens, and how long swaps paused generation since the last."""
         summary: dict[str, Any] = {"policy_version": int(out.get("policy_version", 0)),
                                    "metrics": {"generate/pause_s": self.ws.take_pause_s()}}
+        if self.env_spans:  # the timeline's env lane
+            summary["env_spans"], self.env_spans = self.env_spans, []
         if "response_mask" in out:
             summary["response_tokens"] = int(out["response_mask"].sum())
         return summary
@@ -269,6 +314,8 @@ class GenerateWorker:
 
         if self.cache is not None:
             return self._partial(step)
+        if self.agent is not None:
+            return self._multi_turn(step)
         data, tok = self.ws.spec.data, self.ws.tokenizer
         examples, ids = self.prompts(step)
         n = data.samples_per_prompt
@@ -303,6 +350,39 @@ class GenerateWorker:
             batch["metrics"] = metrics
         return batch
 
+    def _multi_turn(self, step: int) -> Batch:
+        """Batch `step` of trajectories: every sample of the step's prompts acts in its own
+        environment until it ends (rlgraph.envs.rollout)."""
+        import torch
+
+        from rlgraph.envs.rollout import Row, batch_fields, prompt_text, round_metrics, sample_dict
+        from rlgraph.envs.trajectory import Trajectory, pack_trajectories
+
+        data, tok = self.ws.spec.data, self.ws.tokenizer
+        examples, ids = self.prompts(step)
+        n = data.samples_per_prompt
+        positions = [step * data.prompts_per_step + self.share[0] + i
+                     for i in range(len(examples))]
+        rows = [Row(p, Trajectory(key=f"{ex.uid}#{k}"), prompt_text(ex.prompt),
+                    sample_dict(ex, k, f"{ex.uid}#{k}"))
+                for ex, p in zip(examples, ids) for k in range(n)]
+        with self.ws.lock, torch.no_grad():
+            self._swap()
+            version = self.sampling_version()
+            stats = self.agent.run_round(
+                rows, self.sampling_model, version, step, lambda: None, None,
+                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
+                top_p=self.node.top_p,
+                generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
+        trajectories = [r.trajectory for r in rows]
+        rollout = pack_trajectories([r.prompt for r in rows], trajectories, tok.pad_id)
+        batch = self._batch(step, version, examples, positions, rollout)
+        batch.update(batch_fields(trajectories, tok))
+        metrics, spans = round_metrics(self.agent, trajectories, stats)
+        self.env_spans += spans
+        batch["metrics"] = metrics
+        return batch
+
     def _partial(self, step: int) -> Batch:
         """Batch `step` from the rollout cache (partial_rollout.generate_round), decoded on
         the static engine where `_static_engine` gives one."""
@@ -312,6 +392,8 @@ class GenerateWorker:
         from rlgraph.engines.partial_rollout import generate_round
 
         tok = self.ws.tokenizer
+        if self.agent is not None:
+            return self._partial_multi_turn(step)
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
             inflight = self._inflight()
@@ -334,6 +416,53 @@ class GenerateWorker:
         batch = self._batch(step, version, [self.data.example(p) for p in positions], positions,
                             rollout)
         batch["metrics"] = metrics
+        return batch
+
+    def _partial_multi_turn(self, step: int) -> Batch:
+        """Batch `step` of trajectories from the rollout cache (rlgraph.envs.rollout.agent_round):
+        open trajectories, mid-turn or waiting for their environment, carry to later steps."""
+        import torch
+
+        from rlgraph.envs.rollout import (
+            Row,
+            agent_round,
+            batch_fields,
+            prompt_text,
+            round_metrics,
+            sample_dict,
+        )
+        from rlgraph.envs.trajectory import pack_trajectories
+
+        tok = self.ws.tokenizer
+
+        def row_of(group: Any, k: int, trajectory: Any) -> Any:
+            example = self.data.example(self._data_position(group.position))
+            return Row(group.prompt, trajectory, prompt_text(example.prompt),
+                       sample_dict(example, k, trajectory.key))
+
+        with self.ws.lock, torch.no_grad():
+            self._swap()
+            version = self.sampling_version()
+            swap = self._swap if self.cache.mix_versions and self.snapshot is None \
+                else lambda: None
+            groups, metrics = agent_round(
+                self.cache, self.agent, step, self.sampling_model, version, swap, row_of,
+                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
+                top_p=self.node.top_p,
+                generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
+        self.snapshots[step] = self.cache.state_dict()
+        for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:
+            del self.snapshots[old]
+        trajectories = [s for g in groups for s in g.samples]
+        rollout = pack_trajectories([g.prompt for g in groups for _ in g.samples],
+                                    trajectories, tok.pad_id)
+        positions = [self._data_position(g.position) for g in groups]
+        batch = self._batch(step, version, [self.data.example(p) for p in positions], positions,
+                            rollout)
+        batch.update(batch_fields(trajectories, tok))
+        env_metrics, spans = round_metrics(self.agent, trajectories)
+        self.env_spans += spans
+        batch["metrics"] = {**metrics, **env_metrics}
         return batch
 
     def _batch(self, step: int, version: int, examples: list[Any], positions: list[int],

@@ -62,7 +62,8 @@ KIND = NodeKind(
 
 
 class RewardWorker:
-    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample.
+    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample,
+    plus the environment's summed step rewards of a multi-turn rollout (`env_reward`).
     A function that raises, returns a non-number or runs past `timeout_s` stops the run
     naming fn and sample; what a user's fn prints travels in the summary (`output`) to the
     run dir's reward.log."""
@@ -94,6 +95,8 @@ class RewardWorker:
             raise
         self.output = self._take_output(step)
         batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        if "env_reward" in batch:  # a multi-turn rollout: the env's step rewards, summed
+            batch["rewards"] = batch["rewards"] + batch["env_reward"]
         return batch
 
     def _take_output(self, step: int) -> str:

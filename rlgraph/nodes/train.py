@@ -155,7 +155,8 @@ class TrainWorker:
                         t["old_logp"][own] = token_logp_passes(
                             ws.policy, t["sequences"][own], t["attention_mask"][own],
                             batch["prompt_len"], batch["temperature"],
-                            self._passes(t["mask"][own], batch["prompt_len"]))
+                            self._even(self._passes(t["mask"][own], batch["prompt_len"]),
+                                       device))
             lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
@@ -208,6 +209,16 @@ class TrainWorker:
         size = self.node.micro_batch or max(1, rows)
         return [(torch.arange(lo, min(lo + size, rows)), width) for lo in range(0, rows, size)]
 
+    def _even(self, passes: list[tuple[torch.Tensor, int]], device: torch.device
+              ) -> list[tuple[torch.Tensor, int]]:
+        """Forward-only passes padded to the busiest rank's count where the policy is
+        sharded (a repeated pass writes the same log-probs again)."""
+        if not self.ws.sharded["policy"] or not passes:
+            return passes
+        from rlgraph.worker.sharding import even_passes
+
+        return even_passes(passes, passes[-1], device)[0]
+
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
         from rlgraph.rl.batch import shard_bounds
@@ -237,16 +248,26 @@ class TrainWorker:
         import torch
 
         from rlgraph.engines.cpu_decode import token_logp
+        from rlgraph.presets.models import PASS_WIDTH_BLOCK
         from rlgraph.rl.loss import policy_loss
+        from rlgraph.worker.sharding import even_passes, full_tensor, gradient_scale
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
+        sharded = self.ws.sharded["policy"]
+        scale = gradient_scale() if sharded else 1.0  # FSDP averages; the ranks' sum is meant
         tokens = t["mask"][rows].sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
         own = self._own(rows.start, min(rows.stop, len(t["mask"])))
         P = batch["prompt_len"]
-        for index, w in self._passes(t["mask"][own], P):
+        passes = self._passes(t["mask"][own], P)
+        real = len(passes)
+        if sharded:  # FSDP's all-gathers: every rank runs the busiest rank's count of
+            # passes; the extra ones (row 0, a short width) add zero to the gradients
+            fill = (torch.tensor([-own.start]), min(t["mask"].shape[1], PASS_WIDTH_BLOCK))
+            passes, real = even_passes(passes, fill, tokens.device)
+        for number, (index, w) in enumerate(passes):
             sl = (own.start + index).to(tokens.device)
 
             def cut(key: str, cols: int, sl: torch.Tensor = sl) -> torch.Tensor:
@@ -262,7 +283,10 @@ class TrainWorker:
                                 cut("mask", w), algo.clip, algo.is_truncation,
                                 cut("ref_logp", w) if "ref_logp" in t else None,
                                 algo.kl_coef, algo.kl_type, normaliser=tokens)
-            terms.loss.backward()
+            if number >= real:
+                (terms.loss * 0.0).backward()
+                continue
+            (terms.loss * scale).backward()
             share = float(cut("mask", w).sum() / tokens)
             figures["loss/policy"] += share * terms.policy_loss
             figures["loss/kl"] += share * terms.kl
@@ -271,7 +295,8 @@ class TrainWorker:
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
         replicas = self.ws.replicas
         if replicas.dp_world > 1:
-            replicas.sum_gradients(policy.parameters())
+            if not sharded:  # FSDP sums them itself (reduce-scatter in the backward)
+                replicas.sum_gradients(policy.parameters())
             summed = replicas.all_reduce(torch.tensor(list(figures.values()), dtype=torch.float64,
                                                       device=tokens.device))
             figures = dict(zip(figures, summed.tolist()))
@@ -279,7 +304,7 @@ class TrainWorker:
         grad_norm = (clip(self.node.grad_clip) if clip is not None else
                      torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip))
         optimizer.step()
-        figures["actor/grad_norm"] = float(grad_norm)
+        figures["actor/grad_norm"] = float(full_tensor(grad_norm))
         return figures
 
 

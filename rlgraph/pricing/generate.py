@@ -175,6 +175,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
     decode (see the module).
 
+    A multi-turn node (`env:`) is priced by `rlgraph.pricing.env`, turn by turn.
+
     Partial rollout (engines/partial_rollout): `partial_rounds`, the decode steps, live rows
     and their contexts of the cache's rounds as `rollout_rounds.simulate` finds them, and the
     carried rows' prompt + prefix re-encoded every round (prefill).
@@ -188,6 +190,10 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     # a replica samples whole prompts, the shares within one prompt (rl.batch.shard_bounds):
     # the slowest holds the larger share
     per_replica = math.ceil(data.prompts_per_step / replicas) * data.samples_per_prompt
+    if getattr(node, "env", None) is not None:  # multi-turn: priced turn by turn
+        from rlgraph.pricing.env import multi_turn_cost
+
+        return multi_turn_cost(node, ctx, per_replica, replicas)
     model = lengths.of(data.response_len)
     mean, second = lengths.moments(model)
     weights = 2 * shape.params / tp
@@ -195,8 +201,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
     seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
 
+    slots = ctx.extra.get("engine_slots")  # the native engine's, from the memory pass
+
     def held(rows: float) -> float:
-        return rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        rows_held = rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        return min(rows_held, slots) if slots else rows_held
 
     concurrent = held(per_replica)
     decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model)

@@ -35,6 +35,7 @@ class SerialRun:
     seconds: dict[str, float] = field(default_factory=dict)  # mean seconds per step, per node
     setup_s: float = 0.0  # building the workspaces (models, warm start)
     wall_s: float = 0.0  # the steps
+    workspaces: dict[str, Workspace] = field(default_factory=dict)  # node -> its workspace
 
 
 def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
@@ -73,7 +74,7 @@ def run_serial(plan: Plan | Spec, steps: int | None = None, seed: int = 0,
     steps = steps or plan.spec.schedule.steps
     start = time.perf_counter()
     ws_of = build_workspaces(plan, seed)
-    run = SerialRun(setup_s=time.perf_counter() - start)
+    run = SerialRun(setup_s=time.perf_counter() - start, workspaces=ws_of)
     busy = {node: 0.0 for node in plan.graph if node in ws_of or node in plan.weight_sync}
 
     def execute(task: Task) -> tuple[Any, dict[str, Any]]:
