@@ -162,7 +162,8 @@ class TrainWorker:
                         t["old_logp"][own] = token_logp_passes(
                             ws.policy, t["sequences"][own], t["attention_mask"][own],
                             batch["prompt_len"], batch["temperature"],
-                            self._passes(t["mask"][own], batch["prompt_len"]))
+                            self._even(self._passes(t["mask"][own], batch["prompt_len"]),
+                                       device))
             lr = lr_at(self.node.lr, ws.policy_version, ws.spec.schedule.steps,
                        self.node.warmup_steps, self.node.lr_schedule, self.node.min_lr_ratio)
             for group in ws.optimizer.param_groups:
@@ -220,6 +221,16 @@ class TrainWorker:
         size = self.node.micro_batch or max(1, rows)
         return [(torch.arange(lo, min(lo + size, rows)), width) for lo in range(0, rows, size)]
 
+    def _even(self, passes: list[tuple[torch.Tensor, int]], device: torch.device
+              ) -> list[tuple[torch.Tensor, int]]:
+        """Forward-only passes padded to the busiest rank's count where the policy is
+        sharded (a repeated pass writes the same log-probs again)."""
+        if not self.ws.sharded["policy"] or not passes:
+            return passes
+        from rlgraph.worker.sharding import even_passes
+
+        return even_passes(passes, passes[-1], device)[0]
+
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
         from rlgraph.rl.batch import shard_bounds
@@ -250,9 +261,13 @@ class TrainWorker:
         import torch
 
         from rlgraph.engines.cpu_decode import token_logp
+        from rlgraph.presets.models import PASS_WIDTH_BLOCK
         from rlgraph.rl.loss import policy_loss
+        from rlgraph.worker.sharding import even_passes, full_tensor, gradient_scale
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
+        sharded = self.ws.sharded["policy"]
+        scale = gradient_scale() if sharded else 1.0  # FSDP averages; the ranks' sum is meant
         tokens = t["mask"][rows].sum().clamp(min=1)
         seqs = max(1, len(t["mask"][rows]))
         optimizer.zero_grad(set_to_none=True)
@@ -260,7 +275,13 @@ class TrainWorker:
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
         own = self._own(rows.start, min(rows.stop, len(t["mask"])))
         P = batch["prompt_len"]
-        for index, w in self._passes(t["mask"][own], P):
+        passes = self._passes(t["mask"][own], P)
+        real = len(passes)
+        if sharded:  # FSDP's all-gathers: every rank runs the busiest rank's count of
+            # passes; the extra ones (row 0, a short width) add zero to the gradients
+            fill = (torch.tensor([-own.start]), min(t["mask"].shape[1], PASS_WIDTH_BLOCK))
+            passes, real = even_passes(passes, fill, tokens.device)
+        for number, (index, w) in enumerate(passes):
             sl = (own.start + index).to(tokens.device)
 
             def cut(key: str, cols: int, sl: torch.Tensor = sl) -> torch.Tensor:
@@ -280,7 +301,10 @@ class TrainWorker:
                                 clip_high=algo.clip_high, loss_agg=algo.loss_agg,
                                 ratio_level=algo.ratio_level, seqs=seqs,
                                 max_len=self.ws.spec.data.response_len.max)
-            terms.loss.backward()
+            if number >= real:
+                (terms.loss * 0.0).backward()
+                continue
+            (terms.loss * scale).backward()
             share = float(cut("mask", w).sum() / tokens)
             figures["loss/policy"] += share * terms.policy_loss
             figures["loss/kl"] += share * terms.kl
@@ -289,7 +313,8 @@ class TrainWorker:
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
         replicas = self.ws.replicas
         if replicas.dp_world > 1:
-            replicas.sum_gradients(policy.parameters())
+            if not sharded:  # FSDP sums them itself (reduce-scatter in the backward)
+                replicas.sum_gradients(policy.parameters())
             summed = replicas.all_reduce(torch.tensor(list(figures.values()), dtype=torch.float64,
                                                       device=tokens.device))
             figures = dict(zip(figures, summed.tolist()))
@@ -297,7 +322,7 @@ class TrainWorker:
         grad_norm = (clip(self.node.grad_clip) if clip is not None else
                      torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip))
         optimizer.step()
-        figures["actor/grad_norm"] = float(grad_norm)
+        figures["actor/grad_norm"] = float(full_tensor(grad_norm))
         return figures
 
 

@@ -105,17 +105,19 @@ class Runner:
         refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
+            if getattr(spec, "backend", "torch") == "megatron" and spec.pp > 1:
+                err = SpecError(f"backend megatron runs pp 1 only here (got pp {spec.pp}): "
+                                "rlgraph calls the GPTModel as one module, and pipeline stages "
+                                "need megatron-core's forward_backward schedule",
+                                ("nodes", node, "pp"), hint="use tp, or backend: torch with "
+                                "sharding: fsdp, for a model too large for one GPU")
+                err.source = self.spec.source
+                raise err
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
                     and self.local):
                 err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
                                 "and this plan runs on local CPU slots", ("nodes", node, "tp"),
                                 hint="write tp: 1 (or run on GPUs)")
-                err.source = self.spec.source
-                raise err
-            if getattr(spec, "sharding", "none") == "fsdp":
-                err = SpecError("sharding: fsdp is priced by the compiler but this runtime "
-                                "does not shard yet", ("nodes", node, "sharding"),
-                                hint="write sharding: none")
                 err.source = self.spec.source
                 raise err
 
