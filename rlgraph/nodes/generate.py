@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from rlgraph.envs.spec import EnvSpec
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
-from rlgraph.pricing.generate import generate_cost
+from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -89,7 +89,7 @@ def use_static_engine(node: GenerateSpec, device: str) -> bool:
 KIND = NodeKind(
     name="generate",
     spec=GenerateSpec,
-    cost=generate_cost,
+    cost=algorithm_generate_cost,
     uses_gpu=True,
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
@@ -307,20 +307,37 @@ class GenerateWorker:
 
     def run(self, step: int, inputs: dict[str, Batch] | None = None) -> Batch:
         """Sample the batch of train step `step` (prompts deterministic in (seed, step), or in
-        (seed, position) with partial rollout)."""
-        import torch
-
-        from rlgraph.engines.cpu_decode import sample
-
+        (seed, position) with partial rollout). With `algorithm.dynamic_sampling` it keeps
+        drawing prompt batches until enough groups have unequal rewards (`dynamic_batch`);
+        ReMax adds each prompt's greedy response (`baseline_response_text`)."""
         if self.cache is not None:
             return self._partial(step)
         if self.agent is not None:
             return self._multi_turn(step)
+        algo = self.ws.spec.algorithm
+        if algo.dynamic_sampling.enable:
+            from rlgraph.nodes.dynamic_sampling import dynamic_batch
+
+            batch = dynamic_batch(self, step)
+        else:
+            batch = self.draw(step, step, (self.name, step))
+        if algo.advantage == "greedy_baseline":
+            batch["baseline_response_text"] = self._greedy_texts(batch)
+        return batch
+
+    def draw(self, step: int, index: int, seed: tuple[Any, ...]) -> Batch:
+        """One batch of `step`: this replica's share of prompt batch `index` of the data
+        stream (the step's own without dynamic sampling), sampled with an RNG seeded by
+        `seed`."""
+        import torch
+
+        from rlgraph.engines.cpu_decode import sample
+
         data, tok = self.ws.spec.data, self.ws.tokenizer
-        examples, ids = self.prompts(step)
+        examples, ids = self.prompts(index)
         n = data.samples_per_prompt
         prompts = [p for p in ids for _ in range(n)]
-        positions = [step * data.prompts_per_step + self.share[0] + i
+        positions = [index * data.prompts_per_step + self.share[0] + i
                      for i in range(len(examples))]
         lengths = ([self._forced(p, k) for p in positions for k in range(n)]
                    if self.node.forced_lengths else None)
@@ -329,7 +346,7 @@ class GenerateWorker:
             engine = self._static_engine()
             self._swap()
             version = self.sampling_version()
-            generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
+            generator = self.ws.generator(*seed, *self.ws.replicas.tag)
             if self.node.engine == "sglang":
                 rollout = self._sglang_rollout().sample(
                     self.sampling_model, version, prompts, max_new_tokens=data.response_len.max,
@@ -349,6 +366,22 @@ class GenerateWorker:
         if metrics is not None:
             batch["metrics"] = metrics
         return batch
+
+    def _greedy_texts(self, batch: Batch) -> list[str]:
+        """ReMax's baseline: each prompt's greedy response with the weights that sampled the
+        batch, decoded once per prompt and repeated over its rows."""
+        import torch
+
+        from rlgraph.engines.cpu_decode import sample
+
+        tok, n = self.ws.tokenizer, self.ws.spec.data.samples_per_prompt
+        prompts = [tok.encode_prompt(p) for p in batch["prompt"][::n]]
+        with self.ws.lock, torch.no_grad():
+            rollout = sample(self.sampling_model, prompts,
+                             max_new_tokens=self.ws.spec.data.response_len.max,
+                             eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
+        texts = [tok.decode(r) for r in rollout.responses.tolist()]
+        return [t for t in texts for _ in range(n)]
 
     def _multi_turn(self, step: int) -> Batch:
         """Batch `step` of trajectories: every sample of the step's prompts acts in its own
