@@ -28,6 +28,7 @@ from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
+from rlgraph.runtime.loggers import check_loggers
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
@@ -100,20 +101,23 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        check_loggers(self.spec.logging)
         refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
+            if getattr(spec, "backend", "torch") == "megatron" and spec.pp > 1:
+                err = SpecError(f"backend megatron runs pp 1 only here (got pp {spec.pp}): "
+                                "rlgraph calls the GPTModel as one module, and pipeline stages "
+                                "need megatron-core's forward_backward schedule",
+                                ("nodes", node, "pp"), hint="use tp, or backend: torch with "
+                                "sharding: fsdp, for a model too large for one GPU")
+                err.source = self.spec.source
+                raise err
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
                     and self.local):
                 err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
                                 "and this plan runs on local CPU slots", ("nodes", node, "tp"),
                                 hint="write tp: 1 (or run on GPUs)")
-                err.source = self.spec.source
-                raise err
-            if getattr(spec, "sharding", "none") == "fsdp":
-                err = SpecError("sharding: fsdp is priced by the compiler but this runtime "
-                                "does not shard yet", ("nodes", node, "sharding"),
-                                hint="write sharding: none")
                 err.source = self.spec.source
                 raise err
 
@@ -289,7 +293,9 @@ class Runner:
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
-        report = StepReport(result, MetricsWriter(out, first, opts.tensorboard),
+        metrics = MetricsWriter(out, first, opts.tensorboard, self.spec.logging, self.spec.name,
+                                self.spec_data)
+        report = StepReport(result, metrics,
                             ckpt.Ledger(out, first_step=first), tracer, nodes=list(self.kinds),
                             groups=self.groups, max_lag=self.max_lag, lag_bound=self.lag_bound,
                             on_step=opts.on_step)
