@@ -40,7 +40,9 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     if proximal:
         ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
     if recompute:
-        ctx.extra["detail"] += " (incl. the activation recompute)"
+        stated = "activation_checkpointing" in node.model_fields_set
+        ctx.extra["detail"] += (" (incl. the activation checkpointing's recomputed forward)"
+                                if stated else f" (incl. {system.name}'s activation recompute)")
     return seconds
 
 
