@@ -201,8 +201,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
     seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
 
+    slots = ctx.extra.get("engine_slots")  # the native engine's, from the memory pass
+
     def held(rows: float) -> float:
-        return rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        rows_held = rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        return min(rows_held, slots) if slots else rows_held
 
     concurrent = held(per_replica)
     decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model)

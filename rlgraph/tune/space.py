@@ -14,6 +14,9 @@ A candidate plan is a `Candidate`: a partition of the grouped tasks into colocat
 - `max_lag` runs over 0..the user's bound; partial rollout is tried only where the user turned
   it on (it changes what a sample is: tokens of several versions), and only with max_lag >= 1.
 - generate's tp runs over the choices given (`tune(..., tp_choices=...)`), else stays as written.
+- Sharding: a group whose model state does not fit its GPUs replicated gets `sharding: fsdp`
+  on its torch passes (train, logp, ref_logp) where that makes it fit (`SearchSpace.sharding`):
+  FSDP costs collectives and saves memory only, so a group that fits replicated stays so.
 - A multi-turn generate's env workers: the fewest, at most the graph's, that step every
   trajectory in flight at once (`env_workers`; more never lowers the env's cost).
 - Streaming (only where the user set `schedule.stream`): the mini-batches per version run
@@ -163,6 +166,7 @@ class SearchSpace:
             {k for k in (1, 2, 4, 8, 16) if prompts % k == 0} | {stream.mini_batches})
         ) if stream is not None else ()
         self._packs: dict[tuple[int, ...], bool] = {}
+        self._sharding: dict[tuple, tuple[str, ...] | None] = {}
         # in-flight updates are tried only where the user turned them on (kv: keep changes
         # the behaviour policy a little), with and without (`_Search.refine_inflight`)
         self.inflight = any(getattr(n, "inflight", False) for n in spec.nodes.values())
@@ -211,18 +215,42 @@ class SearchSpace:
         return out
 
     def spec_for(self, cand: Candidate) -> Spec:
-        """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`."""
+        """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`;
+        each group sharded as `sharding` says."""
         groups = {name: GroupSpec(share=size / self.slots, tasks=list(block))
                   for name, block, size in zip(self.names(cand.blocks), cand.blocks, cand.sizes)}
+        sharded = [t for block, size in zip(cand.blocks, cand.sizes)
+                   for t in self.sharding(block, size, cand.tp) or ()]
         return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp,
-                            cand.mini_batches, cand.inflight)
+                            cand.mini_batches, cand.inflight, sharded)
+
+    def sharding(self, block: Block, size: int, tp: int | None) -> tuple[str, ...] | None:
+        """The block's nodes to shard with FSDP on `size` GPUs: none where the placement
+        pass accepts the block as written, its torch passes where only sharded it fits (or
+        divides), None where neither is accepted."""
+        key = (block, size, tp)
+        if key not in self._sharding:
+            group = {"probe": GroupSpec(share=size / self.slots, tasks=list(block))}
+            shardable = tuple(t for t in block
+                              if getattr(self.spec.nodes[t], "sharding", None) == "none"
+                              and getattr(self.spec.nodes[t], "backend", "torch") == "torch")
+            self._sharding[key] = None
+            for nodes in ((), shardable) if shardable else ((),):
+                try:
+                    place(self.variant(group, 0, False, tp, sharded=nodes))
+                except SpecError:
+                    continue
+                self._sharding[key] = nodes
+                break
+        return self._sharding[key]
 
     def variant(self, groups: dict[str, GroupSpec], lag: int, partial: bool,
                 tp: int | None, mini_batches: int | None = None,
-                inflight: bool | None = None) -> Spec:
+                inflight: bool | None = None, sharded: Sequence[str] = ()) -> Spec:
         """The user's spec with other groups, lag, partial rollout, generate tp,
-        streaming's mini-batches and in-flight updates (None: the user's, kept where the
-        plan has the rollout cache and a lag for them, `compiler.lag.check_inflight`)."""
+        streaming's mini-batches, in-flight updates (None: the user's, kept where the
+        plan has the rollout cache and a lag for them, `compiler.lag.check_inflight`) and
+        `sharding: fsdp` on the `sharded` nodes."""
         spec = self.spec
         update: dict[str, Any] = {"max_lag": lag, "partial_rollout": partial}
         stream = spec.schedule.stream
@@ -237,6 +265,8 @@ class SearchSpace:
             change: dict[str, Any] = {}
             if tp is not None and KINDS[node.kind].samples:
                 change["tp"] = tp
+            if n in sharded:
+                change["sharding"] = "fsdp"
             if getattr(node, "inflight", False) or inflight:
                 change["inflight"] = holds and (node.inflight if inflight is None else inflight)
             nodes[n] = node.model_copy(update=change) if change else node
@@ -326,7 +356,6 @@ class Evaluator:
         self.dag.add_nodes_from(graph)
         self.topo = list(nx.topological_sort(self.dag))
         self.back = [(u, v) for u, v, d in graph.edges(data="distance") if d]
-        self._valid: dict[tuple, bool] = {}
         self._tables: dict[tuple, dict[str, float]] = {}
         self._loads: dict[tuple, float] = {}
         self._graphs: dict[tuple[Block, ...], Any] = {}
@@ -339,21 +368,8 @@ class Evaluator:
 
     def valid_sizes(self, block: Block, tp: int | None) -> list[int]:
         """Sizes the placement pass accepts for this block as a group on its own."""
-        out = []
-        for size in self.space.sizes:
-            key = (block, size, tp)
-            if key not in self._valid:
-                probe = self.space.variant(
-                    {"probe": GroupSpec(share=size / self.space.slots, tasks=list(block))},
-                    0, False, tp)
-                try:
-                    place(probe)
-                    self._valid[key] = True
-                except SpecError:
-                    self._valid[key] = False
-            if self._valid[key]:
-                out.append(size)
-        return out
+        return [size for size in self.space.sizes
+                if self.space.sharding(block, size, tp) is not None]
 
     def _graph(self, blocks: tuple[Block, ...]) -> Any:
         if blocks not in self._graphs:
@@ -384,7 +400,8 @@ class Evaluator:
         blocks = (block, rest) if rest else (block,)
         graph, names = self._graph(blocks)
         spec = space.variant({n: GroupSpec(share=0.5, tasks=list(b))
-                              for n, b in zip(names, blocks)}, lag, partial, tp)
+                              for n, b in zip(names, blocks)}, lag, partial, tp,
+                             sharded=space.sharding(block, size, tp) or ())
         span = max(1, math.ceil(size / space.per_node))
         out: dict[str, float] = {}
         for across in (False, True) if space.machines > 1 else (False,):
