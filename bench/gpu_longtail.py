@@ -220,7 +220,10 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
             "generate/engine_s", "rollout/carried", "rollout/dropped", "rollout/restarted",
             "rollout/version_span", "rollout/cached", "lag/max", "lag/mean", "reward/mean",
             "response/length_mean", "tokens", "train/new_pass_shapes", "train/alloc_retries",
-            "train/device_mallocs", "train/device_frees")},
+            "train/device_mallocs", "train/device_frees",
+            # in-flight updates (engines/inflight.py) and the per-token lag check
+            "rollout/kept", "rollout/refilled", "rollout/reencoded_tokens", "rollout/switches",
+            "generate/pause_s", "generate/prefill_tokens", "lag/stale_tokens")},
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),

@@ -199,7 +199,8 @@ def keys_table() -> str:
 def example_summary(plan: dict) -> str:
     """The console output of `rlgraph compile` on the example graph, 100 columns wide."""
     buffer = io.StringIO()
-    footer = f"wrote out/{plan['name']}/: plan.json timeline.json timeline.html timeline.png"
+    footer = (f"wrote out/{plan['name']}/: plan.json timeline.json timeline.html "
+              f"(add --png for timeline.png)")
     os.environ["COLUMNS"] = "100"  # print_summary's width when not writing to a terminal
     print_summary(plan, file=buffer, footer=footer)
     lines = [line.rstrip() for line in buffer.getvalue().splitlines()]

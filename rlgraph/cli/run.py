@@ -24,10 +24,11 @@ from typing import Any
 
 from rlgraph.cli.run_log import RunLog
 from rlgraph.compiler.plan import Plan
-from rlgraph.compiler.references import code_from_files
+from rlgraph.compiler.references import base_dir, code_from_files
 from rlgraph.config.load import load_spec
 from rlgraph.config.schema import Spec
 from rlgraph.engines.sglang_engine import refuse_unrunnable
+from rlgraph.envs.load import check_envs
 from rlgraph.errors import RLGraphError, SpecError, shown
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
@@ -114,6 +115,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
+    check_envs(spec, base_dir(spec))  # an env that cannot be built: one line, nothing started
     resume = getattr(args, "resume", None)
     given_out = getattr(args, "out", None)
     if resume:
@@ -303,10 +305,13 @@ def _install_sigterm(runner: Runner) -> dict[str, Any]:
 
 def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -> int:
     """Timeline files with predicted and measured, and the closing lines."""
+    from rlgraph.report.curves import write_curves
     from rlgraph.report.timeline import write_timeline
 
     write_timeline(out, plan, measured=result.events)
     rows = result.rows
+    write_curves(out / "curves.png", rows, f"{plan.spec.name}: reward and lag",
+                 plan.lag.max_policy_lag)
     if rows:
         head = [r["reward/mean"] for r in rows[:10]]
         tail = [r["reward/mean"] for r in rows[-10:]]
@@ -328,8 +333,8 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
         print(f"WARNING: {result.lag_violations} steps trained on tokens older than the proven "
               f"bound {plan.lag.max_policy_lag} (a runtime bug; see metrics.jsonl)",
               file=sys.stderr)
-    print(f"wrote {out}/: plan.json metrics.jsonl trace.json timeline.html timeline.png "
-          f"checkpoint/ tensorboard/")
+    print(f"wrote {out}/: plan.json metrics.jsonl samples.jsonl curves.png trace.json "
+          f"timeline.html timeline.png checkpoint/ tensorboard/")
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if result.stopped:

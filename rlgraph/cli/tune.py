@@ -27,7 +27,8 @@ from rlgraph.tune.search import Plan, TuneResult, tune
 
 def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneResult
                      ) -> dict[str, Any]:
-    """The user's graph.yaml data with the best plan's groups, lag, partial rollout and tp."""
+    """The user's graph.yaml data with the best plan's groups, lag, partial rollout, tp and
+    env workers."""
     data, source = read_graph(path)
     apply_overrides(data, overrides, source)
     best = result.best
@@ -47,12 +48,19 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
             del schedule["stream"]
         else:
             schedule["stream"] = {**(schedule["stream"] or {}), "mini_batches": best.mini_batches}
-    if best.tp is not None:
-        for name, node in best.spec.nodes.items():
-            if KINDS[node.kind].samples:
-                raw = data["nodes"].get(name)
-                raw = data["nodes"][name] = raw if isinstance(raw, dict) else {}
-                raw["tp"] = best.tp
+    for name, node in best.spec.nodes.items():
+        if not KINDS[node.kind].samples:
+            continue
+        raw = data["nodes"].get(name)
+        if best.tp is not None:
+            raw = data["nodes"][name] = raw if isinstance(raw, dict) else {}
+            raw["tp"] = best.tp
+        if isinstance(raw, dict) and "inflight" in raw:  # tried only where the user set it
+            raw["inflight"] = bool(getattr(node, "inflight", False))
+    for name, node in best.spec.nodes.items():  # a multi-turn generate's env workers
+        env, raw = getattr(node, "env", None), data["nodes"].get(name)
+        if env is not None and isinstance(raw, dict) and isinstance(raw.get("env"), dict):
+            raw["env"]["workers"] = env.workers
     return data
 
 
@@ -105,6 +113,8 @@ def tune_table(result: TuneResult) -> Any:
             lag += f" (tp {plan.tp})"
         if plan.mini_batches is not None:
             lag += f" stream {plan.mini_batches}"
+        if plan.inflight:
+            lag += " +inflight"
         style = "bold green" if plan is result.best else None
         table.add_row(label, _groups_text(plan), str(sum(g["gpus"] for g in plan.groups)), lag,
                       fmt_seconds(plan.period_s), _times(result.speedup_vs_input(plan)),

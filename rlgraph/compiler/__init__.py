@@ -28,6 +28,7 @@ from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     channel_capacities,
+    check_inflight,
     check_stream,
     lag_messages,
     prove_lag,
@@ -42,6 +43,7 @@ from rlgraph.compiler.plan import (
     Plan,
     PricingPlan,
     SchedulePlan,
+    check_buckets,
     weight_routes,
 )
 from rlgraph.compiler.references import check_references
@@ -263,7 +265,9 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
+    check_inflight(spec, graph)
     placement: Placement = place(spec)
+    check_buckets(spec, placement.local)
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages

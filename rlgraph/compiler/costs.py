@@ -23,6 +23,7 @@ from typing import Any
 
 import networkx as nx
 
+from rlgraph.compiler.memory import engine_slots
 from rlgraph.compiler.placement import Placement
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
@@ -113,6 +114,11 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
     extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
              "replicas": replicas, "host_processes": _host_processes(spec, placement),
              "host_slots": placement.slots}
+    memory = placement.memory.get(home) if home else None
+    if memory is not None and name in memory.tasks:
+        slots = engine_slots(memory.tasks[name], spec, shape)
+        if slots:
+            extra["engine_slots"] = slots  # the native engine's KV slots (memory pass)
     return CostContext(spec=spec, name=name, shape=shape, gpu=placement.preset,
                        gpus=placement.gpus_of(home), colocated=colocated, extra=extra)
 

@@ -166,6 +166,30 @@ def check_stream(spec: Any, graph: nx.DiGraph) -> None:
                             "of its own")
 
 
+def check_inflight(spec: Any, graph: nx.DiGraph) -> None:
+    """Refuse `generate.inflight` where it cannot hold: its rows live in the rollout cache
+    (schedule.partial_rollout or schedule.stream), span versions (max_lag >= 1: a row is
+    trained with tokens of versions older than the newest) and decode on the native engine's
+    static decoder."""
+    schedule = spec.schedule
+    for gen in samplers(graph):
+        node = spec.nodes[gen]
+        if not getattr(node, "inflight", False):
+            continue
+        key = ("nodes", gen, "inflight")
+        if not schedule.partial_rollout and schedule.stream is None:
+            raise SpecError(f"'{gen}': inflight keeps unfinished rows decoding from one call "
+                            "to the next, which needs the rollout cache", key,
+                            hint="set schedule.partial_rollout: true (or schedule.stream)")
+        if schedule.max_lag < 1:
+            raise SpecError(f"'{gen}': inflight rows carry tokens of an older version into a "
+                            "later batch, which max_lag 0 forbids", key,
+                            hint="use schedule.max_lag: 1 or more, or inflight: false")
+        if getattr(node, "engine", "native") != "native":
+            raise SpecError(f"'{gen}': inflight runs on engine native's decode loop, not "
+                            f"{node.engine}", key, hint="use engine: native, or inflight: false")
+
+
 def samplers(graph: nx.DiGraph) -> list[str]:
     """The graph's nodes that sample tokens (generate)."""
     return [n for n, kind in graph.nodes(data="kind") if KINDS[kind].samples]

@@ -363,11 +363,11 @@ def task_memory(spec: Spec, name: str, shape: ModelShape, gpus: int) -> TaskMemo
     that holds no model (reward)."""
     node = spec.nodes[name]
     role = KINDS[node.kind]
-    if not role.models:
+    if not role.models and not role.trains:  # a critic holds a model of its own
         return None
     if role.samples:
         return _generate(spec, name, node, shape, gpus)
-    trains = role.advances_policy
+    trains = role.trains
     if "reference" in role.models:
         shard = model_parallel_shard(spec, node, shape)
         state = ({"fsdp reference": FSDP_PARAM_BYTES * shard / data_parallel(node, gpus)}
@@ -397,22 +397,10 @@ def _weight_sync_terms(spec: Spec, tasks: list[str], shape: ModelShape
     return out
 
 
-def _policy_sharding(spec: Spec, tasks: list[str]) -> Spec:
-    """The group's policy is one model: where a task that trains it is sharded, the group's
-    other passes over the policy (logp) run through the same sharded model."""
-    nodes = spec.nodes
-    if not any(sharded(nodes[t]) and KINDS[nodes[t].kind].advances_policy for t in tasks):
-        return spec
-    follow = {t: {"sharding": "fsdp"} for t in tasks
-              if "policy" in KINDS[nodes[t].kind].models and _shardable(nodes[t])}
-    return _with_nodes(spec, follow) if follow else spec
-
-
 def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
                  shape: ModelShape | None = None) -> GroupMemory:
     """The memory per GPU of a group of `gpus` GPUs holding `tasks`."""
     shape = shape or shape_of(spec)
-    spec = _policy_sharding(spec, tasks)
     found = {t: task_memory(spec, t, shape, gpus) for t in tasks}
     mems = {t: m for t, m in found.items() if m is not None}
     for task, extra in _weight_sync_terms(spec, tasks, shape).items():
@@ -431,6 +419,13 @@ def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
     return mem
 
 
+def engine_slots(task: TaskMemory, spec: Spec, shape: ModelShape) -> int | None:
+    """Slots the native engine of a task holds (None: not a native engine)."""
+    if ENGINE_SLOTS not in task.state:
+        return None
+    return max(1, round(task.state[ENGINE_SLOTS] / slot_bytes(spec, shape)))
+
+
 def native_engine_slots(spec: Spec, task: str, gpus: int) -> int:
     """Slots the native engine of `task` allocates on a GPU of its group (`gpus` GPUs): a
     replica's rows of a step, or as many as the memory left holds (`group_memory`)."""
@@ -438,7 +433,7 @@ def native_engine_slots(spec: Spec, task: str, gpus: int) -> int:
     tasks = list(spec.groups[group].tasks) if group else [task]
     shape = shape_of(spec)
     mem = group_memory(spec, group or task, tasks, gpus, GPU_PRESETS[spec.cluster.gpu], shape)
-    return max(1, round(mem.tasks[task].state[ENGINE_SLOTS] / slot_bytes(spec, shape)))
+    return engine_slots(mem.tasks[task], spec, shape) or 1
 
 
 # ----------------------------------------------------------------------------- the check
@@ -464,7 +459,7 @@ def _knobs(spec: Spec, tasks: list[str]) -> list[tuple[str, str, dict[str, dict[
     out = []
     shard = sorted((t for t in tasks if _shardable(nodes[t])),
                    key=lambda t: not KINDS[nodes[t].kind].advances_policy)
-    if shard:
+    if shard and not any(KINDS[nodes[t].kind].samples for t in tasks):  # see check_sharding
         out.append((f"sharding: fsdp on {', '.join(shard)}", shard[0],
                     {t: {"sharding": "fsdp"} for t in shard}))
     trains = [t for t in tasks if KINDS[nodes[t].kind].advances_policy
@@ -561,6 +556,29 @@ def refusal(spec: Spec, mem: GroupMemory, slots: int, shape: ModelShape, gpu: An
     return SpecError(head, ("groups", mem.group, "share"),
                      hint="no setting of this graph fits: use a smaller model, fewer samples "
                      "per step or a GPU with more memory (cluster.gpu)")
+
+
+def check_sharding(spec: Spec, group: str, tasks: list[str]) -> None:
+    """FSDP's limits as the runtime has them (rlgraph.worker.sharding): the passes over one
+    model (the policy: logp and train; the reference) are all sharded or none, and a sharded
+    group holds no generate (the native engine decodes with a whole model)."""
+    nodes = spec.nodes
+    for model in ("policy", "reference"):
+        users = [t for t in tasks if model in KINDS[nodes[t].kind].models
+                 and hasattr(nodes[t], "sharding")]
+        fsdp = [t for t in users if sharded(nodes[t])]
+        if fsdp and len(fsdp) < len(users):
+            other = next(t for t in users if t not in fsdp)
+            raise SpecError(f"'{other}' shares the {model} with '{fsdp[0]}' in group "
+                            f"'{group}' but not its sharding", ("nodes", other, "sharding"),
+                            hint=f"give '{other}' sharding: fsdp too (or neither)")
+    fsdp = [t for t in tasks if sharded(nodes[t])]
+    decoding = [t for t in tasks if KINDS[nodes[t].kind].samples]
+    if fsdp and decoding:
+        raise SpecError(f"sharding: fsdp cannot share group '{group}' with '{decoding[0]}' "
+                        f"(the native engine decodes with a whole model)",
+                        ("nodes", fsdp[0], "sharding"),
+                        hint=f"give {decoding[0]} its own group, or write sharding: none")
 
 
 def check_memory(spec: Spec, groups: dict[str, Any], gpu: Any, slots: int,

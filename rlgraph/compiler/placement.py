@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgraph.compiler.memory import GroupMemory, check_memory
+from rlgraph.compiler.memory import GroupMemory, check_memory, check_sharding
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
@@ -56,7 +56,7 @@ class Placement:
     groups: dict[str, GroupPlacement]
     shared_slots: bool = False
     messages: list[str] = field(default_factory=list)
-    memory: dict[str, GroupMemory] = field(default_factory=dict)  # GPU clusters, strict only
+    memory: dict[str, GroupMemory] = field(default_factory=dict)  # on GPU clusters
 
     @property
     def preset(self) -> GPUPreset:
@@ -263,6 +263,7 @@ def place(spec: Spec, strict: bool = True) -> Placement:
     if strict:
         for group in groups.values():
             _check_parallel(spec, group)
-        if not cluster.local:
-            placement.memory = check_memory(spec, groups, placement.preset, slots)
+            check_sharding(spec, group.name, group.tasks)
+    if not cluster.local and all(g.gpus for g in groups.values()):
+        placement.memory = check_memory(spec, groups, placement.preset, slots, refuse=strict)
     return placement

@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from rlgraph.config.load import validate_spec
 from rlgraph.config.safe_yaml import SourceMap
 from rlgraph.config.schema import Spec
-from rlgraph.errors import RLGraphError
+from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
+from rlgraph.weights import BucketMiB, resolve_transport
 
 PLAN_VERSION = 2  # 1: the untyped dict of before (no "version" key); 2: this module
 
@@ -105,28 +106,34 @@ class SchedulePlan(_Section):
     events: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class BucketPlan(_Section):
-    """Bucket sizes of one weight sync, in MiB as graph.yaml writes them."""
-
-    produce: float
-    consume: float
-
-
 class RoutePlan(_Section):
     """One param_update: sender, receiver, buckets and the transport as written."""
 
     src: str
     dst: str
-    bucket_mb: BucketPlan
+    bucket_mb: BucketMiB  # the spec's own sizes (rlgraph.weights.BucketMiB)
     transport: str = "auto"
 
 
 def weight_routes(spec: Spec) -> dict[str, RoutePlan]:
     """Every weight-carrying node's route: sender, receiver, buckets (MiB), transport."""
     return {name: RoutePlan(src=node.src, dst=node.dst, transport=node.transport,
-                            bucket_mb=BucketPlan(produce=node.bucket_mb.produce,
-                                                 consume=node.bucket_mb.consume))
+                            bucket_mb=node.bucket_mb)
             for name, node in spec.nodes.items() if KINDS[node.kind].carries_weights}
+
+
+def check_buckets(spec: Spec, local: bool) -> None:
+    """A route the nccl transport carries cuts each produce bucket into consume chunks:
+    refuse sizes that do not divide, naming the key (`local`: a CPU cluster, where `auto` is
+    the object store)."""
+    for name, route in weight_routes(spec).items():
+        buckets = route.bucket_mb
+        transport = resolve_transport(route.transport, "cpu" if local else "cuda")
+        if transport == "nccl" and not buckets.chunks_evenly():
+            raise SpecError(f"the nccl transport cuts each produce bucket into consume chunks: "
+                            f"produce {buckets.produce:g} MiB is not a multiple of consume "
+                            f"{buckets.consume:g} MiB", ("nodes", name, "bucket_mb"),
+                            hint="e.g. bucket_mb: {produce: 512, consume: 128}")
 
 
 class MemoryPlan(_Section):

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from rlgraph.config.schema import Spec
+from rlgraph.envs.load import BUILTIN as ENV_BUILTINS
 from rlgraph.errors import Key, SpecError
 from rlgraph.rl.data import DataError, check_file
 
@@ -97,18 +98,21 @@ def _defines(source: str, attr: str) -> bool | None:
     return None if unknown else False
 
 
-def check_reward_fn(ref: str, key: Key, base: Path | None) -> None:
-    """Refuse a reward fn whose file or module, or whose function in it, does not exist."""
+def check_reward_fn(ref: str, key: Key, base: Path | None, what: str = "reward fn",
+                    thing: str = "function") -> None:
+    """Refuse a reward fn (or env class: `what`, `thing`) whose file or module, or whose
+    function in it, does not exist."""
     target, sep, attr = ref.rpartition(":")
     if not sep or not target or not attr or not attr.isidentifier():
-        raise SpecError(f"reward fn '{ref}' is not 'module:function' or 'file.py:function'",
+        raise SpecError(f"{what} '{ref}' is not 'module:{thing}' or 'file.py:{thing}'",
                         key, hint="e.g. rlgraph.rl.rewards:exact_match or "
-                        "rewards/score.py:compute_score")
+                        "rewards/score.py:compute_score" if thing == "function" else
+                        f"a built-in ({', '.join(ENV_BUILTINS)}) or my_env.py:MyEnv")
     if target.endswith(".py"):
         path = _resolve(target, base)
         if not path.is_file():
             where = f" (looked in {base})" if base is not None else ""
-            raise SpecError(f"reward file '{target}' does not exist{where}", key,
+            raise SpecError(f"{what.split()[0]} file '{target}' does not exist{where}", key,
                             hint="give the path of a .py file, relative to graph.yaml")
         origin: str | None = str(path)
     else:
@@ -131,7 +135,7 @@ def check_reward_fn(ref: str, key: Key, base: Path | None) -> None:
         raise SpecError(f"cannot read '{target}'{line}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}", key) from None
     if defines is False:
-        raise SpecError(f"'{target}' defines no function '{attr}'", key,
+        raise SpecError(f"'{target}' defines no {thing} '{attr}'", key,
                         hint=f"check the name after ':'; the file is {origin}")
 
 
@@ -161,13 +165,12 @@ def code_from_files(spec: Spec) -> list[tuple[Key, str, str]]:
     local = [os.path.realpath(os.getcwd())] + ([os.path.realpath(base)] if base else [])
     installed = [p for p in sys.path if p and os.path.realpath(p) not in local]
     found = []
-    for name, node in spec.nodes.items():
-        ref = getattr(node, "fn", None)
+    for key, ref in _code_references(spec):
         target, sep, _ = (ref or "").rpartition(":")
         if not sep or not target:
             continue
         if target.endswith(".py"):
-            found.append((("nodes", name, "fn"), ref, str(_resolve(target, base))))
+            found.append((key, ref, str(_resolve(target, base))))
             continue
         try:
             on_path = importlib.machinery.PathFinder.find_spec(target.split(".")[0], installed)
@@ -177,8 +180,22 @@ def code_from_files(spec: Spec) -> list[tuple[Key, str, str]]:
         if on_path is None and top not in sys.builtin_module_names and top not in sys.modules:
             origin, exists = _module_file(target)
             if exists:
-                found.append((("nodes", name, "fn"), ref, origin or target))
+                found.append((key, ref, origin or target))
     return found
+
+
+def _code_references(spec: Spec) -> list[tuple[Key, str]]:
+    """(key, reference) of every reward function and env class a run would load (built-in
+    environments aside)."""
+    refs: list[tuple[Key, str]] = []
+    for name, node in spec.nodes.items():
+        fn = getattr(node, "fn", None)
+        if fn:
+            refs.append((("nodes", name, "fn"), fn))
+        env = getattr(node, "env", None)
+        if env is not None and env.fn not in ENV_BUILTINS:
+            refs.append((("nodes", name, "env", "fn"), env.fn))
+    return refs
 
 
 def check_references(spec: Spec) -> None:
@@ -192,6 +209,9 @@ def check_references(spec: Spec) -> None:
         fn = getattr(node, "fn", None)
         if fn:
             check_reward_fn(fn, ("nodes", name, "fn"), base)
+        env = getattr(node, "env", None)
+        if env is not None and env.fn not in ENV_BUILTINS:
+            check_reward_fn(env.fn, ("nodes", name, "env", "fn"), base, "env fn", "class")
         files = getattr(node, "files", None)
         if files:
             check_data_files(files, ("nodes", name, "files"), base)

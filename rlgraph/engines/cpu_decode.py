@@ -226,8 +226,11 @@ def length_batches(response_mask: torch.Tensor, prompt_len: int, max_tokens: int
     included; a row longer than that goes alone): rows sorted by response length, each pass
     trimmed to its longest response rounded up to PASS_WIDTH_BLOCK, so a batch of long-tailed
     lengths is not padded to its longest everywhere and the pass shapes stay few."""
-    lengths = response_mask.sum(1)
     width = response_mask.shape[1]
+    # a row's length is its last masked token's position + 1 (a multi-turn row's mask has
+    # holes at its observations, which the pass must still hold)
+    last = width - response_mask.flip(1).long().argmax(1)
+    lengths = torch.where(response_mask.any(1), last, torch.zeros_like(last))
     order = torch.argsort(lengths, descending=True, stable=True)
     passes, i = [], 0
     while i < len(order):

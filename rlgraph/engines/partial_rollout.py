@@ -147,18 +147,23 @@ class RolloutCache:
         self.totals["restarted"] += restarted
         return dropped, restarted
 
-    def refill(self, step: int, version: int) -> int:
+    def refill(self, step: int, version: int, taken: int = 0) -> int:
         """Admit new prompt groups in data order until `in_flight` are in flight, or only
         until batch `step` can be filled when nothing sampled with `version` could be
-        carried to a later batch (see the module docstring); how many were admitted."""
+        carried to a later batch (see the module docstring); how many were admitted.
+        `taken`: complete groups this round will emit (a refill inside the decode, in-flight
+        updates): the groups admitted for them go to later batches, so only where `version`
+        can be carried there."""
         if self.next_position is None:
             self.next_position = step * self.prompts_per_step
         if self.stride > 1:  # streaming: as many as this version's window can still train
             window = (version + self.max_lag) * self.stride + self.stride - step
-            target = min(self.in_flight, max(1, window) * self.prompts_per_step)
+            target = min(self.in_flight + taken, max(1, window) * self.prompts_per_step)
         else:
             can_carry = version > oldest_trainable(step, self.max_lag)
-            target = self.in_flight if can_carry else self.prompts_per_step
+            target = self.in_flight + taken if can_carry else self.prompts_per_step
+            if taken and not can_carry:
+                return 0
         added = 0
         while len(self.groups) < target:
             position = self.next_position
@@ -313,14 +318,22 @@ def _decode_static(cache: RolloutCache, step: int, engine: Any, version: int,
 
 
 def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, version: int,
-                   swap: Callable[[], int | None], engine: Any = None, **sampling: Any
-                   ) -> tuple[list[PromptGroup], dict[str, float]]:
+                   swap: Callable[[], int | None], engine: Any = None, inflight: Any = None,
+                   **sampling: Any) -> tuple[list[PromptGroup], dict[str, float]]:
     """generate(step) with the cache: evict, refill, decode, emit (see the module docstring).
-    Returns the emitted groups and the round's `rollout/*` metrics (and, on the static
-    engine, its `generate/*` ones)."""
+    `inflight` (an `engines.inflight.InflightDecode`): step 3 keeps rows in the engine across
+    calls, refills inside the call and adopts new versions without stopping. Returns the
+    emitted groups and the round's `rollout/*` metrics (and, on the static engine, its
+    `generate/*` ones)."""
     dropped, restarted = cache.evict(step, version)
     cache.refill(step, version)
-    stats = decode(cache, step, model, version, swap, engine, **sampling)
+    if inflight is not None:
+        stats = inflight.decode(cache, step, version, swap,
+                                temperature=sampling["temperature"],
+                                top_p=sampling.get("top_p", 1.0),
+                                seed=sampling["generator"].initial_seed())
+    else:
+        stats = decode(cache, step, model, version, swap, engine, **sampling)
     groups = cache.take()
     spans = [s.versions[-1] - s.versions[0] for g in groups for s in g.samples if s.versions]
     metrics = {
@@ -331,6 +344,8 @@ def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, versi
         "rollout/decode_steps": stats["decode_steps"],
         "rollout/switches": stats["switches"],
         "rollout/cached": float(cache.samples()),
+        **{f"rollout/{k}": stats[k] for k in ("kept", "refilled", "reencoded_tokens")
+           if k in stats},
         # running totals: a metrics row that misses a round's figures still adds up
         **{f"rollout/{k}_total": float(v) for k, v in cache.totals.items()},
         **{k: v for k, v in stats.items() if k.startswith("generate/")},

@@ -22,7 +22,9 @@ sequences start, stop and restart independently:
   of two holding the occupied slots; occupied slots beyond it move down first (K/V and state,
   see `compaction.py`), so a long tail of a few rows decodes at a few rows' cost.
 - **interrupt**: `interrupt()` stops every running sequence and returns its prefix;
-  `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call.
+  `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call;
+  `peek()` reads the running sequences without stopping them, `cancel(ids)` drops some
+  (in-flight weight updates keep rows in their slots across calls: `inflight.py`).
 - **fast path on a GPU**: `compile=True, fuse=True` (compiled step, fused projections,
   `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an H200, 4.7x / 4.0x
   the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
@@ -260,6 +262,30 @@ class StaticDecoder:
             occupied = [b for b, r in enumerate(self.slots) if r is not None]
             return self._collect(occupied, interrupted={b for b in occupied if not done[b]})
 
+    def peek(self) -> list[Completion]:
+        """Every running sequence so far, as an interrupted completion, without stopping it
+        (what a checkpoint of rows that stay in their slots keeps)."""
+        with torch.no_grad():
+            done, _ = self._read_slots()
+            live = [b for b, r in enumerate(self.slots) if r is not None and not done[b]]
+            return self._collect(live, interrupted=set(live), free=False)
+
+    def cancel(self, request_ids: Iterable[Any]) -> int:
+        """Drop the queued or running requests with these ids, freeing their slots; how many
+        were dropped."""
+        ids = set(request_ids)
+        if not ids:
+            return 0
+        kept = [r for r in self.queue if r.request_id not in ids]
+        dropped = len(self.queue) - len(kept)
+        self.queue = deque(kept)
+        slots = [b for b, r in enumerate(self.slots) if r is not None and r.request_id in ids]
+        for b in slots:
+            self.slots[b] = None
+        if slots:
+            self.done[torch.tensor(slots, device=self.device)] = True
+        return dropped + len(slots)
+
     def swap_weights(self, commit: Callable[[], int | None]) -> list[Completion]:
         """Partial rollout at a weight update: interrupt, `commit()` the new weights (returns the
         new policy version), resume the interrupted prefixes first; returns the finished ones."""
@@ -451,13 +477,17 @@ class StaticDecoder:
             t.copy_(s)
         return graph
 
-    def _collect(self, slots: list[int], interrupted: set[int] = frozenset()) -> list[Completion]:
-        """Read the generated tokens of `slots` back to the host and free those slots."""
+    def _collect(self, slots: list[int], interrupted: set[int] = frozenset(),
+                 free: bool = True) -> list[Completion]:
+        """Read the generated tokens of `slots` back to the host and free those slots (unless
+        `free` is False: `peek`)."""
         if not slots:
             return []
         rows = torch.tensor(slots, device=self.device)
         n = self.ngen[rows].cpu().tolist()
-        tok, logp, ver = (x[rows].cpu() for x in (self.out_tok, self.out_logp, self.out_ver))
+        width = max(n, default=0)  # only the generated columns cross to the host
+        tok, logp, ver = (x[rows, :width].cpu()
+                          for x in (self.out_tok, self.out_logp, self.out_ver))
         eos = set(self.eos.tolist())
         out = []
         for i, b in enumerate(slots):
@@ -469,6 +499,8 @@ class StaticDecoder:
                 reason = "eos" if new and new[-1] in eos and not r.ignore_eos else "length"
             out.append(Completion(r, r.tokens + new, r.logprobs + logp[i, :n[i]].tolist(),
                                   r.versions + ver[i, :n[i]].tolist(), reason))
-            self.slots[b] = None
-        self.done[rows] = True
+            if free:
+                self.slots[b] = None
+        if free:
+            self.done[rows] = True
         return out

@@ -85,9 +85,7 @@ class StaticRollout:
         eng = self.engine  # rows beyond its slots queue and take a slot as one frees
         eng.set_policy_version(policy_version)
         seed_device(eng.device, seed)
-        steps0, ms0 = eng.stats["decode_steps"], eng.stats["decode_ms"]
-        slots0, busy0 = eng.stats["slot_steps"], eng.stats["busy_slot_steps"]
-        start = time.perf_counter()
+        before, start = dict(eng.stats), time.perf_counter()
         eng.submit(rows)
         done: list[Completion] = []
         switches = 0
@@ -107,13 +105,24 @@ class StaticRollout:
             r = eng.queue.popleft()
             done.append(Completion(r, r.tokens, r.logprobs, r.versions, "interrupted"))
         by_id = {c.request.request_id: c for c in done}
-        steps = eng.stats["decode_steps"] - steps0
-        metrics = {"generate/static_engine": 1.0, "generate/engine_s": time.perf_counter() - start,
-                   "switches": float(switches), "decode_steps": float(steps)}
-        if steps:  # slots a step covered (compaction narrows it), and the share that was live
-            metrics["generate/mean_width"] = (eng.stats["slot_steps"] - slots0) / steps
-            metrics["generate/live_share"] = (eng.stats["busy_slot_steps"] - busy0) / max(
-                1, eng.stats["slot_steps"] - slots0)
-        if eng.timing and steps:
-            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"] - ms0) / steps
+        metrics = {**self.metrics_since(before, start), "switches": float(switches)}
         return [by_id[i] for i in range(len(rows))], metrics
+
+    def metrics_since(self, before: dict[str, float], start: float) -> dict[str, float]:
+        """The engine's `generate/*` metrics since `before` (a copy of its stats) and `start`
+        (perf_counter): wall seconds, decode steps, slots a step covered (compaction narrows
+        it), the share of them live, device ms a step; `decode_steps` as well."""
+        eng = self.engine
+        steps = eng.stats["decode_steps"] - before["decode_steps"]
+        slots = eng.stats["slot_steps"] - before["slot_steps"]
+        prefill = eng.stats["prefill_tokens"] - before["prefill_tokens"]
+        metrics = {"generate/static_engine": 1.0, "generate/engine_s": time.perf_counter() - start,
+                   "decode_steps": float(steps), "generate/prefill_tokens": float(prefill)}
+        if steps:
+            metrics["generate/mean_width"] = slots / steps
+            metrics["generate/live_share"] = (eng.stats["busy_slot_steps"]
+                                              - before["busy_slot_steps"]) / max(1, slots)
+        if eng.timing and steps:
+            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"]
+                                                      - before["decode_ms"]) / steps
+        return metrics

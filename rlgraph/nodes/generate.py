@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from rlgraph.envs.spec import EnvSpec
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
-from rlgraph.pricing.generate import generate_cost
+from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -34,12 +35,43 @@ class GenerateSpec(NodeSpec):
         default=False, description="benchmark mode: each sample's response length is drawn "
         "from data.response_len (seeded by data position and sample) and eos is ignored "
         "until it, as serving benchmarks do (a random-init model stops anywhere)")
+    inflight: bool = Field(
+        default=False, description="in-flight weight updates (with schedule.partial_rollout "
+        "or schedule.stream): a staged policy version is swapped in between two decode steps "
+        "and decoding goes on; unfinished rows keep their slot across calls and finished rows "
+        "are refilled inside the call (engines/inflight.py)")
+    kv: Literal["keep", "recompute"] = Field(
+        default="keep", description="inflight: at a version change rows keep their KV cache "
+        "(keep), or re-encode it under the new weights (recompute: the exact behaviour policy)")
     sync_every: int = Field(default=8, ge=1, le=MAX_TOKENS, description="static engine: "
                             "decode steps between the host's checks for finished rows")
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
         "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
+    env: EnvSpec | None = Field(
+        default=None, description="multi-turn rollout: an environment the policy acts in "
+        "(docs/how-to/agentic-rollouts.md); decodes on the dynamic KV cache")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_decodes_dynamic(cls, data: Any) -> Any:
+        """A multi-turn node decodes on the dynamic KV cache: its default `cuda_decode`."""
+        if isinstance(data, dict) and data.get("env") is not None and "cuda_decode" not in data:
+            data = {**data, "cuda_decode": "dynamic"}
+        return data
+
+    @model_validator(mode="after")
+    def _env_engine(self) -> GenerateSpec:
+        if self.env is None:
+            return self
+        if self.engine != "native":
+            raise ValueError("env: multi-turn rollouts run on engine native (remove "
+                             "engine: sglang)")
+        if self.cuda_decode != "dynamic":
+            raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
+                             "by turn; write cuda_decode: dynamic (or leave it out)")
+        return self
 
     def model_parallel(self) -> int:
         """GPUs one engine replica spans."""
@@ -48,15 +80,16 @@ class GenerateSpec(NodeSpec):
 
 def use_static_engine(node: GenerateSpec, device: str) -> bool:
     """Whether generate decodes with the static decoder: engine native on a CUDA device (the
-    synchronous batch and partial rollout's rounds alike)."""
-    return (node.engine == "native" and node.cuda_decode != "dynamic"
+    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) decodes
+    on the dynamic cache (validation requires `cuda_decode: dynamic` on GPUs)."""
+    return (node.engine == "native" and node.cuda_decode != "dynamic" and node.env is None
             and device.split(":")[0] == "cuda")
 
 
 KIND = NodeKind(
     name="generate",
     spec=GenerateSpec,
-    cost=generate_cost,
+    cost=algorithm_generate_cost,
     uses_gpu=True,
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
@@ -96,8 +129,21 @@ class GenerateWorker:
         self.share = shard_bounds(prompts, replicas.dp_rank, replicas.dp_world)  # [lo, hi)
         self.cache = None
         self.static: Any = None  # rlgraph.engines.static_rollout.StaticRollout, built once
+        self.inflight: Any = None  # rlgraph.engines.inflight.InflightDecode (inflight: true)
         self.sglang: Any = None  # engine: sglang: rlgraph.engines.sglang_engine.SGLangRollout
         self.snapshots: dict[int, dict[str, Any]] = {}
+        self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
+        self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
+        if node.env is not None:
+            from rlgraph.envs.rollout import AgentRollout, forced_turn_length
+
+            data = workspace.spec.data
+            self.agent = AgentRollout(
+                node.env, workspace.tokenizer, data.response_len.max,
+                str(workspace.base_dir) if workspace.base_dir else None, name,
+                turn_length=(lambda key, turn: forced_turn_length(
+                    data.seed, key, turn, data.response_len, node.env.mean_turns()))
+                if node.forced_lengths else None)
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
         self.snapshot: Any = None
@@ -107,7 +153,10 @@ class GenerateWorker:
 
             self.snapshot = copy.deepcopy(workspace.policy).requires_grad_(False).eval()
         if schedule.partial_rollout or schedule.stream is not None:
+            from functools import partial
+
             from rlgraph.engines.partial_rollout import RolloutCache
+            from rlgraph.envs.rollout import AgentCache
 
             data, k = workspace.spec.data, schedule.mini_batches
             prompts = self.share[1] - self.share[0]
@@ -119,11 +168,14 @@ class GenerateWorker:
             # streaming: a call emits one mini-batch and keeps the whole batch's groups in
             # flight (continuous batching), oversampled as well with partial rollout
             oversample = k * (node.oversample if schedule.partial_rollout else 1.0)
-            self.cache = RolloutCache(
+            cache = RolloutCache if self.agent is None else partial(
+                AgentCache, key_of=lambda position: self.data.example(
+                    self._data_position(position)).uid)
+            self.cache = cache(
                 prompts_per_step=prompts // k,
                 samples_per_prompt=data.samples_per_prompt, oversample=oversample,
                 max_lag=schedule.max_lag, stale=node.stale, stride=k,
-                mix_versions=schedule.partial_rollout,
+                mix_versions=schedule.partial_rollout or node.inflight,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
                     self._data_position(position))),
@@ -185,6 +237,26 @@ class GenerateWorker:
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
 
+    def _inflight(self) -> Any:
+        """The rows decoding across calls (engines/inflight.py), on the static engine, also
+        on the CPU (run eagerly there); None without `inflight`."""
+        if not self.node.inflight:
+            return None
+        if self.inflight is None:
+            from rlgraph.engines.inflight import InflightDecode
+            from rlgraph.engines.static_rollout import StaticRollout
+
+            engine = self._static_engine()
+            if engine is None:  # the CPU: the same decoder, eager (no graphs, no compile)
+                data = self.ws.spec.data
+                engine = self.static = StaticRollout(
+                    self.sampling_model, slots=self.cache.in_flight * data.samples_per_prompt,
+                    max_len=data.prompt_len + data.response_len.max,
+                    eos_id=self.ws.tokenizer.eos_id, compile=False, top_p=self.node.top_p,
+                    sync_every=self.node.sync_every)
+            self.inflight = InflightDecode(engine, self.node.kv)
+        return self.inflight
+
     def _sglang_rollout(self) -> Any:
         """The sglang engine of `engine: sglang`, built on first use (the runner has refused
         the plans it cannot run: `sglang_engine.refuse_unrunnable`)."""
@@ -227,24 +299,45 @@ class GenerateWorker:
         sampled it, its response tokens, and how long swaps paused generation since the last."""
         summary: dict[str, Any] = {"policy_version": int(out.get("policy_version", 0)),
                                    "metrics": {"generate/pause_s": self.ws.take_pause_s()}}
+        if self.env_spans:  # the timeline's env lane
+            summary["env_spans"], self.env_spans = self.env_spans, []
         if "response_mask" in out:
             summary["response_tokens"] = int(out["response_mask"].sum())
         return summary
 
     def run(self, step: int, inputs: dict[str, Batch] | None = None) -> Batch:
         """Sample the batch of train step `step` (prompts deterministic in (seed, step), or in
-        (seed, position) with partial rollout)."""
+        (seed, position) with partial rollout). With `algorithm.dynamic_sampling` it keeps
+        drawing prompt batches until enough groups have unequal rewards (`dynamic_batch`);
+        ReMax adds each prompt's greedy response (`baseline_response_text`)."""
+        if self.cache is not None:
+            return self._partial(step)
+        if self.agent is not None:
+            return self._multi_turn(step)
+        algo = self.ws.spec.algorithm
+        if algo.dynamic_sampling.enable:
+            from rlgraph.nodes.dynamic_sampling import dynamic_batch
+
+            batch = dynamic_batch(self, step)
+        else:
+            batch = self.draw(step, step, (self.name, step))
+        if algo.advantage == "greedy_baseline":
+            batch["baseline_response_text"] = self._greedy_texts(batch)
+        return batch
+
+    def draw(self, step: int, index: int, seed: tuple[Any, ...]) -> Batch:
+        """One batch of `step`: this replica's share of prompt batch `index` of the data
+        stream (the step's own without dynamic sampling), sampled with an RNG seeded by
+        `seed`."""
         import torch
 
         from rlgraph.engines.cpu_decode import sample
 
-        if self.cache is not None:
-            return self._partial(step)
         data, tok = self.ws.spec.data, self.ws.tokenizer
-        examples, ids = self.prompts(step)
+        examples, ids = self.prompts(index)
         n = data.samples_per_prompt
         prompts = [p for p in ids for _ in range(n)]
-        positions = [step * data.prompts_per_step + self.share[0] + i
+        positions = [index * data.prompts_per_step + self.share[0] + i
                      for i in range(len(examples))]
         lengths = ([self._forced(p, k) for p in positions for k in range(n)]
                    if self.node.forced_lengths else None)
@@ -253,7 +346,7 @@ class GenerateWorker:
             engine = self._static_engine()
             self._swap()
             version = self.sampling_version()
-            generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
+            generator = self.ws.generator(*seed, *self.ws.replicas.tag)
             if self.node.engine == "sglang":
                 rollout = self._sglang_rollout().sample(
                     self.sampling_model, version, prompts, max_new_tokens=data.response_len.max,
@@ -274,6 +367,55 @@ class GenerateWorker:
             batch["metrics"] = metrics
         return batch
 
+    def _greedy_texts(self, batch: Batch) -> list[str]:
+        """ReMax's baseline: each prompt's greedy response with the weights that sampled the
+        batch, decoded once per prompt and repeated over its rows."""
+        import torch
+
+        from rlgraph.engines.cpu_decode import sample
+
+        tok, n = self.ws.tokenizer, self.ws.spec.data.samples_per_prompt
+        prompts = [tok.encode_prompt(p) for p in batch["prompt"][::n]]
+        with self.ws.lock, torch.no_grad():
+            rollout = sample(self.sampling_model, prompts,
+                             max_new_tokens=self.ws.spec.data.response_len.max,
+                             eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
+        texts = [tok.decode(r) for r in rollout.responses.tolist()]
+        return [t for t in texts for _ in range(n)]
+
+    def _multi_turn(self, step: int) -> Batch:
+        """Batch `step` of trajectories: every sample of the step's prompts acts in its own
+        environment until it ends (rlgraph.envs.rollout)."""
+        import torch
+
+        from rlgraph.envs.rollout import Row, batch_fields, prompt_text, round_metrics, sample_dict
+        from rlgraph.envs.trajectory import Trajectory, pack_trajectories
+
+        data, tok = self.ws.spec.data, self.ws.tokenizer
+        examples, ids = self.prompts(step)
+        n = data.samples_per_prompt
+        positions = [step * data.prompts_per_step + self.share[0] + i
+                     for i in range(len(examples))]
+        rows = [Row(p, Trajectory(key=f"{ex.uid}#{k}"), prompt_text(ex.prompt),
+                    sample_dict(ex, k, f"{ex.uid}#{k}"))
+                for ex, p in zip(examples, ids) for k in range(n)]
+        with self.ws.lock, torch.no_grad():
+            self._swap()
+            version = self.sampling_version()
+            stats = self.agent.run_round(
+                rows, self.sampling_model, version, step, lambda: None, None,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
+                generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
+        trajectories = [r.trajectory for r in rows]
+        rollout = pack_trajectories([r.prompt for r in rows], trajectories, tok.pad_id)
+        batch = self._batch(step, version, examples, positions, rollout)
+        batch.update(batch_fields(trajectories, tok))
+        metrics, spans = round_metrics(self.agent, trajectories, stats)
+        self.env_spans += spans
+        batch["metrics"] = metrics
+        return batch
+
     def _partial(self, step: int) -> Batch:
         """Batch `step` from the rollout cache (partial_rollout.generate_round), decoded on
         the static engine where `_static_engine` gives one."""
@@ -283,14 +425,17 @@ class GenerateWorker:
         from rlgraph.engines.partial_rollout import generate_round
 
         tok = self.ws.tokenizer
+        if self.agent is not None:
+            return self._partial_multi_turn(step)
         with self.ws.lock, torch.no_grad():
             engine = self._static_engine()
+            inflight = self._inflight()
             self._swap()
             version = self.sampling_version()
             swap = self._swap if self.cache.mix_versions and self.snapshot is None \
                 else lambda: None
             groups, metrics = generate_round(
-                self.cache, step, self.sampling_model, version, swap, engine,
+                self.cache, step, self.sampling_model, version, swap, engine, inflight,
                 eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
                 top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
@@ -304,6 +449,53 @@ class GenerateWorker:
         batch = self._batch(step, version, [self.data.example(p) for p in positions], positions,
                             rollout)
         batch["metrics"] = metrics
+        return batch
+
+    def _partial_multi_turn(self, step: int) -> Batch:
+        """Batch `step` of trajectories from the rollout cache (rlgraph.envs.rollout.agent_round):
+        open trajectories, mid-turn or waiting for their environment, carry to later steps."""
+        import torch
+
+        from rlgraph.envs.rollout import (
+            Row,
+            agent_round,
+            batch_fields,
+            prompt_text,
+            round_metrics,
+            sample_dict,
+        )
+        from rlgraph.envs.trajectory import pack_trajectories
+
+        tok = self.ws.tokenizer
+
+        def row_of(group: Any, k: int, trajectory: Any) -> Any:
+            example = self.data.example(self._data_position(group.position))
+            return Row(group.prompt, trajectory, prompt_text(example.prompt),
+                       sample_dict(example, k, trajectory.key))
+
+        with self.ws.lock, torch.no_grad():
+            self._swap()
+            version = self.sampling_version()
+            swap = self._swap if self.cache.mix_versions and self.snapshot is None \
+                else lambda: None
+            groups, metrics = agent_round(
+                self.cache, self.agent, step, self.sampling_model, version, swap, row_of,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
+                generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
+        self.snapshots[step] = self.cache.state_dict()
+        for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:
+            del self.snapshots[old]
+        trajectories = [s for g in groups for s in g.samples]
+        rollout = pack_trajectories([g.prompt for g in groups for _ in g.samples],
+                                    trajectories, tok.pad_id)
+        positions = [self._data_position(g.position) for g in groups]
+        batch = self._batch(step, version, [self.data.example(p) for p in positions], positions,
+                            rollout)
+        batch.update(batch_fields(trajectories, tok))
+        env_metrics, spans = round_metrics(self.agent, trajectories)
+        self.env_spans += spans
+        batch["metrics"] = {**metrics, **env_metrics}
         return batch
 
     def _batch(self, step: int, version: int, examples: list[Any], positions: list[int],
@@ -349,3 +541,5 @@ class GenerateWorker:
         """Restore the rollout cache of a checkpoint (a resumed run goes on where it was)."""
         if self.cache is not None and state is not None:
             self.cache.load_state_dict(state)
+            if self.inflight is not None:  # rows in the engine belong to the old cache
+                self.inflight.reset()

@@ -108,6 +108,12 @@ class LogpWorker:
             budget = getattr(self.node, "micro_tokens", None)
             if budget:
                 passes = length_batches(batch["response_mask"], batch["prompt_len"], budget)
+                if passes and self.ws.sharded[self.model_attr]:
+                    # FSDP's all-gathers: as many forwards as the busiest rank (a repeated
+                    # pass writes the same log-probs again)
+                    from rlgraph.worker.sharding import even_passes
+
+                    passes = even_passes(passes, passes[-1], device)[0]
                 logp = token_logp_passes(model, seqs, mask, batch["prompt_len"],
                                          batch["temperature"], passes)
             else:

@@ -14,23 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import EdgeList, NodeKind, NodeSpec, StrictModel
+from rlgraph.nodes.base import EdgeList, NodeKind, NodeSpec
 from rlgraph.pricing.param_update import param_update_cost
 from rlgraph.weights import BucketMiB
 
 if TYPE_CHECKING:
     from rlgraph.worker.workspace import Workspace
-
-
-class BucketSizes(StrictModel):
-    """Sender and receiver granularity in MiB (dots.rl: param_update_*_bucket_size_mb)."""
-
-    produce: float = Field(default=512, ge=0.01, le=1e6)
-    consume: float = Field(default=128, ge=0.01, le=1e6)
-
-    def as_mib(self) -> BucketMiB:
-        """The sizes as the weights package carries them."""
-        return BucketMiB(self.produce, self.consume)
 
 
 class ParamUpdateSpec(NodeSpec):
@@ -39,7 +28,7 @@ class ParamUpdateSpec(NodeSpec):
     kind: Literal["param_update"] = "param_update"
     src: str = "train"
     dst: str = "generate"
-    bucket_mb: BucketSizes = Field(default_factory=BucketSizes)
+    bucket_mb: BucketMiB = Field(default_factory=BucketMiB)
     transport: Literal["auto", "nccl", "object_store"] = "auto"
 
 
@@ -105,22 +94,26 @@ class ParamUpdateWorker:
                verify: bool = False) -> dict[str, Any]:
         """Sender: cut the policy into buckets of `bucket_mb.produce` MiB, one at a time, and
         `put` each (tensors as numpy arrays); with `verify`, the SHA-256 of what was sent."""
-        from rlgraph.weights.buckets import bucket_names, digest, to_arrays
+        import torch
+
+        from rlgraph.weights.buckets import bucket_names, to_arrays
 
         start, nbytes = time.time(), 0
         with self.ws.lock:
-            state = self.ws.policy.state_dict()
             version = self.ws.policy_version
-            groups = bucket_names(state, bucket_mb)
-            for index, names in enumerate(groups):
-                tensors = {n: state[n] for n in names}
+            specs = self.ws.weight_specs()
+            produce = BucketMiB.of(bucket_mb).produce_bytes
+            total = len(bucket_names({n: torch.empty(shape, dtype=dtype, device="meta")
+                                      for n, shape, dtype in specs}, bucket_mb))
+            # a sharded policy gathers each bucket as it is reached (never the whole model)
+            for index, tensors in enumerate(self.ws.weight_buckets(produce)):
                 nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
-                put(to_arrays({"version": version, "index": index, "total": len(groups),
+                put(to_arrays({"version": version, "index": index, "total": total,
                                "tensors": tensors}))
             sent = {"start": start, "end": time.time(), "version": version, "bytes": nbytes,
-                    "buckets": len(groups)}
+                    "buckets": total}
             if verify:
-                sent["digest"] = digest(state)
+                sent["digest"] = self.ws.weights_digest()
         return sent
 
     def receive(self, stored: dict, bucket_mb: BucketMiB | None) -> None:
@@ -177,7 +170,12 @@ class ParamUpdateWorker:
             version = self.ws.policy_version
             end.transfers += 1
             end.group.store.set(f"go/{end.transfers}", str(version))  # the receiver may enter
-            stats = end.sender.send(self.ws.policy.state_dict().items(), version)
+            if self.ws.sharded["policy"]:  # gathered a bucket at a time as it goes out
+                stats = end.sender.send_gathered(
+                    self.ws.weight_specs(),
+                    self.ws.weight_buckets(end.sender.produce_bytes), version)
+            else:
+                stats = end.sender.send(self.ws.policy.state_dict().items(), version)
         return {"start": start, "end": time.time(), "version": version, "bytes": stats.bytes,
                 "buckets": stats.produce_buckets}
 

@@ -62,7 +62,8 @@ KIND = NodeKind(
 
 
 class RewardWorker:
-    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample.
+    """Adds `rewards`: `fn(data_source, solution_str, ground_truth, extra_info)` per sample,
+    plus the environment's summed step rewards of a multi-turn rollout (`env_reward`).
     A function that raises, returns a non-number or runs past `timeout_s` stops the run
     naming fn and sample; what a user's fn prints travels in the summary (`output`) to the
     run dir's reward.log."""
@@ -76,7 +77,9 @@ class RewardWorker:
         self.output = ""
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Score every response of the batch of `step`."""
+        """Score every response of the batch of `step` (rows dynamic sampling scored already
+        keep their rewards); ReMax's greedy responses, once per prompt, give
+        `reward_baselines`."""
         import torch
 
         from rlgraph.rl.batch import check_step, merge
@@ -84,16 +87,32 @@ class RewardWorker:
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
-        try:
-            scores = score_samples(self.fn, self.fn_name, batch["data_source"],
-                                   batch["response_text"], batch["ground_truth"],
-                                   batch["extra_info"], batch["prompt_uid"], step=step,
-                                   timeout_s=self.node.timeout_s)
-        except RewardFnError as err:
-            err.output = self._take_output(step)
-            raise
-        self.output = self._take_output(step)
-        batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+        if "rewards" not in batch:  # rows dynamic sampling scored keep their rewards
+            try:
+                scores = score_samples(self.fn, self.fn_name, batch["data_source"],
+                                       batch["response_text"], batch["ground_truth"],
+                                       batch["extra_info"], batch["prompt_uid"], step=step,
+                                       timeout_s=self.node.timeout_s)
+            except RewardFnError as err:
+                err.output = self._take_output(step)
+                raise
+            self.output = self._take_output(step)
+            batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+            if "env_reward" in batch:  # a multi-turn rollout: the env's step rewards, summed
+                batch["rewards"] = batch["rewards"] + batch["env_reward"]
+        if "baseline_response_text" in batch:
+            counts = torch.unique_consecutive(batch["group"], return_counts=True)[1]
+            first = (counts.cumsum(0) - counts).tolist()  # each group's first row
+
+            def pick(key: str) -> list[Any]:
+                return [batch[key][i] for i in first]
+
+            base = score_samples(self.fn, self.fn_name, pick("data_source"),
+                                 pick("baseline_response_text"), pick("ground_truth"),
+                                 pick("extra_info"), pick("prompt_uid"), step=step,
+                                 timeout_s=self.node.timeout_s)
+            batch["reward_baselines"] = torch.tensor(base, dtype=torch.float32
+                                                     ).repeat_interleave(counts)
         return batch
 
     def _take_output(self, step: int) -> str:

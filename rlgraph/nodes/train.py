@@ -39,6 +39,12 @@ class TrainSpec(ParallelNodeSpec):
                         description="passes over the batch (verl: ppo_epochs)")
     warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
                               description="linear lr warmup, in train steps")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="after the warmup: constant, or a cosine / linear "
+        "decay to min_lr_ratio x lr at the last step (verl: optim.lr_scheduler_type)")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1,
+                                description="where a decaying schedule ends, as a fraction of "
+                                "lr (verl: optim.min_lr_ratio)")
     old_logp: Literal["proximal", "rollout"] = Field(
         default="proximal", description="without a logp node, the old log-probs of an "
         "off-policy batch: 'proximal' recomputes them with the weights the step starts from "
@@ -59,10 +65,11 @@ KIND = NodeKind(
     spec=TrainSpec,
     cost=train_cost,
     uses_gpu=True,
-    default_edges=inputs_from_kinds("reward|logp|ref_logp", "generate"),
+    default_edges=inputs_from_kinds("reward|logp|ref_logp|critic", "generate"),
     worker="rlgraph.nodes.train:TrainWorker",
     advances_policy=True,
     sequence_passes=True,
+    trains=True,
     colour="#4e79a7",
     doc="one optimizer step of the policy",
     models=frozenset({"policy"}),
@@ -71,10 +78,12 @@ KIND = NodeKind(
 
 
 class TrainWorker:
-    """One train step on the batch of `step`: advantages (GRPO or whitened), then
-    `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (token-mean,
-    micro-batches accumulated, gradient clipped). Returns the metrics, including the lag of
-    every trained token, and the new policy version (one version per train step).
+    """One train step on the batch of `step`: advantages (`algorithm.advantage`: group, GAE
+    from the critic, leave-one-out, REINFORCE++, ReMax's greedy baseline), then
+    `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (aggregated
+    by `algorithm.loss_agg`, micro-batches accumulated, gradient clipped). Returns the
+    metrics, including the lag of every trained token, and the new policy version (one
+    version per train step).
 
     Among a group's replicas each gets the whole batch (advantages and the token-mean need
     all of it) and runs forward / backward on its share of every mini-batch; the gradients,
@@ -98,8 +107,10 @@ class TrainWorker:
 
         from rlgraph.engines.cpu_decode import token_logp_passes
         from rlgraph.nodes.logp import on_policy
-        from rlgraph.rl.batch import check_step, merge
-        from rlgraph.rl.loss import batch_advantages, grpo_advantages
+        from rlgraph.rl.advantages import compute_advantages
+        from rlgraph.rl.batch import check_step, merge, sample_table
+        from rlgraph.rl.lr_schedule import lr_at
+        from rlgraph.versions import oldest_trainable
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
@@ -108,13 +119,16 @@ class TrainWorker:
                              "into train")
         algo, ws = self.ws.spec.algorithm, self.ws
         rewards = batch["rewards"]
-        if algo.name == "grpo":
-            adv = grpo_advantages(rewards, batch["group"], norm_std=algo.norm_adv_by_std)
-        else:
-            adv = batch_advantages(rewards)
+        adv = compute_advantages(algo, batch)
         device = next(ws.policy.parameters()).device
         t = {k: batch[k].to(device) for k in ("sequences", "attention_mask", "behavior_logp")}
-        t["mask"], t["adv"] = batch["response_mask"].float().to(device), adv.to(device)
+        k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
+        # the lag bound, token by token: a token sampled by a version older than this step's
+        # floor is left out of the loss (and counted: `lag/stale_tokens`, in the ledger)
+        stale = batch["response_mask"].bool() & (
+            batch["token_version"] < oldest_trainable(step, ws.spec.schedule.max_lag, k))
+        trained = batch["response_mask"].bool() & ~stale
+        t["mask"], t["adv"] = trained.float().to(device), adv.to(device)
         if "ref_logp" in batch:
             t["ref_logp"] = batch["ref_logp"].to(device)
         allocator = _allocator_counters(device)
@@ -123,7 +137,6 @@ class TrainWorker:
             rows = len(rewards)
             size = -(-rows // self.node.mini_batches)
             own_forward = from_rollout = False
-            k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
             window = on_policy(batch, ws.policy_version)  # sampled by this version's weights
             if "old_logp" in batch:
                 t["old_logp"] = batch["old_logp"].to(device)
@@ -149,8 +162,10 @@ class TrainWorker:
                         t["old_logp"][own] = token_logp_passes(
                             ws.policy, t["sequences"][own], t["attention_mask"][own],
                             batch["prompt_len"], batch["temperature"],
-                            self._passes(t["mask"][own], batch["prompt_len"]))
-            lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
+                            self._even(self._passes(t["mask"][own], batch["prompt_len"]),
+                                       device))
+            lr = lr_at(self.node.lr, ws.policy_version, ws.spec.schedule.steps,
+                       self.node.warmup_steps, self.node.lr_schedule, self.node.min_lr_ratio)
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
             if k > 1 and not own_forward:  # streaming: this version's tokens anchor to the
@@ -162,7 +177,7 @@ class TrainWorker:
                 ws.policy_version += 1
             version = ws.policy_version
         valid = batch["response_mask"].bool()
-        lag = (step // k - batch["token_version"][valid]).float()
+        lag = (step // k - batch["token_version"][trained]).float()
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics.update({
             "reward/mean": float(rewards.mean()),
@@ -170,6 +185,7 @@ class TrainWorker:
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "lag/max": float(lag.max()) if lag.numel() else 0.0,
             "lag/mean": float(lag.mean()) if lag.numel() else 0.0,
+            "lag/stale_tokens": float(stale.sum()),
             "actor/entropy": float(-(batch["behavior_logp"][valid]).mean()) if valid.any()
             else 0.0,
             "response/length_mean": float(batch["response_mask"].sum(1).float().mean()),
@@ -184,8 +200,12 @@ class TrainWorker:
             **{f"train/{k}": v - allocator[k] for k, v in _allocator_counters(device).items()},
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
-        return {"step": step, "policy_version": version, "metrics": metrics,
-                "trained_uids": uids}
+        out = {"step": step, "policy_version": version, "metrics": metrics,
+               "trained_uids": uids, "stale_tokens": int(stale.sum())}
+        logging = ws.spec.logging
+        if logging.samples_every and step % k == 0 and (step // k) % logging.samples_every == 0:
+            out["sample_table"] = sample_table(batch, step // k, logging.samples)
+        return out
 
     def _passes(self, mask: torch.Tensor, prompt_len: int) -> list[tuple[torch.Tensor, int]]:
         """The forward/backward passes over these rows (indices into them, response width):
@@ -201,6 +221,16 @@ class TrainWorker:
         size = self.node.micro_batch or max(1, rows)
         return [(torch.arange(lo, min(lo + size, rows)), width) for lo in range(0, rows, size)]
 
+    def _even(self, passes: list[tuple[torch.Tensor, int]], device: torch.device
+              ) -> list[tuple[torch.Tensor, int]]:
+        """Forward-only passes padded to the busiest rank's count where the policy is
+        sharded (a repeated pass writes the same log-probs again)."""
+        if not self.ws.sharded["policy"] or not passes:
+            return passes
+        from rlgraph.worker.sharding import even_passes
+
+        return even_passes(passes, passes[-1], device)[0]
+
     def _own(self, lo: int, hi: int) -> slice:
         """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
         from rlgraph.rl.batch import shard_bounds
@@ -211,10 +241,13 @@ class TrainWorker:
     @staticmethod
     def summary(out: Batch) -> dict[str, Any]:
         """What the driver reads of a step: its figures, the samples it trained on (the
-        ledger) and the policy version it made."""
+        ledger, with the tokens left out for exceeding the lag bound), the policy version it
+        made, and on logging steps a samples table."""
         return {"metrics": dict(out.get("metrics", {})),
                 "trained_uids": list(out.get("trained_uids", [])),
-                "policy_version": int(out.get("policy_version", 0))}
+                "stale_tokens": int(out.get("stale_tokens", 0)),
+                "policy_version": int(out.get("policy_version", 0)),
+                "sample_table": list(out.get("sample_table", []))}
 
     @staticmethod
     def combine(outs: list[Batch]) -> Batch:
@@ -228,16 +261,27 @@ class TrainWorker:
         import torch
 
         from rlgraph.engines.cpu_decode import token_logp
+        from rlgraph.presets.models import PASS_WIDTH_BLOCK
         from rlgraph.rl.loss import policy_loss
+        from rlgraph.worker.sharding import even_passes, full_tensor, gradient_scale
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
+        sharded = self.ws.sharded["policy"]
+        scale = gradient_scale() if sharded else 1.0  # FSDP averages; the ranks' sum is meant
         tokens = t["mask"][rows].sum().clamp(min=1)
+        seqs = max(1, len(t["mask"][rows]))
         optimizer.zero_grad(set_to_none=True)
         figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
         own = self._own(rows.start, min(rows.stop, len(t["mask"])))
         P = batch["prompt_len"]
-        for index, w in self._passes(t["mask"][own], P):
+        passes = self._passes(t["mask"][own], P)
+        real = len(passes)
+        if sharded:  # FSDP's all-gathers: every rank runs the busiest rank's count of
+            # passes; the extra ones (row 0, a short width) add zero to the gradients
+            fill = (torch.tensor([-own.start]), min(t["mask"].shape[1], PASS_WIDTH_BLOCK))
+            passes, real = even_passes(passes, fill, tokens.device)
+        for number, (index, w) in enumerate(passes):
             sl = (own.start + index).to(tokens.device)
 
             def cut(key: str, cols: int, sl: torch.Tensor = sl) -> torch.Tensor:
@@ -249,11 +293,18 @@ class TrainWorker:
             logp = token_logp(policy, cut("sequences", P + w), cut("attention_mask", P + w),
                               P, batch["temperature"])
             old = logp.detach() * cut("mask", w) if own_forward else cut("old_logp", w)
-            terms = policy_loss(logp, old, cut("behavior_logp", w), t["adv"][sl],
-                                cut("mask", w), algo.clip, algo.is_truncation,
+            adv = t["adv"][sl] if t["adv"].dim() == 1 else t["adv"][sl, :w]
+            terms = policy_loss(logp, old, cut("behavior_logp", w), adv,
+                                cut("mask", w), algo.clip_low, algo.is_truncation,
                                 cut("ref_logp", w) if "ref_logp" in t else None,
-                                algo.kl_coef, algo.kl_type, normaliser=tokens)
-            terms.loss.backward()
+                                algo.kl_coef, algo.kl_type, normaliser=tokens,
+                                clip_high=algo.clip_high, loss_agg=algo.loss_agg,
+                                ratio_level=algo.ratio_level, seqs=seqs,
+                                max_len=self.ws.spec.data.response_len.max)
+            if number >= real:
+                (terms.loss * 0.0).backward()
+                continue
+            (terms.loss * scale).backward()
             share = float(cut("mask", w).sum() / tokens)
             figures["loss/policy"] += share * terms.policy_loss
             figures["loss/kl"] += share * terms.kl
@@ -262,7 +313,8 @@ class TrainWorker:
             figures["actor/is_truncated_frac"] += share * terms.is_truncated_frac
         replicas = self.ws.replicas
         if replicas.dp_world > 1:
-            replicas.sum_gradients(policy.parameters())
+            if not sharded:  # FSDP sums them itself (reduce-scatter in the backward)
+                replicas.sum_gradients(policy.parameters())
             summed = replicas.all_reduce(torch.tensor(list(figures.values()), dtype=torch.float64,
                                                       device=tokens.device))
             figures = dict(zip(figures, summed.tolist()))
@@ -270,7 +322,7 @@ class TrainWorker:
         grad_norm = (clip(self.node.grad_clip) if clip is not None else
                      torch.nn.utils.clip_grad_norm_(policy.parameters(), self.node.grad_clip))
         optimizer.step()
-        figures["actor/grad_norm"] = float(grad_norm)
+        figures["actor/grad_norm"] = float(full_tensor(grad_norm))
         return figures
 
 

@@ -39,6 +39,11 @@ def _add2(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
     return f"{a}+{b}=", str(a + b)
 
 
+def _calc(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(2, 9)
+    return f"{a}*{b}=", str(a * b)
+
+
 def _letters(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 4)))
 
@@ -110,6 +115,7 @@ TASKS: dict[str, TaskFn] = {
     "add_small": _add_small,  # a+b with operands 0..4: 25 facts (the quickstart's task)
     "arithmetic": _arithmetic,  # a+b with one-digit operands: 100 facts
     "add2": _add2,  # a+b with operands below 50
+    "calc": _calc,  # a*b, a two-digit, b one-digit: the calculator tool's task
     "copy": _copy,
     "reverse": _reverse,
     "longtail": _longtail,  # countdowns of long-tailed length (data.response_len)

@@ -148,6 +148,8 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
     every step. Streaming (`schedule.stream`): the version's mini-batch calls, K of them.
+    In-flight updates (`inflight`): rows never stop (kept rows are not re-encoded, except
+    with kv: recompute) and a completed group's place is refilled inside the round.
     Generate is assumed to run fresher than the bound (its weights as new as its
     step allows), the case where carrying pays; a round that holds the oldest version the
     bound allows admits no spares (`rollout_rounds.simulate`'s generate_lag)."""
@@ -156,9 +158,11 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     stride = schedule.mini_batches if schedule.stream is not None else 1
     prompts = max(1, math.ceil(per_replica / k / stride))
     check = node.sync_every if static_engine(node, ctx) else 1
+    inflight = bool(getattr(node, "inflight", False))
     profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
                                       int(schedule.max_lag), str(node.stale), check,
-                                      int(data.prompt_len), stride=stride)
+                                      int(data.prompt_len), stride=stride, inflight=inflight,
+                                      reencode=getattr(node, "kv", "keep") == "recompute")
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
                   for steps, rows, context, longest in profile.segments)
     busy = sum(steps for steps, *_ in profile.segments)
@@ -170,6 +174,8 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     """Prefill (compute-bound, 2 * N * prompt tokens, N = `ModelShape.matmul_active`) plus
     decode (see the module).
+
+    A multi-turn node (`env:`) is priced by `rlgraph.pricing.env`, turn by turn.
 
     Partial rollout (engines/partial_rollout): `partial_rounds`, the decode steps, live rows
     and their contexts of the cache's rounds as `rollout_rounds.simulate` finds them, and the
@@ -184,6 +190,10 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     # a replica samples whole prompts, the shares within one prompt (rl.batch.shard_bounds):
     # the slowest holds the larger share
     per_replica = math.ceil(data.prompts_per_step / replicas) * data.samples_per_prompt
+    if getattr(node, "env", None) is not None:  # multi-turn: priced turn by turn
+        from rlgraph.pricing.env import multi_turn_cost
+
+        return multi_turn_cost(node, ctx, per_replica, replicas)
     model = lengths.of(data.response_len)
     mean, second = lengths.moments(model)
     weights = 2 * shape.params / tp
@@ -191,22 +201,31 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
     seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
 
+    slots = ctx.extra.get("engine_slots")  # the native engine's, from the memory pass
+
     def held(rows: float) -> float:
-        return rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        rows_held = rows if free <= 0 else max(1, min(rows, free // seq_kv))
+        return min(rows_held, slots) if slots else rows_held
 
     concurrent = held(per_replica)
     decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model)
     how = ("synchronous batch streamed through the KV cache, then its longest tail"
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len
-    if ctx.spec.schedule.partial_rollout:
+    inflight = getattr(node, "inflight", False)
+    if ctx.spec.schedule.partial_rollout or inflight:
         partial, partial_steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
         decode, steps = partial, partial_steps
         how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
                f"{reencode:.3g} tokens re-encoded")
+        if inflight:
+            how = (f"in-flight updates (kv {node.kv}): rows never stop, finished groups "
+                   f"refilled inside the call, {live:.0f} rows decoding on average; "
+                   f"{reencode:.3g} tokens re-encoded; the swap's pause is switch_cost")
         prefill_tokens += reencode * replicas
-    if ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout:
+    if (ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout
+            and not inflight):
         cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
                                                    model)
         if cont < decode:

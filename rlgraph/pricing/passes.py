@@ -11,6 +11,7 @@ from rlgraph import lengths
 from rlgraph.presets.models import PASS_WIDTH_BLOCK
 from rlgraph.pricing.constants import COSTS, pass_efficiency
 from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.sharding import fsdp_collectives, sharded
 from rlgraph.pricing.system import hybrid_engine_priced
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def data_parallel_overhead(node: NodeSpec, ctx: CostContext, backward: bool, upd
     if ranks <= 1 or runtime_pass_hbm(ctx) is None:
         return 0.0
     seconds = COSTS.replica_dispatch_s
-    if backward:
+    if backward and not sharded(node):  # FSDP reduce-scatters instead (pricing.sharding)
         gradient = 2 * ctx.shape.params / node.model_parallel()
         seconds += updates * 2 * (ranks - 1) / ranks * gradient / ctx.gpu.nvlink_bytes_per_s
     return seconds
@@ -313,7 +314,9 @@ def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, fl
     activation traffic, the fp32 log-prob head and the padding mask at HBM speed (and a MoE
     model's all-to-all), while the host launches them (`host_floor` at
     COSTS.eager_pass_host_seconds_per_layer); kernels run asynchronously, so a call lasts
-    the longer of the two, plus the data-parallel replicas' dispatch and gradient sum."""
+    the longer of the two, plus the data-parallel replicas' dispatch and gradient sum. With
+    `sharding: fsdp` the device also runs FSDP's collectives, overlapped with its compute
+    (`pricing.sharding`)."""
     model = lengths.of(ctx.spec.data.response_len)
     passes = flops_per_param / 2
     units = compute_units(ctx)
@@ -324,6 +327,9 @@ def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, fl
              "padding-mask bias": mask_traffic(ctx, model, square, flops_per_param),
              "expert all-to-all": expert_all_to_all(node, ctx, tokens, passes)}
     device = compute + sum(terms.values())
+    collectives, exposed = fsdp_collectives(node, ctx, flops_per_param > 2, tokens,
+                                            mini_batches)
+    device = max(device, collectives) + exposed
     host = host_floor(node, ctx, passes, mini_batches, COSTS.eager_pass_host_seconds_per_layer)
     updates = mini_batches * epochs
     replicas = data_parallel_overhead(node, ctx, flops_per_param > 2, updates)
@@ -331,6 +337,9 @@ def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, fl
                            f"{tokens:.3g} tokens ({how}) at {COSTS.gemm_efficiency:.0%} of "
                            f"{ctx.gpus} x {ctx.gpu.name} {compute:.3g} s"
                            + "".join(f" + {k} {v:.3g} s" for k, v in terms.items() if v)
+                           + (f", FSDP all-gathers and reduce-scatters {collectives:.3g} s "
+                              f"overlapped (+{exposed:.3g} s first gathers)" if collectives
+                              else "")
                            + f" (device), host launches {host:.3g} s: the longer"
                            + (f" + replicas {replicas:.3g} s" if replicas else ""))
     return max(device, host) * epochs + replicas

@@ -13,8 +13,10 @@ the live rows' own contexts, which this records per stretch of the round.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -54,16 +56,61 @@ def draw(m: LengthModel, u: float) -> int:
     return int(min(m.max, max(1, round(x))))
 
 
+def _targets(t: int, version: int, prompts: int, in_flight: int, max_lag: int,
+             stride: int) -> tuple[int, Callable[[int], int]]:
+    """`RolloutCache.refill`'s rule: the groups a round holds before it decodes, and how many
+    it may hold once `c` of them are complete (in-flight updates refill inside the round,
+    only for later batches: none where the round's version cannot reach them)."""
+    if stride > 1:  # streaming: as many as this version's window can still train
+        window = max(1, (version + max_lag) * stride + stride - t) * prompts
+        return min(in_flight, window), lambda c: min(in_flight + min(c, prompts), window)
+    if version > oldest_trainable(t, max_lag):
+        return in_flight, lambda c: in_flight + min(c, prompts)
+    return prompts, lambda c: 0
+
+
+def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: list[int],
+                   check_every: int, room: Callable[[int], int],
+                   new_group: Callable[[int], dict]) -> int:
+    """In-flight updates: the round's last step. The engine looks every `check_every` steps;
+    a group is complete at the first look after its longest row's end. At each look (the
+    first before any step) the round ends if `prompts` groups are complete with every `must`
+    group among them, else new groups are admitted until the round holds `room(complete
+    groups)`; they start decoding at once. Appends the admitted groups to `groups` and
+    their first steps to `starts`."""
+    def detect(i: int) -> int:
+        return starts[i] + math.ceil(max(groups[i]["left"]) / check_every) * check_every
+
+    heap = [(detect(i), i) for i in range(len(groups))]
+    heapq.heapify(heap)
+    done: set[int] = set()
+    stop = 0
+    while heap:
+        stop = heap[0][0]
+        while heap and heap[0][0] == stop:
+            done.add(heapq.heappop(heap)[1])
+        if len(done) >= prompts and set(must) <= done:
+            break
+        while len(groups) < room(len(done)):  # free slots: later batches' groups
+            groups.append(new_group(stop))
+            starts.append(stop)
+            heapq.heappush(heap, (detect(len(groups) - 1), len(groups) - 1))
+    return stop
+
+
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
-             seed: int = 0, stride: int = 1) -> RoundProfile:
+             seed: int = 0, stride: int = 1, inflight: bool = False,
+             reencode: bool = True) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group). `stride` K > 1:
     streaming, one call per mini-batch of `prompts` groups, version = call // K, the whole
     batch's K x oversample x prompts groups in flight, admitted only while their version can
-    still be trained (`RolloutCache.refill`)."""
+    still be trained (`RolloutCache.refill`). `inflight` (`engines.inflight`): a completed
+    group's place is refilled inside the round (`_inflight_stop`), and carried rows keep
+    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version)."""
     rng = random.Random(seed)
     in_flight = max(prompts, math.ceil(oversample * stride * prompts))
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
@@ -88,31 +135,37 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                 kept.append(g)
             groups = kept
         carried = len(groups)
-        if stride > 1:  # streaming: as many as this version's window can still train
-            window = (version + max_lag) * stride + stride - t
-            target = min(in_flight, max(1, window) * prompts)
-        else:
-            target = in_flight if version > oldest_trainable(t, max_lag) else prompts
+        target, room = _targets(t, version, prompts, in_flight, max_lag, stride)
         re_tokens = re_square = 0.0
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
             for r, d in zip(g["left"], g["done"], strict=True):
-                if r > 0 and d > 0:
+                if r > 0 and d > 0 and (reencode or not inflight):
                     re_tokens += prompt_len + d
                     re_square += (prompt_len + d) ** 2
+
+        def new_group(_: int, version: int = version) -> dict:
+            # in flight, a group's version is that of its first token (set when it decodes
+            # one: a group admitted in a round that decodes nothing starts later)
+            return {"version": None if inflight else version,
+                    "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k}
+
         while len(groups) < target:
-            groups.append({"version": version,
-                           "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k})
+            groups.append(new_group(0))
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
         must = [i for i, g in enumerate(groups)
                 if any(g["done"]) and g["version"] < oldest_trainable(t + 1, max_lag, stride)]
         must = must[:prompts] if stale == "finish" else []
-        end = sorted(need)[prompts - 1]
-        if must:
-            end = max(end, max(need[i] for i in must))
-        longest = max(need)
-        stop = min(longest, math.ceil(end / check_every) * check_every)
-        runs = sorted((min(r, stop), prompt_len + d) for g in groups
-                      for r, d in zip(g["left"], g["done"], strict=True) if r > 0)
+        starts = [0] * len(groups)
+        if inflight:
+            stop = _inflight_stop(groups, starts, prompts, must, check_every, room, new_group)
+        else:
+            end = sorted(need)[prompts - 1]
+            if must:
+                end = max(end, max(need[i] for i in must))
+            stop = min(max(need), math.ceil(end / check_every) * check_every)
+        # rows: (first step, steps decoded this round, context at its first step)
+        runs = sorted((a, min(r, stop - a), prompt_len + d) for g, a in zip(groups, starts)
+                      for r, d in zip(g["left"], g["done"], strict=True) if r > 0 and a < stop)
         steady = t >= warm
         if steady:  # a round whose batch is already complete decodes nothing, and counts
             counted += 1
@@ -120,16 +173,19 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             totals["re"] += re_tokens
             totals["re2"] += re_square
             totals["carried"] += carried
-            totals["tokens"] += sum(r for r, _ in runs)
+            totals["tokens"] += sum(r for _, r, _ in runs)
             width = stop / SEGMENTS
             for j in range(SEGMENTS):
                 s = (j + 0.5) * width
-                alive = [c + s for r, c in runs if r > s]
+                alive = [c + s - a for a, r, c in runs if a <= s < a + r]
                 if alive:
                     segments.append((width, len(alive), sum(alive) / len(alive), max(alive)))
-        for g in groups:
-            g["done"] = [d + min(r, stop) for r, d in zip(g["left"], g["done"], strict=True)]
-            g["left"] = [max(0, r - stop) for r in g["left"]]
+        for g, a in zip(groups, starts, strict=True):
+            ran = max(0, stop - a)
+            if g["version"] is None and ran > 0:
+                g["version"] = version
+            g["done"] = [d + min(r, ran) for r, d in zip(g["left"], g["done"], strict=True)]
+            g["left"] = [max(0, r - ran) for r in g["left"]]
         complete = [i for i, g in enumerate(groups) if max(g["left"]) == 0][:prompts]
         chosen = set(complete)
         groups = [g for i, g in enumerate(groups) if i not in chosen]

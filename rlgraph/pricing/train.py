@@ -24,7 +24,8 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     torch), the forward runs twice: verl checkpoints activations by default
     (`enable_gradient_checkpointing: True` in verl/trainer/config/ppo_trainer.yaml, also set
     by the published 7B DAPO scripts), so
-    8 * N * tokens. verl's gradient all-reduce of each update overlaps the backward in
+    8 * N * tokens; with `activation_checkpointing` on any system the same recompute is
+    paid. verl's gradient all-reduce of each update overlaps the backward in
     buckets (DDP, FSDP), so only compute is priced there; rlgraph's replicas sum the
     gradients after the backward (`parallel.data_parallel_overhead`)."""
     sched = ctx.spec.schedule
@@ -33,12 +34,14 @@ def train_cost(node: NodeSpec, ctx: CostContext) -> float:
     proximal = (not any(n.kind == "logp" for n in ctx.spec.nodes.values())
                 and not hybrid_engine_priced(ctx.spec)
                 and node.old_logp == "proximal" and not on_policy)
-    recompute = 2 if hybrid_engine_priced(ctx.spec) and node.backend == "torch" else 0
+    verl_default = hybrid_engine_priced(ctx.spec) and node.backend == "torch"
+    recompute = 2 if verl_default or getattr(node, "activation_checkpointing", False) else 0
     seconds = token_pass_cost(node, ctx, (8 if proximal else 6) + recompute, COSTS.train_mfu,
                               mini_batches=node.mini_batches, response_bytes=16,
                               epochs=node.epochs)
     if proximal:
         ctx.extra["detail"] += " (incl. the proximal log-prob forward)"
     if recompute:
-        ctx.extra["detail"] += " (incl. verl's activation recompute)"
+        ctx.extra["detail"] += (" (incl. verl's activation recompute)" if verl_default else
+                                " (incl. the activation checkpointing's recomputed forward)")
     return seconds

@@ -14,9 +14,13 @@ Written by generate:
     prompt, data_source, ground_truth, extra_info   list, per row (verl's fields)
     response_text   list[str]   decoded response up to eos
     sequences       [B, P+R]    prompt (left-padded) + response (right-padded) token ids
-    attention_mask  [B, P+R]    1 on real tokens
+    attention_mask  [B, P+R]    1 on real tokens (observations of a multi-turn rollout too)
     prompt_len      int         P
-    response_mask   [B, R]      1 on response tokens up to and including eos
+    response_mask   [B, R]      1 on the tokens the policy sampled, up to and including eos
+                                (0 on a multi-turn trajectory's observation tokens: they are
+                                out of the loss, the KL term, the ratios and the lag)
+    env_reward, env_end, env_turns  multi-turn only: per row, the env's summed step rewards
+                                [B] float, why the trajectory ended, its model turns
     behavior_logp   [B, R]      log-prob of each token under the weights that sampled it
     token_version   [B, R]      policy version that sampled each token (-1 on padding)
 Written by reward:   rewards   [B] float
@@ -173,4 +177,24 @@ def combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
             out[key] = max(values)
         else:
             out[key] = sum(values) / len(values)
+    return out
+
+
+def sample_table(batch: Batch, trained_version: int, count: int) -> list[dict[str, Any]]:
+    """Up to `count` rows of a trained batch, spread over its prompts, as the samples table
+    shows them: prompt, response, reward, the (oldest) version that sampled the row, and its
+    lag behind `trained_version`."""
+    total = rows(batch)
+    picks = sorted({i * total // count for i in range(min(count, total))})
+    out = []
+    for i in picks:
+        prompt = batch["prompt"][i]
+        if not isinstance(prompt, str):
+            prompt = "\n".join(str(m.get("content", "")) for m in prompt)
+        versions = batch["token_version"][i][batch["response_mask"][i].bool()]
+        version = int(versions.min()) if len(versions) else trained_version
+        out.append({"step": int(batch["step"]), "prompt": prompt,
+                    "response": batch["response_text"][i],
+                    "reward": float(batch["rewards"][i]), "version": version,
+                    "lag": trained_version - version})
     return out

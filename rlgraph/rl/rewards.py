@@ -75,6 +75,24 @@ def last_number_match(data_source: str, solution_str: str, ground_truth: Any,
     return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
 
 
+_GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any,
+                extra_info: dict | None = None) -> float:
+    """verl's GSM8K rule (verl/utils/reward_score/gsm8k.py): the answer after `#### ` when the
+    response has one (strict), else its last number (flexible); commas dropped; 1.0 when it
+    equals the ground truth, else 0."""
+    text = str(solution_str)
+    strict = _GSM8K_STRICT.findall(text)
+    if strict:
+        answer = strict[-1].replace(",", "").rstrip(".")
+    else:
+        numbers = _NUMBER.findall(text.replace(",", ""))
+        answer = numbers[-1] if numbers else ""
+    return float(bool(answer) and answer == str(ground_truth).replace(",", "").strip())
+
+
 def length_credit(data_source: str, solution_str: str, ground_truth: Any,
                   extra_info: dict | None = None) -> float:
     """Partial credit for long answers: half for the length (1 - |len - n| / n, at least 0),
@@ -84,12 +102,22 @@ def length_credit(data_source: str, solution_str: str, ground_truth: Any,
     return 0.5 * max(0.0, 1.0 - abs(len(response) - n) / n) + 0.5 * float(response == truth)
 
 
+def final_line_match(data_source: str, solution_str: str, ground_truth: Any,
+                     extra_info: dict | None = None) -> float:
+    """1.0 if the response's last line (a multi-turn trajectory's final answer, after the
+    tools' observations) equals the ground truth, else 0."""
+    return exact_match(data_source, str(solution_str).rsplit("\n", 1)[-1], ground_truth)
+
+
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
                           extra_info: dict | None = None) -> float:
-    """The default verifier: length credit for the longtail task, exact match of the whole
-    response for every other built-in task (dispatch on data_source, as verl's)."""
+    """The default verifier: length credit for the longtail task, exact match of the last
+    line for calc (its final answer), exact match of the whole response for every other
+    built-in task (dispatch on data_source, as verl's)."""
     if data_source == "longtail":
         return length_credit(data_source, solution_str, ground_truth, extra_info)
+    if data_source == "calc":  # the answer is the last line (after any tool observations)
+        return final_line_match(data_source, solution_str, ground_truth, extra_info)
     return exact_match(data_source, solution_str, ground_truth, extra_info)
 
 

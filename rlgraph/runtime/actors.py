@@ -296,19 +296,21 @@ class GroupActor:
         """Make this actor (rank 0) its group's leader over `followers` (ranks 1..)."""
         self.followers = list(followers)
 
-    def gather_with_peers(self) -> None:
+    def gather_with_peers(self, passes: int = 1) -> None:
         """Take part in reading the policy's weights: a megatron tp shard's holder gathers the
-        shards with its peers (`_with_model_peers`); the copy stays here."""
-        with self.workspace.lock:
-            self.workspace.policy.state_dict()
+        shards with its peers, an FSDP rank all-gathers every tensor with them `passes` times
+        (`_with_model_peers`); the copy stays here."""
+        self.workspace.gather_in_step(passes)
 
-    def _with_model_peers(self, fn: Any) -> Any:
-        """`fn()` on the leader while the other ranks of its model (megatron tp) join the
-        collectives that reading its weights takes."""
+    def _with_model_peers(self, fn: Any, passes: int = 1) -> Any:
+        """`fn()` on the leader while the other ranks of its model (megatron tp; every rank
+        of a sharded policy) join the collectives that reading its weights takes (`passes`
+        whole reads for a sharded one)."""
         import ray
 
-        peers = self.followers[:self.replicas.model_parallel - 1]
-        refs = [p.gather_with_peers.remote() for p in peers]
+        sharded = self.workspace.sharded["policy"]
+        peers = self.followers if sharded else self.followers[:self.replicas.model_parallel - 1]
+        refs = [p.gather_with_peers.remote(passes) for p in peers]
         try:
             return fn()
         finally:
@@ -347,7 +349,7 @@ class GroupActor:
         """Sender half of an object-store param_update (default group: holds the group)."""
         worker = self._param_update(key.rpartition(":")[0])
         return self._with_model_peers(lambda: ws_sync.export_to_store(
-            worker, self.outbox, key, bucket_mb, receivers, verify))
+            worker, self.outbox, key, bucket_mb, receivers, verify), passes=1 + int(verify))
 
     def next_bucket(self, key: str) -> dict:
         """The next bucket reference of transfer `key` for its receiver (`serve` group)."""
@@ -450,18 +452,20 @@ class GroupActor:
 
         self.workspace.swap_if_staged()
         state = self._with_model_peers(self.workspace.state_for_checkpoint)
-        if self.replicas.model_parallel > 1:  # each tp shard has its own optimizer state
-            peers = self.followers[:self.replicas.model_parallel - 1]
+        sharded = self.workspace.sharded["policy"]
+        if (self.replicas.model_parallel > 1 or sharded) and "optimizer" in state:
+            # each tp shard (every rank of a sharded policy) has its own optimizer state
+            peers = (self.followers if sharded else
+                     self.followers[:self.replicas.model_parallel - 1])
             state["optimizer_shards"] = [state.pop("optimizer", None), *ray.get(
                 [p.optimizer_state.remote() for p in peers])]
         return state if self.device == "cpu" else to_host(state)
 
     def optimizer_state(self) -> Any:
-        """This replica's optimizer state (a megatron tp shard's, for the checkpoint)."""
-        import copy
-
+        """This replica's optimizer state (a megatron tp shard's or an FSDP rank's, for the
+        checkpoint)."""
         with self.workspace.lock:
-            state = copy.deepcopy(self.workspace.optimizer.state_dict())
+            state = self.workspace.optimizer_state()
         return state if self.device == "cpu" else to_host(state)
 
     def load_checkpoint(self, state: dict) -> int:

@@ -370,11 +370,15 @@ class Ledger:
             os.fsync(f.fileno())
         tmp.replace(self.path)
 
-    def append(self, step: int, uids: list[str], policy_version: int) -> None:
-        """Record what train step `step` trained on (on disk before this returns)."""
+    def append(self, step: int, uids: list[str], policy_version: int,
+               stale_tokens: int = 0) -> None:
+        """Record what train step `step` trained on (on disk before this returns);
+        `stale_tokens`: response tokens left out of its loss for exceeding the lag bound."""
+        row = {"step": step, "policy_version": policy_version, "prompt_uids": uids}
+        if stale_tokens:
+            row["stale_tokens"] = stale_tokens
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, "policy_version": policy_version,
-                                "prompt_uids": uids}) + "\n")
+            f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

@@ -28,13 +28,14 @@ from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
+from rlgraph.runtime.loggers import check_loggers
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tasks import Completion
 from rlgraph.runtime.tracing import Tracer, load_events
-from rlgraph.runtime.weight_sync import Route, backend_for, connect_route, resolve_transport
-from rlgraph.weights import BucketMiB
+from rlgraph.runtime.weight_sync import Route, backend_for, connect_route
+from rlgraph.weights import resolve_transport
 
 __all__ = ["CHECKPOINT_EVERY_S", "RunOptions", "RunResult", "Runner"]
 
@@ -100,9 +101,18 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        check_loggers(self.spec.logging)
         refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
+            if getattr(spec, "backend", "torch") == "megatron" and spec.pp > 1:
+                err = SpecError(f"backend megatron runs pp 1 only here (got pp {spec.pp}): "
+                                "rlgraph calls the GPTModel as one module, and pipeline stages "
+                                "need megatron-core's forward_backward schedule",
+                                ("nodes", node, "pp"), hint="use tp, or backend: torch with "
+                                "sharding: fsdp, for a model too large for one GPU")
+                err.source = self.spec.source
+                raise err
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
                     and self.local):
                 err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
@@ -110,22 +120,6 @@ class Runner:
                                 hint="write tp: 1 (or run on GPUs)")
                 err.source = self.spec.source
                 raise err
-            if getattr(spec, "sharding", "none") == "fsdp":
-                err = SpecError("sharding: fsdp is priced by the compiler but this runtime "
-                                "does not shard yet", ("nodes", node, "sharding"),
-                                hint="write sharding: none")
-                err.source = self.spec.source
-                raise err
-            if node in self.plan.weight_sync and self._transport(node) == "nccl":
-                buckets = BucketMiB.of(self.plan.weight_sync[node].bucket_mb)
-                if buckets.produce_bytes % buckets.consume_bytes:
-                    err = SpecError(f"the nccl transport cuts each produce bucket into consume "
-                                    f"chunks: produce {buckets.produce:g} MiB is not a multiple "
-                                    f"of consume {buckets.consume:g} MiB",
-                                    ("nodes", node, "bucket_mb"),
-                                    hint="e.g. bucket_mb: {produce: 512, consume: 128}")
-                    err.source = self.spec.source
-                    raise err
 
     def _model_parallel_notes(self) -> list[str]:
         """Model parallelism the plan's cost model counts but this runtime does not run:
@@ -299,7 +293,9 @@ class Runner:
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
-        report = StepReport(result, MetricsWriter(out, first, opts.tensorboard),
+        metrics = MetricsWriter(out, first, opts.tensorboard, self.spec.logging, self.spec.name,
+                                self.spec_data)
+        report = StepReport(result, metrics,
                             ckpt.Ledger(out, first_step=first), tracer, nodes=list(self.kinds),
                             groups=self.groups, max_lag=self.max_lag, lag_bound=self.lag_bound,
                             on_step=opts.on_step)
@@ -435,6 +431,9 @@ class Runner:
             extra.update(version=info.get("version"), bytes=info.get("bytes", 0))
         if info.get("fused"):  # ran in one actor call with the other tasks of its chain
             extra["fused"] = info["fused"]
+        env_spans = info.get("summary", {}).get("env_spans")
+        if env_spans:  # a multi-turn generate's env calls: the timeline's env lane
+            tracer.record_env(task.node, task.step, env_spans)
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
 

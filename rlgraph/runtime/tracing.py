@@ -25,6 +25,8 @@ import networkx as nx
 
 from rlgraph.nodes import KINDS
 
+ENV_KIND = "env"  # the timeline lane of environment calls (multi-turn generate)
+
 
 @dataclass
 class Tracer:
@@ -33,6 +35,17 @@ class Tracer:
     t0: float
     offset: float = 0.0  # a resumed run continues after the earlier spans
     events: list[dict[str, Any]] = field(default_factory=list)
+    env_events: list[dict[str, Any]] = field(default_factory=list)  # the env lane
+
+    def record_env(self, node: str, step: int, spans: Iterable[tuple[float, float]]) -> None:
+        """Env calls of a multi-turn generate (wall-clock intervals) on the timeline's own
+        `env` lane, apart from the task spans (no task waits on them)."""
+        for start, end in spans:
+            self.env_events.append({
+                "node": f"{node} env", "kind": ENV_KIND, "step": step,
+                "start": round(start - self.t0 + self.offset, 6),
+                "end": round(max(end, start) - self.t0 + self.offset, 6),
+                "group": ENV_KIND, "occupies": [ENV_KIND]})
 
     def record(self, node: str, kind: str, step: int, start: float, end: float,
                occupies: Iterable[str], **extra: Any) -> dict[str, Any]:
@@ -54,7 +67,8 @@ class Tracer:
         """trace.json: the spans as a Chrome trace (Perfetto / chrome://tracing)."""
         from rlgraph.report.chrome_trace import chrome_trace
 
-        trace = chrome_trace(sorted(self.events, key=lambda e: (e["start"], e["node"])),
+        events = self.events + self.env_events
+        trace = chrome_trace(sorted(events, key=lambda e: (e["start"], e["node"])),
                              title, groups=groups, kinds=kinds)
         trace.setdefault("otherData", {}).update(other or {})
         tmp = path.with_suffix(".tmp")
@@ -64,14 +78,16 @@ class Tracer:
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
-    """The event dicts of an earlier trace.json (a resumed run keeps them)."""
+    """The task event dicts of an earlier trace.json (a resumed run keeps them; its env lane
+    is left out)."""
     from rlgraph.readback import read_json
     from rlgraph.report.chrome_trace import events_from_trace
 
     if not path.exists() and not path.is_symlink():
         return []
     what = "restore it from a copy of the run dir, or delete it (the timeline then starts anew)"
-    return events_from_trace(read_json(path, what), f"{path}")
+    return [e for e in events_from_trace(read_json(path, what), f"{path}")
+            if e.get("kind") != ENV_KIND]
 
 
 # ---------------------------------------------------------------- overhead

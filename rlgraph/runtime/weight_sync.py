@@ -47,13 +47,6 @@ TIMEOUT_S = 3600.0  # a side that waits longer for the other fails with a clear 
 # (a receiver may be sent while its sender still queues behind a long train step)
 
 
-def resolve_transport(transport: str, device: str) -> str:
-    """`auto` -> `nccl` on GPUs, `object_store` on CPU; the others as written."""
-    if transport == "auto":
-        return "object_store" if device == "cpu" else "nccl"
-    return transport
-
-
 def backend_for(device: str) -> str:
     """torch.distributed backend of the nccl transport: NCCL on GPUs, gloo on CPU."""
     return "gloo" if device == "cpu" else "nccl"

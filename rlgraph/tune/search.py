@@ -55,6 +55,7 @@ from rlgraph.tune.space import (
     SearchSpace,
     bell,
     idle_gpus,
+    in_flight,
     streamed,
 )
 
@@ -80,24 +81,26 @@ class Plan:
     origin: str = "search"  # "input" for the user's own plan
     candidate: Candidate | None = None
     mini_batches: int | None = None  # streaming's mini-batches per version (None: none)
+    inflight: bool = False  # generate's in-flight weight updates
 
     def key(self) -> tuple:
-        """Rank: period, then lag, idle GPUs, partial off, the user's plan, fewer groups."""
+        """Rank: period, then lag, idle GPUs, partial off, the user's plan, fewer groups,
+        fewer mini-batches, in-flight updates off."""
         return (float(f"{self.period_s:.9g}"), self.max_lag, round(self.idle_gpus, 6),
                 self.partial_rollout, self.origin != "input", len(self.groups),
-                self.mini_batches or 0,
+                self.mini_batches or 0, self.inflight,
                 [(g["name"], g["gpus"]) for g in self.groups])
 
     def layout(self) -> tuple:
         """Plans with equal layout differ in lag only; the ranking keeps the best of them."""
         return (tuple((*sorted(g["tasks"]), g["gpus"]) for g in self.groups),
-                self.partial_rollout, self.tp)
+                self.partial_rollout, self.tp, self.inflight)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (for --json consumers and the benchmark)."""
         return {"groups": self.groups, "max_lag": self.max_lag,
                 "partial_rollout": self.partial_rollout, "tp": self.tp,
-                "mini_batches": self.mini_batches,
+                "mini_batches": self.mini_batches, "inflight": self.inflight,
                 "period_s": self.period_s, "bound_s": self.bound_s,
                 "idle_gpus": self.idle_gpus, "bottleneck": self.bottleneck,
                 "origin": self.origin}
@@ -170,7 +173,7 @@ def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
     util = utilization(tg, ev.period_s)
     return Plan(groups, cand.max_lag, cand.partial_rollout, cand.tp, ev.period_s, ev.bound_s,
                 ev.idle_gpus, describe_bottleneck(tg, bound, ev.period_s, util), ev.spec,
-                candidate=cand, mini_batches=streamed(ev.spec))
+                candidate=cand, mini_batches=streamed(ev.spec), inflight=in_flight(ev.spec))
 
 
 def _input_plan(spec: Spec, measured: dict[str, float] | None
@@ -190,7 +193,7 @@ def _input_plan(spec: Spec, measured: dict[str, float] | None
     idle = idle_gpus(tg, sched.period_s, placement, placement.slots)
     return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
                 sched.period_s, sched.bound_s, idle, sched.bottleneck, spec,
-                origin="input", mini_batches=streamed(spec)), None, plan
+                origin="input", mini_batches=streamed(spec), inflight=in_flight(spec)), None, plan
 
 
 def _sync_period(spec: Spec, scale: dict[str, float]) -> float:
@@ -242,6 +245,17 @@ class _Search:
                 continue
             for k in self.space.stream_choices:
                 self.try_candidate(replace(plan.candidate, mini_batches=k), self.board.cutoff())
+
+    def refine_inflight(self) -> None:
+        """In-flight updates off and on, tried on each ranked plan that can hold them (the
+        search ran with the user's setting, which is on)."""
+        if not self.space.inflight:
+            return
+        for plan in self.board.ranked():
+            if plan.candidate is not None and plan.max_lag >= 1 and (
+                    plan.partial_rollout or plan.mini_batches is not None):
+                self.try_candidate(replace(plan.candidate, inflight=not plan.inflight),
+                                   self.board.cutoff())
 
     @staticmethod
     def _entry(out: list, cand: Candidate, load: float, path: float, cutoff: float) -> None:
@@ -465,6 +479,7 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
         starts += [p.candidate for p in board.ranked() if p.candidate]
         search.local_search(starts, seed)
     search.refine_mini_batches()
+    search.refine_inflight()
     ranked = board.ranked()
     if not ranked:
         raise SpecError("no plan fits this cluster: every grouping is refused by the placement "

@@ -14,6 +14,11 @@ A candidate plan is a `Candidate`: a partition of the grouped tasks into colocat
 - `max_lag` runs over 0..the user's bound; partial rollout is tried only where the user turned
   it on (it changes what a sample is: tokens of several versions), and only with max_lag >= 1.
 - generate's tp runs over the choices given (`tune(..., tp_choices=...)`), else stays as written.
+- Sharding: a group whose model state does not fit its GPUs replicated gets `sharding: fsdp`
+  on its torch passes (train, logp, ref_logp) where that makes it fit (`SearchSpace.sharding`):
+  FSDP costs collectives and saves memory only, so a group that fits replicated stays so.
+- A multi-turn generate's env workers: the fewest, at most the graph's, that step every
+  trajectory in flight at once (`env_workers`; more never lowers the env's cost).
 - Streaming (only where the user set `schedule.stream`): the mini-batches per version run
   over `stream_choices` (the divisors of prompts_per_step among 1, 2, 4, 8, 16 and the
   user's), tried on the best layouts the search found (`_Search.refine_mini_batches`): costs
@@ -63,11 +68,13 @@ class Candidate:
     partial_rollout: bool
     tp: int | None = None  # generate's tp; None keeps the graph's
     mini_batches: int | None = None  # streaming's mini-batches per version; None: the graph's
+    inflight: bool | None = None  # generate's in-flight updates; None: the graph's
 
     @property
     def layout(self) -> tuple:
         """Everything but the lag: candidates sharing it share placement and costs."""
-        return (self.blocks, self.sizes, self.partial_rollout, self.tp, self.mini_batches)
+        return (self.blocks, self.sizes, self.partial_rollout, self.tp, self.mini_batches,
+                self.inflight)
 
 
 @dataclass
@@ -89,9 +96,27 @@ class Evaluation:
         return self.error is None and self.period_s is not None
 
 
+def env_workers(node: Any, spec: Spec, partial: bool) -> Any:
+    """A multi-turn generate with the fewest env workers (at most the graph's) whose threads
+    step all its trajectories in flight at once: the env's cost never falls with more (the
+    pool then holds every trajectory), so this is the search's optimum of that dimension,
+    with the fewest actors. Other nodes as they are."""
+    env = getattr(node, "env", None)
+    if env is None:
+        return node
+    rows = spec.data.samples_per_step() * (float(node.oversample) if partial else 1.0)
+    workers = max(1, min(env.workers, math.ceil(rows / env.threads)))
+    return node.model_copy(update={"env": env.model_copy(update={"workers": workers})})
+
+
 def streamed(spec: Spec) -> int | None:
     """A plan's mini-batches per version, None when it does not stream."""
     return spec.schedule.stream.mini_batches if spec.schedule.stream is not None else None
+
+
+def in_flight(spec: Spec) -> bool:
+    """Whether a plan's generate takes new weights in flight (`generate.inflight`)."""
+    return any(getattr(n, "inflight", False) for n in spec.nodes.values())
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[list[list[str]]]:
@@ -141,6 +166,10 @@ class SearchSpace:
             {k for k in (1, 2, 4, 8, 16) if prompts % k == 0} | {stream.mini_batches})
         ) if stream is not None else ()
         self._packs: dict[tuple[int, ...], bool] = {}
+        self._sharding: dict[tuple, tuple[str, ...] | None] = {}
+        # in-flight updates are tried only where the user turned them on (kv: keep changes
+        # the behaviour policy a little), with and without (`_Search.refine_inflight`)
+        self.inflight = any(getattr(n, "inflight", False) for n in spec.nodes.values())
 
     def canonical(self, blocks: Sequence[Sequence[str]]) -> tuple[Block, ...]:
         """Blocks in the order of their first task, tasks in the user's order."""
@@ -186,16 +215,42 @@ class SearchSpace:
         return out
 
     def spec_for(self, cand: Candidate) -> Spec:
-        """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`."""
+        """The candidate as a Spec: shares = GPUs / slots, so placement gives exactly `sizes`;
+        each group sharded as `sharding` says."""
         groups = {name: GroupSpec(share=size / self.slots, tasks=list(block))
                   for name, block, size in zip(self.names(cand.blocks), cand.blocks, cand.sizes)}
+        sharded = [t for block, size in zip(cand.blocks, cand.sizes)
+                   for t in self.sharding(block, size, cand.tp) or ()]
         return self.variant(groups, cand.max_lag, cand.partial_rollout, cand.tp,
-                            cand.mini_batches)
+                            cand.mini_batches, cand.inflight, sharded)
+
+    def sharding(self, block: Block, size: int, tp: int | None) -> tuple[str, ...] | None:
+        """The block's nodes to shard with FSDP on `size` GPUs: none where the placement
+        pass accepts the block as written, its torch passes where only sharded it fits (or
+        divides), None where neither is accepted."""
+        key = (block, size, tp)
+        if key not in self._sharding:
+            group = {"probe": GroupSpec(share=size / self.slots, tasks=list(block))}
+            shardable = tuple(t for t in block
+                              if getattr(self.spec.nodes[t], "sharding", None) == "none"
+                              and getattr(self.spec.nodes[t], "backend", "torch") == "torch")
+            self._sharding[key] = None
+            for nodes in ((), shardable) if shardable else ((),):
+                try:
+                    place(self.variant(group, 0, False, tp, sharded=nodes))
+                except SpecError:
+                    continue
+                self._sharding[key] = nodes
+                break
+        return self._sharding[key]
 
     def variant(self, groups: dict[str, GroupSpec], lag: int, partial: bool,
-                tp: int | None, mini_batches: int | None = None) -> Spec:
-        """The user's spec with other groups, lag, partial rollout, generate tp and
-        streaming's mini-batches."""
+                tp: int | None, mini_batches: int | None = None,
+                inflight: bool | None = None, sharded: Sequence[str] = ()) -> Spec:
+        """The user's spec with other groups, lag, partial rollout, generate tp,
+        streaming's mini-batches, in-flight updates (None: the user's, kept where the
+        plan has the rollout cache and a lag for them, `compiler.lag.check_inflight`) and
+        `sharding: fsdp` on the `sharded` nodes."""
         spec = self.spec
         update: dict[str, Any] = {"max_lag": lag, "partial_rollout": partial}
         stream = spec.schedule.stream
@@ -204,9 +259,18 @@ class SearchSpace:
         elif stream is not None and mini_batches is not None:
             update["stream"] = stream.model_copy(update={"mini_batches": mini_batches})
         schedule = spec.schedule.model_copy(update=update)
-        nodes = spec.nodes if tp is None else {
-            n: node.model_copy(update={"tp": tp}) if KINDS[node.kind].samples else node
-            for n, node in spec.nodes.items()}
+        holds = lag >= 1 and (partial or schedule.stream is not None)
+        nodes = {}
+        for n, node in spec.nodes.items():
+            change: dict[str, Any] = {}
+            if tp is not None and KINDS[node.kind].samples:
+                change["tp"] = tp
+            if n in sharded:
+                change["sharding"] = "fsdp"
+            if getattr(node, "inflight", False) or inflight:
+                change["inflight"] = holds and (node.inflight if inflight is None else inflight)
+            nodes[n] = node.model_copy(update=change) if change else node
+        nodes = {n: env_workers(node, spec, partial) for n, node in nodes.items()}
         return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
 
     def streams(self, groups: Mapping[str, GroupSpec]) -> bool:
@@ -292,7 +356,6 @@ class Evaluator:
         self.dag.add_nodes_from(graph)
         self.topo = list(nx.topological_sort(self.dag))
         self.back = [(u, v) for u, v, d in graph.edges(data="distance") if d]
-        self._valid: dict[tuple, bool] = {}
         self._tables: dict[tuple, dict[str, float]] = {}
         self._loads: dict[tuple, float] = {}
         self._graphs: dict[tuple[Block, ...], Any] = {}
@@ -305,21 +368,8 @@ class Evaluator:
 
     def valid_sizes(self, block: Block, tp: int | None) -> list[int]:
         """Sizes the placement pass accepts for this block as a group on its own."""
-        out = []
-        for size in self.space.sizes:
-            key = (block, size, tp)
-            if key not in self._valid:
-                probe = self.space.variant(
-                    {"probe": GroupSpec(share=size / self.space.slots, tasks=list(block))},
-                    0, False, tp)
-                try:
-                    place(probe)
-                    self._valid[key] = True
-                except SpecError:
-                    self._valid[key] = False
-            if self._valid[key]:
-                out.append(size)
-        return out
+        return [size for size in self.space.sizes
+                if self.space.sharding(block, size, tp) is not None]
 
     def _graph(self, blocks: tuple[Block, ...]) -> Any:
         if blocks not in self._graphs:
@@ -350,7 +400,8 @@ class Evaluator:
         blocks = (block, rest) if rest else (block,)
         graph, names = self._graph(blocks)
         spec = space.variant({n: GroupSpec(share=0.5, tasks=list(b))
-                              for n, b in zip(names, blocks)}, lag, partial, tp)
+                              for n, b in zip(names, blocks)}, lag, partial, tp,
+                             sharded=space.sharding(block, size, tp) or ())
         span = max(1, math.ceil(size / space.per_node))
         out: dict[str, float] = {}
         for across in (False, True) if space.machines > 1 else (False,):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,6 +325,60 @@ class WeightSender:
             torch.cuda.current_stream().synchronize()
         n_buckets = -(-layout.total // self.produce_bytes)
         return SyncStats(version, layout.total, time.perf_counter() - start, n_buckets, len(plan),
+                         host)
+
+
+    def send_gathered(self, specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                      buckets: Iterator[dict[str, torch.Tensor]], version: int,
+                      wait: bool = True) -> SyncStats:
+        """Broadcast weights that become whole a bucket at a time (a sharded policy gathers
+        each bucket as it is reached): `specs` are their (name, shape, dtype) in the order
+        `buckets` yields them. Receivers see the same header and consume chunks as `send`'s;
+        the sender holds the buckets a chunk spans and two chunk buffers, never the model."""
+        start = time.perf_counter()
+        dev = self.group.device
+        layout = Layout.build(specs)
+        if layout.key not in self._published:
+            self.group.store.set(f"layout/{layout.key}", layout.json)
+            self._published.add(layout.key)
+        header = torch.tensor([MAGIC, version, layout.key, layout.total, self.consume_bytes],
+                              dtype=torch.int64, device=dev)
+        self.group.broadcast(header).wait()
+        index = {slot.name: i for i, slot in enumerate(layout.slots)}
+        held: dict[int, torch.Tensor] = {}  # slot -> its whole tensor's bytes
+        bufs = [torch.empty(self.consume_bytes, dtype=torch.uint8, device=dev) for _ in range(2)]
+        works: list[Any] = [None, None]
+        chunks = gathered = 0
+        for c in range(0, layout.total, self.consume_bytes):
+            hi = min(c + self.consume_bytes, layout.total)
+            buf = bufs[chunks % 2]
+            if works[chunks % 2] is not None:
+                works[chunks % 2].wait()  # the broadcast that read this buffer is done
+            for i, a, b in layout.pieces(c, hi):
+                while i not in held:
+                    bucket = next(buckets)
+                    gathered += 1
+                    for name, tensor in bucket.items():
+                        if tensor.device != dev:
+                            raise WeightSyncError(f"tensor {name!r} is on {tensor.device}, "
+                                                  f"the group on {dev}")
+                        held[index[name]] = as_bytes(tensor)
+                offset = layout.slots[i].offset
+                buf[offset + a - c:offset + b - c].copy_(held[i][a:b])
+            works[chunks % 2] = self.group.broadcast(buf[:hi - c])
+            chunks += 1
+            for i in [i for i in held if layout.slots[i].offset + layout.slots[i].nbytes <= hi]:
+                del held[i]  # its last byte has gone out
+        for work in works:
+            if work is not None:
+                work.wait()
+        for _ in buckets:  # every rank of a sharded policy gathers every bucket
+            gathered += 1
+        self._keep = [header]
+        host = time.perf_counter() - start
+        if wait and self.group.is_cuda:
+            torch.cuda.current_stream().synchronize()
+        return SyncStats(version, layout.total, time.perf_counter() - start, gathered, chunks,
                          host)
 
 

@@ -1,4 +1,6 @@
-"""Supervised warm start: `model.warm_start.steps` of cross-entropy on the task's answers.
+"""Supervised warm start: `model.warm_start.steps` of cross-entropy on the task's answers
+(or, for a generate node whose environment demonstrates, on its demonstrations played
+through the environment: `rlgraph.envs.demonstrate`).
 
 RL from random weights cannot learn an exact-answer task: a random policy almost never
 samples a correct answer, so every GRPO group has zero advantage. A short supervised warm
@@ -83,7 +85,11 @@ def cache_path(spec: Spec, seed: int, tokenizer: Tokenizer, base_dir: Path | Non
     """Where the warm-started weights of this (model, data, warm start, seed) are kept
     (`.safetensors`; the losses beside it as `.json`)."""
     vocab = getattr(tokenizer, "itos", tokenizer.vocab_size)
+    from rlgraph.envs.demonstrate import demonstrating_env
+
+    env = demonstrating_env(spec)  # demonstrations through the env, when it gives them
     key = json.dumps({"model": spec.model.model_dump(mode="json"), "vocab": vocab,
+                      **({"env": env.model_dump(mode="json")} if env is not None else {}),
                       "data": [spec.data.task, _data_digest(spec, base_dir), spec.data.seed],
                       "seed": seed, "torch": torch.__version__, "v": _VERSION},
                      sort_keys=True, default=str)
@@ -141,7 +147,10 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
     cached = _load_cached(model, path)
     if cached is not None:
         return cached
+    from rlgraph.envs.demonstrate import demonstrating_env, demonstration_batch
+
     source = DataSource(spec.data, "train", base_dir)
+    env = demonstrating_env(spec)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: bit-identical results in every process
     try:
@@ -150,8 +159,10 @@ def warm_start(model: torch.nn.Module, tokenizer: Tokenizer, spec: Spec, seed: i
             optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
             losses = []
             for step in range(ws.steps):
-                batch = sft_batch(tokenizer, _examples(spec, source, step * ws.batch_size,
-                                                       ws.batch_size))
+                examples = _examples(spec, source, step * ws.batch_size, ws.batch_size)
+                batch = (sft_batch(tokenizer, examples) if env is None else
+                         demonstration_batch(env, tokenizer, examples,
+                                             spec.data.response_len.max, base_dir))
                 logp = token_logp(model, batch["sequences"], batch["attention_mask"],
                                   batch["prompt_len"])
                 loss = -masked_mean(logp, batch["response_mask"])

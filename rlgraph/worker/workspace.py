@@ -28,17 +28,19 @@ import hashlib
 import importlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlgraph.errors import SpecError
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import build_tokenizer
 from rlgraph.weights import BucketMiB
-from rlgraph.weights.buckets import WeightSyncError, digest, export_buckets
+from rlgraph.weights.buckets import WeightSyncError, bucket_names, digest, export_buckets
 from rlgraph.weights.dual_buffer import DualBuffer
+from rlgraph.worker import sharding
 from rlgraph.worker.replicas import Replicas
 from rlgraph.worker.warm_start import warm_start
 
@@ -71,9 +73,15 @@ class Workspace:
         self.reference: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.warm_start_losses: list[float] = []
+        # bf16 on GPUs, fp32 on the host: what the policy's whole weights travel as
+        self.weight_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        self.sharded = {"policy": False, "reference": False}
         if models:
+            self.sharded = sharding.sharded_models(spec, self.tasks)
+            self._refuse_sharded_generate(models)
             # the warm start (and its cache) is CPU fp32 everywhere, so every group of every
             # device starts from the same weights; a GPU workspace then casts them to bf16
+            # (a sharded model then takes fp32 masters of them: `_placed`)
             warm = spec.model.warm_start.steps > 0 and device != "cpu"
             initial = build_model(spec.model, self.tokenizer, seed, "cpu" if warm else device)
             self.warm_start_losses = warm_start(initial, self.tokenizer, spec, seed,
@@ -88,13 +96,42 @@ class Workspace:
             if "reference" in models:
                 self.reference = copy.deepcopy(initial) if "policy" in models else initial
                 self.reference.requires_grad_(False)
+                self.reference = self._placed(self.reference, "reference")
             if "policy" in models:
-                self.policy = initial
+                self.policy = self._placed(initial, "policy")
         stepping = [(t, kind.optimizer) for t, kind in zip(tasks, kinds) if kind.optimizer]
         if stepping:
             task, make_optimizer = stepping[0]
             self.optimizer = make_optimizer(spec.nodes[task], self.policy)
         self._workers: dict[str, Any] = {}
+
+    def _refuse_sharded_generate(self, models: frozenset[str]) -> None:
+        """A sharded policy serves its group's model tasks only: a task that holds the policy
+        but runs no sequence passes (generate: the native engine decodes with a whole model)
+        cannot share the group."""
+        if not self.sharded.get("policy"):
+            return
+        decoding = [t for t in self.tasks if "policy" in self.spec.kind_of(t).models
+                    and not hasattr(self.spec.nodes[t], "sharding")]
+        if decoding:
+            user = next(t for t in self.tasks if getattr(self.spec.nodes[t], "sharding",
+                                                         "none") == "fsdp")
+            raise SpecError(f"sharding: fsdp cannot share a group with '{decoding[0]}' (the "
+                            "decode engine runs a whole model)", ("nodes", user, "sharding"),
+                            hint="give generate its own group, or write sharding: none")
+
+    def _placed(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
+        """`model` as this workspace runs it: sharded (rlgraph.worker.sharding) where its
+        tasks say `sharding: fsdp`, else as built; the policy's decoder layers recompute
+        their activations in the backward where a task asks for activation checkpointing."""
+        checkpointing = sharding.checkpointing_of(self.spec, self.tasks) and role == "policy"
+        if not self.sharded[role]:
+            if checkpointing and hasattr(model, "model"):  # megatron: its own layers
+                sharding.checkpoint_layers(model)
+            return model
+        # fp32 masters of the weights every group holds, on the host until sharded
+        model = model.to(device="cpu", dtype=torch.float32)
+        return sharding.shard(model, self.device, checkpointing)
 
     def worker(self, node_name: str) -> Any:
         """The node's worker bound to this workspace (built once, imported lazily)."""
@@ -118,7 +155,49 @@ class Workspace:
         """The policy's weights at the current version, cut into buckets of
         `bucket_mb.produce` MiB."""
         with self.lock:
+            if self.sharded["policy"]:
+                buckets = list(self.weight_buckets(BucketMiB.of(bucket_mb).produce_bytes))
+                return [{"version": self.policy_version, "index": i, "total": len(buckets),
+                         "tensors": {n: t.to("cpu") for n, t in bucket.items()}}
+                        for i, bucket in enumerate(buckets)]
             return export_buckets(self.policy.state_dict(), self.policy_version, bucket_mb)
+
+    def weight_buckets(self, produce_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The policy's whole weights, a bucket of at most `produce_bytes` at a time (state-dict
+        order; a larger tensor alone). A sharded policy gathers each bucket on the device as
+        it is reached (every rank of the group iterates in step); a whole one yields its
+        own tensors."""
+        if self.sharded["policy"]:
+            yield from sharding.gathered_buckets(self.policy, produce_bytes, self.weight_dtype)
+            return
+        state = self.policy.state_dict()
+        for names in bucket_names(state, produce_bytes / float(1 << 20)):
+            yield {n: state[n] for n in names}
+
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """(name, shape, dtype) of every tensor `weight_buckets` yields, in its order."""
+        if self.sharded["policy"]:
+            return sharding.weight_specs(self.policy, self.weight_dtype)
+        return [(n, tuple(t.shape), t.dtype) for n, t in self.policy.state_dict().items()]
+
+    def host_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's whole weights as host tensors (a sharded policy gathers them one
+        tensor at a time, every rank in step); `dtype` None keeps the masters' own."""
+        if self.sharded["policy"]:
+            return sharding.host_state(self.policy, dtype)
+        return {k: v.detach().to("cpu", dtype or v.dtype, copy=True)
+                for k, v in self.policy.state_dict().items()}
+
+    def gather_in_step(self, passes: int) -> None:
+        """A rank of a sharded policy joins `passes` whole-weight reads of its leader (every
+        tensor all-gathered once per pass, in state-dict order); megatron tp: one read."""
+        with self.lock:
+            if not self.sharded["policy"]:
+                self.policy.state_dict()
+                return
+            for _ in range(passes):
+                for tensor in self.policy.state_dict().values():
+                    sharding.full_tensor(tensor)
 
     def receive_bucket(self, bucket: dict, bucket_mb: BucketMiB | None = None) -> None:
         """Stage a bucket in the second buffer, `bucket_mb.consume` MiB at a time; the live
@@ -178,6 +257,8 @@ class Workspace:
     def weights_digest(self) -> str:
         """SHA-256 of the policy weights: equal on sender and receiver after a sync."""
         with self.lock:
+            if self.sharded["policy"]:
+                return digest(self.host_weights(self.weight_dtype))
             return digest(self.policy.state_dict())
 
     def staged_digest(self) -> str:
@@ -195,21 +276,41 @@ class Workspace:
         with self.lock:
             state: dict[str, Any] = {"policy_version": self.policy_version, "seed": self.seed}
             if self.policy is not None:
-                state["weights"] = {k: v.detach().to("cpu", copy=True)
-                                    for k, v in self.policy.state_dict().items()}
+                state["weights"] = self.host_weights()
             if self.optimizer is not None:
-                state["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+                state["optimizer"] = self.optimizer_state()
+            workers = {name: worker.state_dict() for name, worker in self._workers.items()
+                       if hasattr(worker, "state_dict")}  # a model of its own (critic)
+            if workers:
+                state["workers"] = workers
             return state
+
+    def optimizer_state(self) -> Any:
+        """The optimizer's state (a sharded policy's: this rank's shards, on the host)."""
+        if self.sharded["policy"]:
+            return sharding.optimizer_shard(self.optimizer)
+        return copy.deepcopy(self.optimizer.state_dict())
 
     def load_checkpoint(self, state: dict) -> None:
         """Restore what `state_for_checkpoint` returned."""
         with self.lock:
+            sharded = self.sharded["policy"]
             if self.policy is not None and "weights" in state:
-                self.policy.load_state_dict(state["weights"])
+                if sharded:
+                    sharding.load_whole(self.policy, state["weights"])
+                else:
+                    self.policy.load_state_dict(state["weights"])
             optimizer = state.get("optimizer")
-            if state.get("optimizer_shards"):  # megatron tp: one state per shard
-                optimizer = state["optimizer_shards"][self.replicas.model_rank]
+            if state.get("optimizer_shards"):  # megatron tp / fsdp: one state per shard
+                rank = self.replicas.rank if sharded else self.replicas.model_rank
+                optimizer = state["optimizer_shards"][rank]
             if self.optimizer is not None and optimizer is not None:
-                self.optimizer.load_state_dict(optimizer)
+                if sharded:
+                    sharding.load_optimizer_shard(self.optimizer, optimizer)
+                else:
+                    self.optimizer.load_state_dict(optimizer)
+            for name, saved in (state.get("workers") or {}).items():
+                if name in self.tasks:
+                    self.worker(name).load_state_dict(saved)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it

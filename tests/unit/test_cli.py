@@ -300,10 +300,7 @@ def test_readme_graph_example_compiles(tmp_path: Path,
     block = re.search(r"## graph.yaml\n\n```yaml\n(.*?)```", README.read_text(), re.S)
     assert block, "README lost its graph.yaml example"
     (tmp_path / "graph.yaml").write_text(block.group(1))
-    # the memory check needs the 7B passes cut into micro_tokens (until the README says so)
-    sized = [f"nodes.{n}.micro_tokens=16384" for n in ("logp", "ref_logp", "train")]
-    status, out, err = run_cli(capsys, "compile", str(tmp_path / "graph.yaml"), *sized,
-                               "--json")
+    status, out, err = run_cli(capsys, "compile", str(tmp_path / "graph.yaml"), "--json")
     assert status == 0, err
     assert json.loads(out)["name"] == "dots-hybrid"
 

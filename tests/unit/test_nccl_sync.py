@@ -126,7 +126,7 @@ def test_bucket_sizes_checked() -> None:
     with pytest.raises(WeightSyncError, match=r"multiple of bucket_mb\.consume"):
         nccl_sync.WeightSender(group, BucketMiB(100, 64))
     with pytest.raises(WeightSyncError, match="positive"):
-        nccl_sync.WeightSender(group, BucketMiB(0, 0))
+        nccl_sync.WeightSender(group, BucketMiB.of(0))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")

@@ -10,12 +10,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlgraph.compiler import compile_plan
+from rlgraph.compiler.costs import node_costs
 from rlgraph.compiler.memory import PREFILL_TOKENS, group_memory, native_engine_slots
 from rlgraph.compiler.placement import place
+from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.load import validate_spec
 from rlgraph.config.safe_yaml import SourceMap
 from rlgraph.errors import SpecError
+from rlgraph.graph import build_graph
 from rlgraph.presets.gpus import GPU_PRESETS
+from rlgraph.pricing import sharding
+from rlgraph.pricing.context import CostContext
+from rlgraph.tune.search import tune
 
 MODELS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b", "qwen2.5-32b"]
 
@@ -35,7 +41,8 @@ def spec_of(model: str = "qwen2.5-7b", gpus: int = 8, trainer: float = 0.5,
         "groups": {"trainer": {"share": trainer, "tasks": ["logp", "train"]},
                    "rollout": {"share": 1 - trainer, "tasks": ["generate"]}},
         "nodes": {"generate": {"engine": engine}, "reward": {},
-                  "logp": {"micro_tokens": node["micro_tokens"]}, "train": node,
+                  "logp": {"micro_tokens": node["micro_tokens"],
+                           "sharding": node.get("sharding", "none")}, "train": node,
                   "param_update": {}},
         "schedule": {"max_lag": 1},
     }, SourceMap())
@@ -173,3 +180,53 @@ def test_a_plan_is_refused_exactly_when_a_group_needs_more_than_a_gpu_holds(
         return
     assert not over
     assert all(m.need <= m.capacity for m in placement.memory.values())
+
+
+def test_sharding_follows_the_runtimes_limits() -> None:
+    mixed = spec_of("qwen2.5-0.5b", gpus=8, train={"sharding": "fsdp"})
+    mixed.nodes["logp"].sharding = "none"
+    with pytest.raises(SpecError, match="shares the policy") as info:
+        place(mixed)
+    assert info.value.key == ("nodes", "logp", "sharding")
+    colocated = validate_spec({
+        "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "H100"},
+        "model": {"preset": "qwen2.5-0.5b"},
+        "groups": {"all": {"share": 1.0, "tasks": ["generate", "train"]}},
+        "nodes": {"generate": {}, "reward": {}, "train": {"sharding": "fsdp"},
+                  "param_update": {}}}, SourceMap())
+    with pytest.raises(SpecError, match="cannot share group 'all' with 'generate'"):
+        place(colocated)
+
+
+def test_fsdp_prices_its_gathers_and_reduce_scatters_on_the_link() -> None:
+    """A sharded train moves 2 + 2 + 4 bytes a parameter a pass through each GPU's link
+    ((W - 1) / W of them), overlapped with compute; the replicated one sums bf16 gradients
+    after the backward instead."""
+    train = {"sharding": "fsdp", "activation_checkpointing": True}
+    spec = spec_of("qwen2.5-7b", gpus=8, trainer=0.5, response=8192, train=train)
+    placement = place(spec)
+    costs, _ = node_costs(spec, build_graph(spec), placement)
+    assert "FSDP all-gathers and reduce-scatters" in costs["train"].detail
+    assert "FSDP all-gathers" in costs["logp"].detail
+    assert "activation checkpointing's recomputed forward" in costs["train"].detail
+    h100 = GPU_PRESETS["H100"]
+
+    ctx = CostContext(spec=spec, name="train", shape=shape_of(spec), gpu=h100, gpus=4)
+    moved = sharding.fsdp_collective_bytes(spec.nodes["train"], ctx, backward=True)
+    assert moved == pytest.approx(8 * ctx.shape.params * 3 / 4)
+    assert sharding.fsdp_collective_bytes(spec.nodes["logp"], ctx, backward=False) == \
+        pytest.approx(2 * ctx.shape.params * 3 / 4)
+    across = CostContext(spec=spec, name="train", shape=ctx.shape, gpu=h100, gpus=16)
+    assert sharding.link_bytes_per_s(ctx) == h100.nvlink_bytes_per_s
+    assert sharding.link_bytes_per_s(across) == h100.network_bytes_per_s
+
+
+def test_tune_proposes_fsdp_where_only_a_sharded_trainer_fits() -> None:
+    spec = spec_of("qwen3-14b", gpus=8, trainer=0.5, response=8192,
+                   train={"activation_checkpointing": True})
+    result = tune(spec)
+    best = result.best.spec
+    assert best.nodes["train"].sharding == "fsdp" and best.nodes["logp"].sharding == "fsdp"
+    trainer = next(g for g in best.groups.values() if "train" in g.tasks)
+    assert "generate" not in trainer.tasks  # a sharded group holds no engine
+    assert all(m["fits"] for m in compile_plan(best)["memory"]["groups"].values())

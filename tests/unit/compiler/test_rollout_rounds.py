@@ -114,3 +114,65 @@ def test_stale_finish_rounds_decode_each_batch_of_tokens_once(
         assert prompt <= context <= prompt + m.max and prompt <= longest <= prompt + m.max
     busy = sum(steps for steps, *_ in profile.segments)
     assert busy <= profile.steps * (1 + 1e-9)
+
+
+def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
+                    stale: str, check: int, prompt_len: int, stride: int = 1) -> float:
+    """Mean decode steps of the steady rounds of the runtime's cache driven as in-flight
+    updates drive it (`engines.inflight`): rows are never interrupted (nothing re-encoded),
+    the engine runs `check` steps between looks, and at each look (the first before any
+    step) the groups completed so far are refilled (`RolloutCache.refill(taken=...)`)."""
+    rng = random.Random(0)
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                         oversample=oversample * stride, stride=stride,
+                         max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
+                         prompt_of=lambda position: [1] * prompt_len,
+                         length_of=lambda position, sample: draw(m, rng.random()))
+    total = 0.0
+    for t in range(ROUNDS * stride):
+        version = t // stride
+        cache.evict(t, version)
+        cache.refill(t, version)
+        must = cache.must_finish(t)
+
+        def complete() -> set[int]:
+            return {i for i, g in enumerate(cache.groups) if g.complete}
+
+        steps, done = 0, complete()
+        while not (len(done) >= prompts and must <= done):
+            cache.refill(t, version, taken=min(len(done), prompts))
+            live = [s for g in cache.groups for s in g.samples if not s.finished]
+            assert live, "the round ran out of rows"
+            for _ in range(check):
+                for s in live:
+                    s.tokens.append(0)
+                    s.logps.append(0.0)
+                    s.versions.append(version)
+                    s.finished = len(s.tokens) >= s.budget
+                live = [s for s in live if not s.finished]
+                steps += 1
+            done = complete()
+        cache.take()
+        if t >= WARMUP * stride:
+            total += steps
+    return total / ((ROUNDS - WARMUP) * stride)
+
+
+@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check", "stride"), [
+    (1.5, 1.5, 3, "finish", 8, 1), (1.0, 2.0, 1, "drop", 4, 1), (1.0, 1.5, 2, "finish", 1, 1),
+    (1.5, 1.5, 3, "finish", 8, 4), (1.0, 1.0, 1, "finish", 2, 2)])
+def test_inflight_rounds_decode_what_the_runtime_decodes(
+        sigma: float, oversample: float, max_lag: int, stale: str, check: int,
+        stride: int) -> None:
+    # in-flight updates: the simulation's refill inside a round and its never-stopped rows
+    # against the runtime's cache driven the way engines.inflight drives it, same lengths
+    m = LengthModel(256, 2048, "lognormal", sigma)
+    per_call = 16 // stride
+    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                       inflight=True, reencode=False)
+    assert profile.reencoded_tokens == 0
+    assert profile.steps == pytest.approx(
+        inflight_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8, stride))
+    again = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                     inflight=True, reencode=True)  # kv: recompute re-encodes carried rows
+    assert again.steps == profile.steps and (again.reencoded_tokens > 0 or max_lag == 0)

@@ -1,0 +1,326 @@
+"""In-flight weight updates on the long-tail workload: each plan with `generate.inflight`
+against the same plan without it, side by side in one device call, and the log-prob gap
+between a kept and a recomputed KV cache after a version change.
+
+  PYTHONUNBUFFERED=1 python bench/gpu_inflight.py --modes MODE[,MODE...] [--steps 4]
+      [--name NAME] [--out DIR] [--cpu] [key=value ...]
+  python bench/gpu_inflight.py --kv-gap [--name NAME] [--out DIR] [--cpu] [key=value ...]
+  python bench/gpu_inflight.py --merge PART.json [PART.json ...] --out DIR
+      [--name gpu-inflight]
+
+Modes (bench/graphs_gpu/longtail-1gpu.yaml in BENCHMARK MODE: generate.forced_lengths draws
+each sample's length from data.response_len and ignores eos until it; see gpu_longtail.py):
+split-partial-lag3[-inflight] put train and logp on one GPU and generate on another, with
+partial rollout at max_lag 3 (the plan the issue's 2-GPU figure ran); stream4-colocated-
+lag3[-inflight] keep every task on one GPU and stream 4 mini-batches a version with partial
+rollout; partial-lag3 is the unstreamed partial rollout on one GPU (what the streamed one
+must beat). A mode runs `--steps` versions with `gpu_longtail.run_mode` (the first is
+warm-up); the part files are written after every mode, so several parts can run at once
+on different GPUs (CUDA_VISIBLE_DEVICES) and be merged.
+
+--kv-gap: the policy (random init, bf16) decodes rows on the static engine; after `--kv-gap-
+before` tokens a version change (an Adam first step of size `lr` on every weight: each
+moves by lr x sign(noise)) is copied into the live weights in place and decoding goes on
+for `--kv-gap-after` tokens with the KV cache kept. Every token's log-prob is then
+recomputed from scratch under the weights that sampled it (what kv: recompute would give).
+Reported per lr: |kept - recomputed| for the tokens after the change (mean, p99, max), the
+same for the tokens before it (the engine's own noise floor: same weights, recomputed) and
+|v1 - v0| on the tokens after the change (how far the version change itself moves them).
+
+--merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s,
+over_without_inflight (the same plan without in-flight updates, same call),
+trained_mean_over_sync / trained_p99_over_sync (trained response lengths against those a
+synchronous run trains over the same steps: data positions 0.. in order, forced lengths
+known per position), predicted_over_measured (the compiler's samples/s over the measured),
+and the issue's targets checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import device_info, machine  # noqa: E402
+from bench.gpu_longtail import CPU, GRAPHS, length_stats, run_mode  # noqa: E402
+
+SPLIT = ["cluster.gpus_per_node=2", "groups={trainer: {share: 0.5, tasks: [logp, train]}, "
+         "rollout: {share: 0.5, tasks: [generate]}}"]
+ONE = ["cluster.gpus_per_node=1"]
+PARTIAL = ["schedule.partial_rollout=true", "schedule.max_lag=3"]
+STREAM = ["schedule.stream={mini_batches: 4}"]
+INFLIGHT = ["nodes.generate.inflight=true"]
+MODES = {
+    "split-partial-lag3": [*SPLIT, *PARTIAL],
+    "split-partial-lag3-inflight": [*SPLIT, *PARTIAL, *INFLIGHT],
+    "stream4-colocated-lag3": [*ONE, *PARTIAL, *STREAM],
+    "stream4-colocated-lag3-inflight": [*ONE, *PARTIAL, *STREAM, *INFLIGHT],
+    "partial-lag3": [*ONE, *PARTIAL],
+}
+PLANS = [  # (name, GPUs, mode, the same plan without in-flight updates)
+    ("split + partial rollout + in-flight, max_lag 3", 2, "split-partial-lag3-inflight",
+     "split-partial-lag3"),
+    ("split + partial rollout, max_lag 3", 2, "split-partial-lag3", None),
+    ("colocated streamed (4 mini-batches) + partial + in-flight, max_lag 3", 1,
+     "stream4-colocated-lag3-inflight", "stream4-colocated-lag3"),
+    ("colocated streamed (4 mini-batches) + partial, max_lag 3", 1, "stream4-colocated-lag3",
+     None),
+    ("unstreamed partial rollout, max_lag 3 (one GPU)", 1, "partial-lag3", None),
+]
+CPU_MODES = ["cluster.cpus=2"]
+
+
+def sync_lengths(spec: Any, prompts: int) -> dict[str, float]:
+    """Response lengths a synchronous run trains over `prompts` prompts: data positions
+    0..prompts-1 in order, each sample's forced length."""
+    from rlgraph.presets.tasks import forced_length
+
+    data = spec.data
+    return length_stats([forced_length(data.seed, p, k, data.response_len)
+                         for p in range(prompts) for k in range(data.samples_per_prompt)])
+
+
+def throughput(modes: list[str], steps: int, overrides: list[str], out: Path,
+               res: dict[str, Any], save: Any) -> None:
+    """Run each mode (gpu_longtail.run_mode) and add its figures and sync's lengths."""
+    from rlgraph.config.load import load_spec
+
+    runs = Path(tempfile.mkdtemp(prefix="rlgraph-inflight-"))
+    graph = GRAPHS / "longtail-1gpu.yaml"
+    for mode in modes:
+        ov = [*MODES[mode], *overrides]
+        try:
+            r = run_mode(mode, graph, ov, steps, runs, forced=True, progress=out)
+        except Exception as exc:  # record it and go on to the next mode
+            res["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(mode, res["modes"][mode], flush=True)
+            save()
+            continue
+        spec = load_spec(graph, ov)
+        rows_n = r["lengths"]["trained"]["n"] // spec.data.samples_per_prompt
+        r["lengths"]["sync_same_steps"] = sync_lengths(spec, rows_n)
+        r["predicted_samples_per_s"] = round(spec.data.samples_per_step()
+                                             / r["predicted_period_s"], 3)
+        res["modes"][mode] = r
+        print(mode, json.dumps({k: v for k, v in r.items() if k not in ("events", "per_step")}),
+              flush=True)
+        save()
+
+
+def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
+           lrs: list[float]) -> dict[str, Any]:
+    """The log-prob gap between kept and recomputed KV after a version change (module
+    docstring)."""
+    import torch
+
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines.cpu_decode import token_logp
+    from rlgraph.engines.static_decode import Request, StaticDecoder
+    from rlgraph.engines.static_rollout import seed_device
+    from rlgraph.worker.workspace import Workspace
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
+    device = "cpu" if cpu else "cuda"
+    ws = Workspace(spec, ["generate"], seed=0, device=device)
+    model = ws.policy.eval()
+    base = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    dtype = next(model.parameters()).dtype
+    prompts = [[5 + (i % 40), 6, 7 + (i % 13), 8, 9, 10, 11, 12] for i in range(rows)]
+    engine = StaticDecoder(model, max_batch=rows, max_len=8 + before + after + 8,
+                           eos_token_id=ws.tokenizer.eos_id, sync_every=8, timing=False,
+                           compact=False)
+    out: dict[str, Any] = {"rows": rows, "tokens_before": before, "tokens_after": after,
+                           "dtype": str(dtype), "by_lr": {}}
+    for lr in lrs:
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                t.copy_(base[name])
+        gen = torch.Generator().manual_seed(1)
+        update = {n: lr * torch.sign(torch.randn(t.shape, generator=gen)).to(t.device, t.dtype)
+                  for n, t in base.items() if t.is_floating_point()}
+        seed_device(engine.device, 0)
+        engine.set_policy_version(0)
+        engine.submit([Request(p, before + after, temperature=1.0, request_id=i,
+                               ignore_eos=True) for i, p in enumerate(prompts)])
+        done = engine.step()  # the prefill (ngen still holds the last lr's counts before it)
+        while engine.busy and min(int(n) for n in engine.ngen[:rows].tolist()) < before:
+            done += engine.step()
+        swap_start = time.perf_counter()
+        with torch.no_grad():  # the dual buffer's in-place copy, as a version change
+            for name, t in model.state_dict().items():
+                if name in update:
+                    t.add_(update[name])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        pause = time.perf_counter() - swap_start
+        engine.set_policy_version(1)
+        while engine.busy:
+            done += engine.step()
+        done.sort(key=lambda c: c.request.request_id)
+        seqs = torch.tensor([c.request.prompt + c.tokens for c in done], device=device)
+        mask = torch.ones_like(seqs)
+        versions = torch.tensor([c.versions for c in done], device=device)
+        kept = torch.tensor([c.logprobs for c in done], device=device)
+        with torch.no_grad():
+            v1 = token_logp(model, seqs, mask, 8).float()
+            for name, t in model.state_dict().items():
+                if name in update:
+                    t.sub_(update[name])
+            v0 = token_logp(model, seqs, mask, 8).float()
+        exact = torch.where(versions == 1, v1, v0)
+        gap = (kept - exact).abs()
+        after_mask, before_mask = versions == 1, versions == 0
+
+        def stats(x: torch.Tensor) -> dict[str, float]:
+            xs = x.flatten().double().cpu()
+            return {"mean": round(float(xs.mean()), 6), "p99": round(float(xs.quantile(0.99)), 6),
+                    "max": round(float(xs.max()), 6), "n": int(xs.numel())}
+
+        first = after_mask & (after_mask.cumsum(1) <= 32)
+        out["by_lr"][f"{lr:g}"] = {
+            "kept_vs_recomputed_after_change": stats(gap[after_mask]),
+            "kept_vs_recomputed_first_32_after": stats(gap[first]),
+            "noise_floor_before_change": stats(gap[before_mask]),
+            "version_change_itself_v1_vs_v0": stats((v1 - v0).abs()[after_mask]),
+            "mean_signed_kept_minus_recomputed": round(float(
+                (kept - exact)[after_mask].double().mean()), 6),
+            "swap_pause_s": round(pause, 5)}
+        print("kv_gap", lr, json.dumps(out["by_lr"][f"{lr:g}"]), flush=True)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b rounded, None when either is missing."""
+    return round(a / b, 3) if a and b else None
+
+
+def merge(parts: list[Path]) -> dict[str, Any]:
+    """One result from the part files: their modes, kv gap, and the plans table."""
+    res: dict[str, Any] = {"parts": {}, "modes": {}}
+    for path in parts:
+        part = json.loads(path.read_text())
+        res["parts"][path.stem] = {k: part.get(k) for k in ("command", "machine", "device",
+                                                            "date", "overrides")}
+        res["modes"].update(part.get("modes", {}))
+        if "kv_gap" in part:
+            res["kv_gap"] = part["kv_gap"]
+    first = json.loads(parts[0].read_text())
+    res.update(machine=first["machine"], device=first["device"], workload=first["workload"])
+    plans = []
+    for name, gpus, mode, without in PLANS:
+        r = res["modes"].get(mode)
+        if not r or "error" in r:
+            continue
+        base = res["modes"].get(without) if without else None
+        lengths = r["lengths"]
+        sync = lengths["sync_same_steps"]
+        trained = lengths["trained"]
+        plans.append({
+            "name": name, "mode": mode, "gpus": gpus,
+            "samples_per_s": r["samples_per_s_steady"],
+            "samples_per_s_even_steps": r.get("samples_per_s_even_steps"),
+            "over_without_inflight": ratio(r["samples_per_s_steady"],
+                                           base and base.get("samples_per_s_steady")),
+            "without_inflight_samples_per_s": base and base.get("samples_per_s_steady"),
+            "trained_mean_over_sync": ratio(trained["mean"], sync["mean"]),
+            "trained_p99_over_sync": ratio(trained["p99"], sync["p99"]),
+            "trained_mean_over_started": ratio(trained["mean"], lengths["started"]["mean"]),
+            "in_flight_at_end_samples": lengths["started_not_trained_in_flight_at_end"],
+            "predicted_samples_per_s": r["predicted_samples_per_s"],
+            "predicted_over_measured": ratio(r["predicted_samples_per_s"],
+                                             r["samples_per_s_steady"]),
+            "lag_max": r["lag_max"], "lag_violations": r["lag_violations"],
+            "stale_tokens": sum(x or 0 for x in r["per_step"].get("lag/stale_tokens", [])),
+            "steps": r["steps"]})
+    res["plans"] = plans
+    by = {p["mode"]: p for p in plans}
+    split, stream = by.get("split-partial-lag3-inflight"), by.get(
+        "stream4-colocated-lag3-inflight")
+    unstreamed = by.get("partial-lag3")
+    res["targets"] = {
+        "split_inflight_over_without_at_least_1.3": split and split["over_without_inflight"],
+        "split_trained_mean_within_5pct_of_sync": split and split["trained_mean_over_sync"],
+        "one_gpu_streamed_inflight_over_unstreamed_partial_at_least_1": ratio(
+            stream and stream["samples_per_s"], unstreamed and unstreamed["samples_per_s"]),
+        "predicted_within_25pct": {p["mode"]: p["predicted_over_measured"] for p in plans},
+        "no_lag_violation": all(p["lag_violations"] == 0 and p["stale_tokens"] == 0
+                                for p in plans),
+    }
+    return res
+
+
+def main() -> int:
+    """Run a part (modes or the kv gap) or merge parts; print a table; write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--kv-gap", action="store_true")
+    parser.add_argument("--kv-gap-rows", type=int, default=64)
+    parser.add_argument("--kv-gap-before", type=int, default=256)
+    parser.add_argument("--kv-gap-after", type=int, default=256)
+    parser.add_argument("--kv-gap-lr", default="1e-4,1e-3")
+    parser.add_argument("--merge", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--name", default="gpu-inflight")
+    parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.name}.json"
+    if args.merge:
+        res = merge(args.merge)
+        res["command"] = " ".join(sys.argv)
+        path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        print(f"{'plan':<72}{'GPUs':>5}{'samples/s':>11}{'x without':>10}"
+              f"{'mean/sync':>10}{'p99/sync':>9}{'pred/meas':>10}")
+        for p in res["plans"]:
+            figures = [p[k] or 0 for k in ("over_without_inflight", "trained_mean_over_sync",
+                                            "trained_p99_over_sync", "predicted_over_measured")]
+            print(f"{p['name']:<72}{p['gpus']:>5}{p['samples_per_s'] or 0:>11.2f}"
+                  f"{figures[0]:>10.3f}{figures[1]:>10.3f}{figures[2]:>9.3f}{figures[3]:>10.3f}")
+        print(json.dumps(res["targets"], indent=1))
+        return 0
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_inflight: no CUDA device here; rehearse with --cpu")
+        return 0
+    overrides = [*(CPU + CPU_MODES if args.cpu else []), *args.overrides]
+    res: dict[str, Any] = {
+        "machine": machine(), "device": device_info(dry=args.cpu),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv), "overrides": overrides,
+        "workload": "BENCHMARK MODE (generate.forced_lengths): response lengths forced per "
+                    "sample, eos ignored; bench/graphs_gpu/longtail-1gpu.yaml "
+                    + " ".join(overrides), "modes": {}}
+
+    def save() -> None:
+        path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+    if args.kv_gap:
+        res["kv_gap"] = kv_gap(args.cpu, overrides, args.kv_gap_before, args.kv_gap_after,
+                               args.kv_gap_rows, [float(x) for x in args.kv_gap_lr.split(",")])
+        save()
+    modes = [m for m in args.modes.split(",") if m]
+    if modes:
+        throughput(modes, args.steps, overrides, args.out, res, save)
+    for mode, r in res["modes"].items():
+        if "error" in r:
+            print(f"{mode:<34} failed: {r['error'][:90]}")
+            continue
+        tr = r["lengths"]["trained"]
+        print(f"{mode:<34}{r['samples_per_s_steady'] or 0:>9.2f} samples/s, predicted "
+              f"{r['predicted_samples_per_s']:.2f}; trained mean {tr.get('mean', 0)} "
+              f"(sync {r['lengths']['sync_same_steps'].get('mean')}), lag max {r['lag_max']}")
+    return 0 if all("error" not in r for r in res["modes"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
