@@ -219,7 +219,8 @@ def generated(script: str) -> str:
     """The generated part of a benchmark's page."""
     _, what = docstring(script)
     files = result_files(script)
-    out = [f"Script: [bench/{script}.py](../../bench/{script}.py). {what}", ""]
+    out = ["## Result files", "", f"Script: [bench/{script}.py](../../bench/{script}.py). {what}",
+           ""]
     if not files:
         out += ["It writes no result file of its own.", ""]
     for path in files:

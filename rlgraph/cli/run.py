@@ -305,10 +305,13 @@ def _install_sigterm(runner: Runner) -> dict[str, Any]:
 
 def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -> int:
     """Timeline files with predicted and measured, and the closing lines."""
+    from rlgraph.report.curves import write_curves
     from rlgraph.report.timeline import write_timeline
 
     write_timeline(out, plan, measured=result.events)
     rows = result.rows
+    write_curves(out / "curves.png", rows, f"{plan.spec.name}: reward and lag",
+                 plan.lag.max_policy_lag)
     if rows:
         head = [r["reward/mean"] for r in rows[:10]]
         tail = [r["reward/mean"] for r in rows[-10:]]
@@ -330,8 +333,8 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
         print(f"WARNING: {result.lag_violations} steps trained on tokens older than the proven "
               f"bound {plan.lag.max_policy_lag} (a runtime bug; see metrics.jsonl)",
               file=sys.stderr)
-    print(f"wrote {out}/: plan.json metrics.jsonl trace.json timeline.html timeline.png "
-          f"checkpoint/ tensorboard/")
+    print(f"wrote {out}/: plan.json metrics.jsonl samples.jsonl curves.png trace.json "
+          f"timeline.html timeline.png checkpoint/ tensorboard/")
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if result.stopped:

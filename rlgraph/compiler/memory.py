@@ -365,11 +365,11 @@ def task_memory(spec: Spec, name: str, shape: ModelShape, gpus: int) -> TaskMemo
     that holds no model (reward)."""
     node = spec.nodes[name]
     role = KINDS[node.kind]
-    if not role.models:
+    if not role.models and not role.trains:  # a critic holds a model of its own
         return None
     if role.samples:
         return _generate(spec, name, node, shape, gpus)
-    trains = role.advances_policy
+    trains = role.trains
     if "reference" in role.models:
         shard = model_parallel_shard(spec, node, shape)
         state = ({"fsdp reference": FSDP_PARAM_BYTES * shard / data_parallel(node, gpus)}

@@ -26,7 +26,7 @@ from rlgraph.errors import RLGraphError, shown
 from rlgraph.runtime import checkpoint as ckpt
 
 LOCK = "run.lock"
-RESUME_SAFE = {("schedule", "steps"), ("checkpoint",)}  # keys a resumed run may change
+RESUME_SAFE = {("schedule", "steps"), ("checkpoint",), ("logging",)}  # a resume may change
 MARKER = "run.json"  # what makes a folder a run dir `-o` may write into again
 RLGRAPH_FILES = {"meta.json", ckpt.MANIFEST, "trainer.json", "trainer.safetensors",
                  "rollout.json", "rollout.safetensors", "rollout_cache.json",

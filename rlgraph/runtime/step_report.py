@@ -73,6 +73,8 @@ class StepReport:
             result.lag_violations += 1
         self.last_train_end = event["end"]
         self.metrics.write(row)
+        if summary.get("sample_table"):
+            self.metrics.write_samples(step, summary["sample_table"])
         self.ledger.append(step, summary.get("trained_uids", []),
                            int(summary.get("policy_version", step + 1)),
                            stale_tokens=int(summary.get("stale_tokens", 0)))

@@ -279,6 +279,10 @@ class Workspace:
                 state["weights"] = self.host_weights()
             if self.optimizer is not None:
                 state["optimizer"] = self.optimizer_state()
+            workers = {name: worker.state_dict() for name, worker in self._workers.items()
+                       if hasattr(worker, "state_dict")}  # a model of its own (critic)
+            if workers:
+                state["workers"] = workers
             return state
 
     def optimizer_state(self) -> Any:
@@ -305,5 +309,8 @@ class Workspace:
                     sharding.load_optimizer_shard(self.optimizer, optimizer)
                 else:
                     self.optimizer.load_state_dict(optimizer)
+            for name, saved in (state.get("workers") or {}).items():
+                if name in self.tasks:
+                    self.worker(name).load_state_dict(saved)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it
