@@ -6,8 +6,10 @@ reference, the receiver's second buffer of a weight sync. On top, one task at a 
 (tasks of a group never overlap) and adds what it allocates while it runs (`transient`):
 train's saved activations and log-prob head, a forward's working set, generate's KV cache.
 A group needs resident + the largest transient, per GPU. Where the plan prices verl's hybrid
-engine (engine sglang colocated with training), verl offloads the state of the task that is
-not running, so a group then needs the largest of (a task's own state + its transient).
+engine (engine sglang), its torch passes are counted as verl runs them (`as_verl_runs_it`:
+FSDP, activation checkpointing, passes of ppo_max_token_len_per_gpu tokens), and in a group
+that also generates verl offloads the state of the task that is not running, so the group
+needs the largest of (a task's own state + its transient).
 
 Counted as rlgraph's runtime allocates it, so a plan this pass accepts does not run out of
 memory (on a local CPU cluster nothing is checked):
@@ -397,10 +399,28 @@ def _weight_sync_terms(spec: Spec, tasks: list[str], shape: ModelShape
     return out
 
 
+VERL_TOKENS_PER_GPU = 16384  # verl ppo_max_token_len_per_gpu default (ppo_trainer.yaml)
+
+
+def as_verl_runs_it(spec: Spec, tasks: list[str]) -> Spec:
+    """Where the plan prices verl's hybrid engine, its torch passes as verl runs them (the
+    pricing assumes the same system): FSDP (verl's default actor.strategy), activation
+    checkpointing (enable_gradient_checkpointing, as `pricing.train` prices it) and passes
+    of at most ppo_max_token_len_per_gpu tokens unless micro_tokens says otherwise."""
+    if not hybrid_engine_priced(spec):
+        return spec
+    changes = {t: {"sharding": "fsdp", "activation_checkpointing": True,
+                   "micro_tokens": spec.nodes[t].micro_tokens or VERL_TOKENS_PER_GPU}
+               for t in tasks if KINDS[spec.nodes[t].kind].sequence_passes
+               and getattr(spec.nodes[t], "backend", "torch") == "torch"}
+    return _with_nodes(spec, changes) if changes else spec
+
+
 def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
                  shape: ModelShape | None = None) -> GroupMemory:
     """The memory per GPU of a group of `gpus` GPUs holding `tasks`."""
     shape = shape or shape_of(spec)
+    spec = as_verl_runs_it(spec, tasks)
     found = {t: task_memory(spec, t, shape, gpus) for t in tasks}
     mems = {t: m for t, m in found.items() if m is not None}
     for task, extra in _weight_sync_terms(spec, tasks, shape).items():
@@ -561,7 +581,7 @@ def refusal(spec: Spec, mem: GroupMemory, slots: int, shape: ModelShape, gpu: An
 def check_sharding(spec: Spec, group: str, tasks: list[str]) -> None:
     """FSDP's limits as the runtime has them (rlgraph.worker.sharding): the passes over one
     model (the policy: logp and train; the reference) are all sharded or none, and a sharded
-    group holds no generate (the native engine decodes with a whole model)."""
+    policy holds no generate (its engine decodes with a whole model)."""
     nodes = spec.nodes
     for model in ("policy", "reference"):
         users = [t for t in tasks if model in KINDS[nodes[t].kind].models
@@ -572,11 +592,11 @@ def check_sharding(spec: Spec, group: str, tasks: list[str]) -> None:
             raise SpecError(f"'{other}' shares the {model} with '{fsdp[0]}' in group "
                             f"'{group}' but not its sharding", ("nodes", other, "sharding"),
                             hint=f"give '{other}' sharding: fsdp too (or neither)")
-    fsdp = [t for t in tasks if sharded(nodes[t])]
+    fsdp = [t for t in tasks if sharded(nodes[t]) and "policy" in KINDS[nodes[t].kind].models]
     decoding = [t for t in tasks if KINDS[nodes[t].kind].samples]
     if fsdp and decoding:
         raise SpecError(f"sharding: fsdp cannot share group '{group}' with '{decoding[0]}' "
-                        f"(the native engine decodes with a whole model)",
+                        f"(the decode engine runs a whole model)",
                         ("nodes", fsdp[0], "sharding"),
                         hint=f"give {decoding[0]} its own group, or write sharding: none")
 

@@ -210,6 +210,7 @@ def check_resume(folder: Path, spec_data: dict[str, Any], graph: str) -> dict[st
     if not isinstance(saved, dict):
         raise RunDirError(f"{folder}: its checkpoint does not record the graph it was "
                           f"written by (an older rlgraph); start the run again")
+    check_run_files(folder)
     saved = with_defaults(saved)
     # compare as JSON would store them (tuples as lists, ...)
     key = first_difference(saved, json.loads(json.dumps(spec_data)))
@@ -223,6 +224,17 @@ def check_resume(folder: Path, spec_data: dict[str, Any], graph: str) -> dict[st
                           f"'{shown(dotted)}' (run: {_short(theirs)}, given: {_short(ours)}); "
                           f"{fix} (only schedule.steps / --steps and checkpoint.* may change)")
     return meta
+
+
+def check_run_files(folder: Path) -> None:
+    """Read what a resumed run reads back besides its checkpoint (trace.json, metrics.jsonl,
+    ledger.jsonl) now, before Ray starts: a damaged one is refused in one line here."""
+    from rlgraph.runtime.metrics import read_rows
+    from rlgraph.runtime.tracing import load_events
+
+    load_events(folder / "trace.json")
+    read_rows(folder / "metrics.jsonl")
+    ckpt.read_ledger(folder / "ledger.jsonl")
 
 
 def _at(data: Any, key: tuple) -> Any:
