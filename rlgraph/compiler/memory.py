@@ -36,7 +36,8 @@ memory (on a local CPU cluster nothing is checked):
   response; the padding mask is a [rows, 1, S, S] bf16 bias.
 - The log-prob head (`engines.cpu_decode.token_logp`): bf16 logits, their fp32 copy scaled by
   the temperature and the fp32 log_softmax alive at once, 10 bytes a logit (12 with the
-  backward's gradient of the log_softmax).
+  backward's gradient of the log_softmax); priced as verl's hybrid engine, the bf16 logits
+  alone (its fused log-prob kernels).
 - generate, engine native: the static decoder allocates every slot's KV cache at prompt +
   max response (a replica's samples of a step; with partial rollout the groups in flight),
   20 bytes a slot position for its outputs, and prefills in chunks of PREFILL_TOKENS;
@@ -66,6 +67,8 @@ FSDP_TRAIN_BYTES = 4 * FP32  # fp32 master weights + fp32 gradients + fp32 AdamW
 FSDP_PARAM_BYTES = FP32  # a sharded model's parameters (fp32 master copy)
 LOGIT_BYTES_FORWARD = 10  # bf16 logits + fp32 scaled copy + fp32 log_softmax (token_logp)
 LOGIT_BYTES_BACKWARD = 12  # the saved log_softmax + its gradient + the scaled copy's
+LOGIT_BYTES_FUSED = BF16  # the bf16 logits alone: verl's fused log-prob kernels (verl
+# use_fused_kernels, flash-attn's cross_entropy) never hold an fp32 copy of the vocabulary
 DECODE_OUTPUT_BYTES = 20  # static decoder: out_tok, out_ver (int64), out_logp (fp32)
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (engines.static_decode; tested)
 MASK_BYTES = BF16  # the padding mask's additive bias, per (row, query, key)
@@ -275,7 +278,11 @@ def _pass_terms(spec: Spec, node: Any, shape: ModelShape, gpus: int, backward: b
         terms["activations"] = p.tokens * (2 * BF16 * h + per_layer)
     response = spec.data.response_len.max
     logits = p.rows * (response + 1) * shape.vocab / tp
-    terms["log-prob head"] = logits * (LOGIT_BYTES_BACKWARD if backward else LOGIT_BYTES_FORWARD)
+    if hybrid_engine_priced(spec):  # verl / AReaL: bf16 logits into a fused log-prob kernel
+        terms["log-prob head"] = logits * LOGIT_BYTES_FUSED
+    else:
+        terms["log-prob head"] = logits * (LOGIT_BYTES_BACKWARD if backward
+                                           else LOGIT_BYTES_FORWARD)
     if not megatron:  # megatron's wrapper runs causal attention without a padding mask
         terms["padding mask"] = p.rows * p.width ** 2 * MASK_BYTES
     if sharded(node):
