@@ -106,7 +106,53 @@ def build_graph(spec: Spec) -> nx.DiGraph:
     _refuse_deadlock(graph)
     _refuse_dead_ends(spec, graph)
     _refuse_stale_policy(graph)
+    _check_algorithm(spec)
     return graph
+
+
+# What an advantage estimator needs from another node: the batch key and what to add.
+ADVANTAGE_NEEDS = {"gae": ("advantages", "add a critic node (nodes: {critic: {}}) in a group, "
+                           "or write algorithm.advantage: batch for PPO without a critic")}
+
+
+def _check_algorithm(spec: Spec) -> None:
+    """The algorithm's needs are met by the graph: GAE needs a node that provides advantages
+    (the critic); dynamic sampling and ReMax's greedy baseline draw whole synchronous
+    batches, which partial rollout and streaming do not."""
+    algo = spec.algorithm
+    need = ADVANTAGE_NEEDS.get(algo.advantage)
+    if need is not None and not any(need[0] in KINDS[n.kind].provides
+                                    for n in spec.nodes.values()):
+        raise SpecError(f"algorithm {algo.name} takes its advantages from a critic, and the "
+                        f"graph has none", ("algorithm", "name"), hint=need[1])
+    if algo.advantage == "greedy_baseline":
+        for name, node in spec.nodes.items():
+            if getattr(node, "engine", "native") != "native":
+                raise SpecError("ReMax's greedy baseline decodes with the native engine",
+                                ("nodes", name, "engine"), hint="write engine: native, or "
+                                "use grpo / rloo")
+    if algo.dynamic_sampling.enable or algo.advantage == "greedy_baseline":
+        for name, node in spec.nodes.items():
+            if getattr(node, "env", None) is not None:
+                what = "dynamic sampling" if algo.dynamic_sampling.enable else "ReMax"
+                raise SpecError(f"{what} draws single-turn batches; '{name}' rolls out "
+                                f"multi-turn episodes (env)", ("nodes", name, "env"),
+                                hint="use grpo, rloo or reinforce_pp with env")
+    if algo.dynamic_sampling.enable and spec.data.samples_per_prompt < 2:
+        raise SpecError("dynamic sampling keeps groups whose rewards differ: a group of one "
+                        "sample never does", ("data", "samples_per_prompt"),
+                        hint="use at least 2 samples per prompt")
+    sched = spec.schedule
+    if sched.partial_rollout or sched.stream is not None:
+        how = "partial_rollout" if sched.partial_rollout else "stream"
+        if algo.dynamic_sampling.enable:
+            raise SpecError(f"dynamic sampling draws whole batches of prompts and cannot run "
+                            f"with schedule.{how}", ("algorithm", "dynamic_sampling", "enable"),
+                            hint=f"write enable: false, or drop schedule.{how}")
+        if algo.advantage == "greedy_baseline":
+            raise SpecError(f"ReMax decodes a greedy baseline beside each synchronous batch and "
+                            f"cannot run with schedule.{how}", ("algorithm", "name"),
+                            hint=f"drop schedule.{how}, or use grpo / rloo")
 
 
 def max_lag(graph: nx.DiGraph) -> int:

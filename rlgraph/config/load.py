@@ -265,15 +265,23 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
 
 def resolve_model_path(path: str, graph_dir: Path) -> str:
     """`model.path` as an absolute folder: a relative one resolves against the graph's folder
-    (like data and reward files), else the working directory; a folder without config.json
-    is the user's error."""
+    (like data and reward files), else the working directory; a Hugging Face hub id
+    (owner/name) that is no local folder resolves to its snapshot in the hub cache
+    (`rlgraph.model.hub`); a folder without config.json is the user's error."""
     given = Path(path).expanduser()
     tries = [given] if given.is_absolute() else [graph_dir / given, given]
     for folder in tries:
         if (folder / "config.json").is_file():
             return str(folder.resolve())
+    owner = Path(path).parts[0] if Path(path).parts else path
+    if not given.is_absolute() and not any((t / owner).exists() for t in (graph_dir, Path())):
+        from rlgraph.model.hub import looks_like_hub_id, resolve_hub_id
+
+        if looks_like_hub_id(path):  # owner/name, and no local folder named owner
+            return resolve_hub_id(path)
     where = "" if given.is_absolute() else \
         f"; a relative path resolves against the graph's folder {graph_dir.resolve()}"
     raise SpecError(f"no Hugging Face model folder at '{path}' (no config.json there{where})",
                     ("model", "path"), hint="point model.path at a Hugging Face model folder "
-                    "with config.json, weights and tokenizer files")
+                    "with config.json, weights and tokenizer files, or give a hub id "
+                    "(owner/name)")

@@ -16,6 +16,8 @@ from pydantic import (
     model_validator,
 )
 
+from rlgraph.config.algorithm import AlgorithmSpec
+from rlgraph.config.loggers import LoggingSpec
 from rlgraph.errors import SourceMap, did_you_mean
 from rlgraph.nodes import KINDS, NodeKind
 from rlgraph.nodes.base import (
@@ -141,18 +143,6 @@ class DataSpec(StrictModel):
         return self.prompts_per_step * self.samples_per_prompt
 
 
-class AlgorithmSpec(StrictModel):
-    """The RL objective (verl: algorithm.* and actor.*_loss settings)."""
-
-    name: Literal["grpo", "ppo"] = "grpo"
-    kl_coef: float = Field(default=0.001, ge=0, le=100)
-    kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
-    clip: float = Field(default=0.2, ge=1e-4, le=10)
-    is_truncation: float = Field(default=2.0, ge=1e-3, le=1e6,
-                                 description="decoupled-PPO weight cap")
-    norm_adv_by_std: bool = Field(default=True, description="GRPO: divide by the group's std")
-
-
 class GroupSpec(StrictModel):
     """Tasks that share the group's GPUs in time, and the group's share of the cluster."""
 
@@ -233,6 +223,7 @@ class Spec(StrictModel):
     nodes: dict[str, NodeSpecs] = Field(min_length=1)  # type: ignore[valid-type]
     edges: list[str] | None = None
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 
     _source: SourceMap = PrivateAttr(default_factory=SourceMap)

@@ -94,6 +94,8 @@ class NodeKind:
     proximal_logp: bool = False  # recomputes the current policy's log-probs of the samples
     validates: bool = False  # evaluates the policy on held-out prompts, every few steps
     sequence_passes: bool = False  # forward (+ backward) passes over whole sequences, no decode
+    trains: bool = False  # holds a policy-sized model's weights, grads and optimizer states
+    provides: frozenset[str] = frozenset()  # batch keys its worker adds that others require
     colour: str = "#9c9c9c"  # its colour in timelines (Tableau 10)
     # --- end of the block
     # --- what a task of this kind needs from the Workspace of its group (kinds helper) ------

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from rlgraph.envs.spec import EnvSpec
 from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_inputs
-from rlgraph.pricing.generate import generate_cost
+from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
     from rlgraph.rl.batch import Batch
@@ -71,9 +71,6 @@ class GenerateSpec(NodeSpec):
         if self.cuda_decode != "dynamic":
             raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
                              "by turn; write cuda_decode: dynamic (or leave it out)")
-        if self.forced_lengths:
-            raise ValueError("env: forced_lengths is not supported with an env (a turn ends "
-                             "at eos or the env's stop strings; the delay env forces turns)")
         return self
 
     def model_parallel(self) -> int:
@@ -92,7 +89,7 @@ def use_static_engine(node: GenerateSpec, device: str) -> bool:
 KIND = NodeKind(
     name="generate",
     spec=GenerateSpec,
-    cost=generate_cost,
+    cost=algorithm_generate_cost,
     uses_gpu=True,
     default_edges=no_inputs,
     worker="rlgraph.nodes.generate:GenerateWorker",
@@ -138,12 +135,15 @@ class GenerateWorker:
         self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
         self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
         if node.env is not None:
-            from rlgraph.envs.rollout import AgentRollout
+            from rlgraph.envs.rollout import AgentRollout, forced_turn_length
 
-            self.agent = AgentRollout(node.env, workspace.tokenizer,
-                                      workspace.spec.data.response_len.max,
-                                      str(workspace.base_dir) if workspace.base_dir else None,
-                                      name)
+            data = workspace.spec.data
+            self.agent = AgentRollout(
+                node.env, workspace.tokenizer, data.response_len.max,
+                str(workspace.base_dir) if workspace.base_dir else None, name,
+                turn_length=(lambda key, turn: forced_turn_length(
+                    data.seed, key, turn, data.response_len, node.env.mean_turns()))
+                if node.forced_lengths else None)
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
         self.snapshot: Any = None
@@ -307,20 +307,37 @@ class GenerateWorker:
 
     def run(self, step: int, inputs: dict[str, Batch] | None = None) -> Batch:
         """Sample the batch of train step `step` (prompts deterministic in (seed, step), or in
-        (seed, position) with partial rollout)."""
-        import torch
-
-        from rlgraph.engines.cpu_decode import sample
-
+        (seed, position) with partial rollout). With `algorithm.dynamic_sampling` it keeps
+        drawing prompt batches until enough groups have unequal rewards (`dynamic_batch`);
+        ReMax adds each prompt's greedy response (`baseline_response_text`)."""
         if self.cache is not None:
             return self._partial(step)
         if self.agent is not None:
             return self._multi_turn(step)
+        algo = self.ws.spec.algorithm
+        if algo.dynamic_sampling.enable:
+            from rlgraph.nodes.dynamic_sampling import dynamic_batch
+
+            batch = dynamic_batch(self, step)
+        else:
+            batch = self.draw(step, step, (self.name, step))
+        if algo.advantage == "greedy_baseline":
+            batch["baseline_response_text"] = self._greedy_texts(batch)
+        return batch
+
+    def draw(self, step: int, index: int, seed: tuple[Any, ...]) -> Batch:
+        """One batch of `step`: this replica's share of prompt batch `index` of the data
+        stream (the step's own without dynamic sampling), sampled with an RNG seeded by
+        `seed`."""
+        import torch
+
+        from rlgraph.engines.cpu_decode import sample
+
         data, tok = self.ws.spec.data, self.ws.tokenizer
-        examples, ids = self.prompts(step)
+        examples, ids = self.prompts(index)
         n = data.samples_per_prompt
         prompts = [p for p in ids for _ in range(n)]
-        positions = [step * data.prompts_per_step + self.share[0] + i
+        positions = [index * data.prompts_per_step + self.share[0] + i
                      for i in range(len(examples))]
         lengths = ([self._forced(p, k) for p in positions for k in range(n)]
                    if self.node.forced_lengths else None)
@@ -329,7 +346,7 @@ class GenerateWorker:
             engine = self._static_engine()
             self._swap()
             version = self.sampling_version()
-            generator = self.ws.generator(self.name, step, *self.ws.replicas.tag)
+            generator = self.ws.generator(*seed, *self.ws.replicas.tag)
             if self.node.engine == "sglang":
                 rollout = self._sglang_rollout().sample(
                     self.sampling_model, version, prompts, max_new_tokens=data.response_len.max,
@@ -349,6 +366,22 @@ class GenerateWorker:
         if metrics is not None:
             batch["metrics"] = metrics
         return batch
+
+    def _greedy_texts(self, batch: Batch) -> list[str]:
+        """ReMax's baseline: each prompt's greedy response with the weights that sampled the
+        batch, decoded once per prompt and repeated over its rows."""
+        import torch
+
+        from rlgraph.engines.cpu_decode import sample
+
+        tok, n = self.ws.tokenizer, self.ws.spec.data.samples_per_prompt
+        prompts = [tok.encode_prompt(p) for p in batch["prompt"][::n]]
+        with self.ws.lock, torch.no_grad():
+            rollout = sample(self.sampling_model, prompts,
+                             max_new_tokens=self.ws.spec.data.response_len.max,
+                             eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
+        texts = [tok.decode(r) for r in rollout.responses.tolist()]
+        return [t for t in texts for _ in range(n)]
 
     def _multi_turn(self, step: int) -> Batch:
         """Batch `step` of trajectories: every sample of the step's prompts acts in its own
@@ -371,8 +404,8 @@ class GenerateWorker:
             version = self.sampling_version()
             stats = self.agent.run_round(
                 rows, self.sampling_model, version, step, lambda: None, None,
-                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
-                top_p=self.node.top_p,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
         trajectories = [r.trajectory for r in rows]
         rollout = pack_trajectories([r.prompt for r in rows], trajectories, tok.pad_id)
@@ -447,8 +480,8 @@ class GenerateWorker:
                 else lambda: None
             groups, metrics = agent_round(
                 self.cache, self.agent, step, self.sampling_model, version, swap, row_of,
-                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
-                top_p=self.node.top_p,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
         self.snapshots[step] = self.cache.state_dict()
         for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:

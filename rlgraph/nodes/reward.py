@@ -77,7 +77,9 @@ class RewardWorker:
         self.output = ""
 
     def run(self, step: int, inputs: dict[str, Batch]) -> Batch:
-        """Score every response of the batch of `step`."""
+        """Score every response of the batch of `step` (rows dynamic sampling scored already
+        keep their rewards); ReMax's greedy responses, once per prompt, give
+        `reward_baselines`."""
         import torch
 
         from rlgraph.rl.batch import check_step, merge
@@ -85,18 +87,32 @@ class RewardWorker:
 
         batch = merge(inputs)
         check_step(batch, step, self.name)
-        try:
-            scores = score_samples(self.fn, self.fn_name, batch["data_source"],
-                                   batch["response_text"], batch["ground_truth"],
-                                   batch["extra_info"], batch["prompt_uid"], step=step,
-                                   timeout_s=self.node.timeout_s)
-        except RewardFnError as err:
-            err.output = self._take_output(step)
-            raise
-        self.output = self._take_output(step)
-        batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
-        if "env_reward" in batch:  # a multi-turn rollout: the env's step rewards, summed
-            batch["rewards"] = batch["rewards"] + batch["env_reward"]
+        if "rewards" not in batch:  # rows dynamic sampling scored keep their rewards
+            try:
+                scores = score_samples(self.fn, self.fn_name, batch["data_source"],
+                                       batch["response_text"], batch["ground_truth"],
+                                       batch["extra_info"], batch["prompt_uid"], step=step,
+                                       timeout_s=self.node.timeout_s)
+            except RewardFnError as err:
+                err.output = self._take_output(step)
+                raise
+            self.output = self._take_output(step)
+            batch["rewards"] = torch.tensor(scores, dtype=torch.float32)
+            if "env_reward" in batch:  # a multi-turn rollout: the env's step rewards, summed
+                batch["rewards"] = batch["rewards"] + batch["env_reward"]
+        if "baseline_response_text" in batch:
+            counts = torch.unique_consecutive(batch["group"], return_counts=True)[1]
+            first = (counts.cumsum(0) - counts).tolist()  # each group's first row
+
+            def pick(key: str) -> list[Any]:
+                return [batch[key][i] for i in first]
+
+            base = score_samples(self.fn, self.fn_name, pick("data_source"),
+                                 pick("baseline_response_text"), pick("ground_truth"),
+                                 pick("extra_info"), pick("prompt_uid"), step=step,
+                                 timeout_s=self.node.timeout_s)
+            batch["reward_baselines"] = torch.tensor(base, dtype=torch.float32
+                                                     ).repeat_interleave(counts)
         return batch
 
     def _take_output(self, step: int) -> str:

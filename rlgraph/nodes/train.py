@@ -39,6 +39,12 @@ class TrainSpec(ParallelNodeSpec):
                         description="passes over the batch (verl: ppo_epochs)")
     warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
                               description="linear lr warmup, in train steps")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="after the warmup: constant, or a cosine / linear "
+        "decay to min_lr_ratio x lr at the last step (verl: optim.lr_scheduler_type)")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1,
+                                description="where a decaying schedule ends, as a fraction of "
+                                "lr (verl: optim.min_lr_ratio)")
     old_logp: Literal["proximal", "rollout"] = Field(
         default="proximal", description="without a logp node, the old log-probs of an "
         "off-policy batch: 'proximal' recomputes them with the weights the step starts from "
@@ -59,10 +65,11 @@ KIND = NodeKind(
     spec=TrainSpec,
     cost=train_cost,
     uses_gpu=True,
-    default_edges=inputs_from_kinds("reward|logp|ref_logp", "generate"),
+    default_edges=inputs_from_kinds("reward|logp|ref_logp|critic", "generate"),
     worker="rlgraph.nodes.train:TrainWorker",
     advances_policy=True,
     sequence_passes=True,
+    trains=True,
     colour="#4e79a7",
     doc="one optimizer step of the policy",
     models=frozenset({"policy"}),
@@ -71,10 +78,12 @@ KIND = NodeKind(
 
 
 class TrainWorker:
-    """One train step on the batch of `step`: advantages (GRPO or whitened), then
-    `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (token-mean,
-    micro-batches accumulated, gradient clipped). Returns the metrics, including the lag of
-    every trained token, and the new policy version (one version per train step).
+    """One train step on the batch of `step`: advantages (`algorithm.advantage`: group, GAE
+    from the critic, leave-one-out, REINFORCE++, ReMax's greedy baseline), then
+    `epochs x mini_batches` AdamW updates of the decoupled PPO-clip loss with KL (aggregated
+    by `algorithm.loss_agg`, micro-batches accumulated, gradient clipped). Returns the
+    metrics, including the lag of every trained token, and the new policy version (one
+    version per train step).
 
     Among a group's replicas each gets the whole batch (advantages and the token-mean need
     all of it) and runs forward / backward on its share of every mini-batch; the gradients,
@@ -98,8 +107,9 @@ class TrainWorker:
 
         from rlgraph.engines.cpu_decode import token_logp_passes
         from rlgraph.nodes.logp import on_policy
-        from rlgraph.rl.batch import check_step, merge
-        from rlgraph.rl.loss import batch_advantages, grpo_advantages
+        from rlgraph.rl.advantages import compute_advantages
+        from rlgraph.rl.batch import check_step, merge, sample_table
+        from rlgraph.rl.lr_schedule import lr_at
         from rlgraph.versions import oldest_trainable
 
         batch = merge(inputs)
@@ -109,10 +119,7 @@ class TrainWorker:
                              "into train")
         algo, ws = self.ws.spec.algorithm, self.ws
         rewards = batch["rewards"]
-        if algo.name == "grpo":
-            adv = grpo_advantages(rewards, batch["group"], norm_std=algo.norm_adv_by_std)
-        else:
-            adv = batch_advantages(rewards)
+        adv = compute_advantages(algo, batch)
         device = next(ws.policy.parameters()).device
         t = {k: batch[k].to(device) for k in ("sequences", "attention_mask", "behavior_logp")}
         k = ws.spec.schedule.mini_batches  # streaming: step is mini-batch step % k
@@ -157,7 +164,8 @@ class TrainWorker:
                             batch["prompt_len"], batch["temperature"],
                             self._even(self._passes(t["mask"][own], batch["prompt_len"]),
                                        device))
-            lr = self.node.lr * min(1.0, (ws.policy_version + 1) / (self.node.warmup_steps + 1))
+            lr = lr_at(self.node.lr, ws.policy_version, ws.spec.schedule.steps,
+                       self.node.warmup_steps, self.node.lr_schedule, self.node.min_lr_ratio)
             for group in ws.optimizer.param_groups:
                 group["lr"] = lr
             if k > 1 and not own_forward:  # streaming: this version's tokens anchor to the
@@ -192,8 +200,12 @@ class TrainWorker:
             **{f"train/{k}": v - allocator[k] for k, v in _allocator_counters(device).items()},
         })
         uids = list(dict.fromkeys(batch["prompt_uid"]))
-        return {"step": step, "policy_version": version, "metrics": metrics,
-                "trained_uids": uids, "stale_tokens": int(stale.sum())}
+        out = {"step": step, "policy_version": version, "metrics": metrics,
+               "trained_uids": uids, "stale_tokens": int(stale.sum())}
+        logging = ws.spec.logging
+        if logging.samples_every and step % k == 0 and (step // k) % logging.samples_every == 0:
+            out["sample_table"] = sample_table(batch, step // k, logging.samples)
+        return out
 
     def _passes(self, mask: torch.Tensor, prompt_len: int) -> list[tuple[torch.Tensor, int]]:
         """The forward/backward passes over these rows (indices into them, response width):
@@ -229,12 +241,13 @@ class TrainWorker:
     @staticmethod
     def summary(out: Batch) -> dict[str, Any]:
         """What the driver reads of a step: its figures, the samples it trained on (the
-        ledger, with the tokens left out for exceeding the lag bound) and the policy version
-        it made."""
+        ledger, with the tokens left out for exceeding the lag bound), the policy version it
+        made, and on logging steps a samples table."""
         return {"metrics": dict(out.get("metrics", {})),
                 "trained_uids": list(out.get("trained_uids", [])),
                 "stale_tokens": int(out.get("stale_tokens", 0)),
-                "policy_version": int(out.get("policy_version", 0))}
+                "policy_version": int(out.get("policy_version", 0)),
+                "sample_table": list(out.get("sample_table", []))}
 
     @staticmethod
     def combine(outs: list[Batch]) -> Batch:
@@ -256,6 +269,7 @@ class TrainWorker:
         sharded = self.ws.sharded["policy"]
         scale = gradient_scale() if sharded else 1.0  # FSDP averages; the ranks' sum is meant
         tokens = t["mask"][rows].sum().clamp(min=1)
+        seqs = max(1, len(t["mask"][rows]))
         optimizer.zero_grad(set_to_none=True)
         figures = {"loss/policy": 0.0, "loss/kl": 0.0, "actor/clip_frac": 0.0,
                    "actor/is_weight_mean": 0.0, "actor/is_truncated_frac": 0.0}
@@ -279,10 +293,14 @@ class TrainWorker:
             logp = token_logp(policy, cut("sequences", P + w), cut("attention_mask", P + w),
                               P, batch["temperature"])
             old = logp.detach() * cut("mask", w) if own_forward else cut("old_logp", w)
-            terms = policy_loss(logp, old, cut("behavior_logp", w), t["adv"][sl],
-                                cut("mask", w), algo.clip, algo.is_truncation,
+            adv = t["adv"][sl] if t["adv"].dim() == 1 else t["adv"][sl, :w]
+            terms = policy_loss(logp, old, cut("behavior_logp", w), adv,
+                                cut("mask", w), algo.clip_low, algo.is_truncation,
                                 cut("ref_logp", w) if "ref_logp" in t else None,
-                                algo.kl_coef, algo.kl_type, normaliser=tokens)
+                                algo.kl_coef, algo.kl_type, normaliser=tokens,
+                                clip_high=algo.clip_high, loss_agg=algo.loss_agg,
+                                ratio_level=algo.ratio_level, seqs=seqs,
+                                max_len=self.ws.spec.data.response_len.max)
             if number >= real:
                 (terms.loss * 0.0).backward()
                 continue

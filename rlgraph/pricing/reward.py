@@ -12,7 +12,16 @@ if TYPE_CHECKING:
 
 
 def reward_cost(node: NodeSpec, ctx: CostContext) -> float:
-    """A rule-based verifier: reward_seconds_per_sample per sample, in one process."""
-    samples = ctx.spec.data.samples_per_step()
-    ctx.extra["detail"] = f"{samples} samples x {COSTS.reward_seconds_per_sample * 1e6:.3g} us"
+    """A rule-based verifier: reward_seconds_per_sample per sample, in one process; every
+    sample dynamic sampling is expected to draw (`pricing.sampling.expected_draws`) and
+    ReMax's greedy response per prompt count."""
+    from rlgraph.pricing.sampling import expected_draws
+
+    data, algo = ctx.spec.data, ctx.spec.algorithm
+    per_draw = data.samples_per_step()
+    if algo.advantage == "greedy_baseline":
+        per_draw += data.prompts_per_step
+    samples = per_draw * expected_draws(ctx.spec)
+    ctx.extra["detail"] = (f"{samples:.4g} samples x "
+                           f"{COSTS.reward_seconds_per_sample * 1e6:.3g} us")
     return COSTS.reward_seconds_per_sample * samples

@@ -178,3 +178,23 @@ def combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def sample_table(batch: Batch, trained_version: int, count: int) -> list[dict[str, Any]]:
+    """Up to `count` rows of a trained batch, spread over its prompts, as the samples table
+    shows them: prompt, response, reward, the (oldest) version that sampled the row, and its
+    lag behind `trained_version`."""
+    total = rows(batch)
+    picks = sorted({i * total // count for i in range(min(count, total))})
+    out = []
+    for i in picks:
+        prompt = batch["prompt"][i]
+        if not isinstance(prompt, str):
+            prompt = "\n".join(str(m.get("content", "")) for m in prompt)
+        versions = batch["token_version"][i][batch["response_mask"][i].bool()]
+        version = int(versions.min()) if len(versions) else trained_version
+        out.append({"step": int(batch["step"]), "prompt": prompt,
+                    "response": batch["response_text"][i],
+                    "reward": float(batch["rewards"][i]), "version": version,
+                    "lag": trained_version - version})
+    return out

@@ -75,6 +75,24 @@ def last_number_match(data_source: str, solution_str: str, ground_truth: Any,
     return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
 
 
+_GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any,
+                extra_info: dict | None = None) -> float:
+    """verl's GSM8K rule (verl/utils/reward_score/gsm8k.py): the answer after `#### ` when the
+    response has one (strict), else its last number (flexible); commas dropped; 1.0 when it
+    equals the ground truth, else 0."""
+    text = str(solution_str)
+    strict = _GSM8K_STRICT.findall(text)
+    if strict:
+        answer = strict[-1].replace(",", "").rstrip(".")
+    else:
+        numbers = _NUMBER.findall(text.replace(",", ""))
+        answer = numbers[-1] if numbers else ""
+    return float(bool(answer) and answer == str(ground_truth).replace(",", "").strip())
+
+
 def length_credit(data_source: str, solution_str: str, ground_truth: Any,
                   extra_info: dict | None = None) -> float:
     """Partial credit for long answers: half for the length (1 - |len - n| / n, at least 0),

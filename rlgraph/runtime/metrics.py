@@ -1,4 +1,5 @@
-"""Per-step metrics: metrics.jsonl (one row per train step) and TensorBoard events.
+"""Per-step metrics: metrics.jsonl (one row per train step), and the same rows to the sinks of
+`logging:` (TensorBoard events by default; rlgraph.runtime.loggers).
 
 A row is written when train step t finishes. Its keys:
 - `step`, `policy/version` (t + 1), `reward/mean`, `lag/max`, `lag/mean` (over every
@@ -72,31 +73,31 @@ def settle_idle(rows: list[dict[str, Any]], windows: dict[int, tuple[float, floa
 
 
 class MetricsWriter:
-    """Appends rows to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends rows to metrics.jsonl and hands them, and the samples tables, to the sinks of
+    `logging:` (TensorBoard by default; wandb, mlflow; DIR/samples.jsonl)."""
 
-    def __init__(self, out_dir: Path, first_step: int = 0, tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: Path, first_step: int = 0, tensorboard: bool = True,
+                 logging: Any = None, name: str = "rlgraph",
+                 config: dict[str, Any] | None = None) -> None:
+        from rlgraph.runtime.loggers import open_sinks
+
         self.path = out_dir / "metrics.jsonl"
         keep = [r for r in read_rows(self.path) if r["step"] < first_step]
         replace_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         self.file = self.path.open("a")
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard missing: metrics.jsonl still has everything
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"),
-                                        purge_step=first_step if first_step else None)
+        self.sinks = open_sinks(logging, out_dir, first_step, name, config or {}, tensorboard)
 
     def write(self, row: dict[str, Any]) -> None:
-        """One row: a JSON line (flushed) and a scalar per numeric key."""
+        """One row: a JSON line (flushed) and the row to every sink."""
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.tb is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, int | float):
-                    self.tb.add_scalar(key, value, row["step"])
+        for sink in self.sinks:
+            sink.log(row)
+
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A table of the step's sample generations to every sink."""
+        for sink in self.sinks:
+            sink.samples(step, rows)
 
     def rewrite(self, rows: list[dict[str, Any]]) -> None:
         """Replace this run's rows in metrics.jsonl (rows of earlier runs stay)."""
@@ -109,11 +110,10 @@ class MetricsWriter:
         self.file = self.path.open("a")
 
     def close(self) -> None:
-        """Flush and close both outputs."""
+        """Flush and close every output."""
         self.file.close()
-        if self.tb is not None:
-            self.tb.flush()
-            self.tb.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def replace_text(path: Path, text: str) -> None:

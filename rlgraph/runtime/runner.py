@@ -28,6 +28,7 @@ from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
 from rlgraph.runtime.hf_folder import policy_files
+from rlgraph.runtime.loggers import check_loggers
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.step_report import RunResult, StepReport
@@ -100,6 +101,7 @@ class Runner:
 
     def _refuse_unsupported(self) -> None:
         """What this runtime cannot do yet is an error naming the key, before Ray starts."""
+        check_loggers(self.spec.logging)
         refuse_unrunnable(self.spec)  # every engine the plan names runs, or none starts
         for node in self.kinds:
             spec = self.spec.nodes[node]
@@ -291,7 +293,9 @@ class Runner:
         t0 = time.time()
         tracer = Tracer(t0, offset=offset + (1.0 if previous else 0.0))
         tracer.events.extend(previous)
-        report = StepReport(result, MetricsWriter(out, first, opts.tensorboard),
+        metrics = MetricsWriter(out, first, opts.tensorboard, self.spec.logging, self.spec.name,
+                                self.spec_data)
+        report = StepReport(result, metrics,
                             ckpt.Ledger(out, first_step=first), tracer, nodes=list(self.kinds),
                             groups=self.groups, max_lag=self.max_lag, lag_bound=self.lag_bound,
                             on_step=opts.on_step)
@@ -353,6 +357,7 @@ class Runner:
             report.metrics.rewrite(result.rows)
             report.metrics.close()
             result.events = tracer.events
+            result.env_events = tracer.env_events
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
         result.next_step = pipeline.trained_steps()

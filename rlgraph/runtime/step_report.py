@@ -27,6 +27,7 @@ class RunResult:
     stopped: bool
     rows: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    env_events: list[dict[str, Any]] = field(default_factory=list)  # the timeline's env lane
     startup_s: float = 0.0
     wall_s: float = 0.0
     lag_violations: int = 0
@@ -73,6 +74,8 @@ class StepReport:
             result.lag_violations += 1
         self.last_train_end = event["end"]
         self.metrics.write(row)
+        if summary.get("sample_table"):
+            self.metrics.write_samples(step, summary["sample_table"])
         self.ledger.append(step, summary.get("trained_uids", []),
                            int(summary.get("policy_version", step + 1)),
                            stale_tokens=int(summary.get("stale_tokens", 0)))

@@ -37,7 +37,7 @@ def minimal(tmp_path: Path) -> Path:
     return path
 
 
-NOT_SEEDS = {"quickstart", "agentic-calculator"}  # example graphs of features, not seeds
+NOT_SEEDS = {"quickstart", "agentic-calculator", "gsm8k-style"}  # feature examples, not seeds
 
 
 @pytest.mark.parametrize("graph", GRAPHS, ids=[g.stem for g in GRAPHS])

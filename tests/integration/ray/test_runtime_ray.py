@@ -121,6 +121,9 @@ def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):
         assert all(0 <= row[f"idle/{g}"] <= 1 for g in groups)
     assert rows[-1]["time/param_update_s"] > 0
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
+    table = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
+    assert table and {r["step"] for r in table} == {0}  # samples_every 10: step 0's table
+    assert all(0 <= r["lag"] <= plan["lag"]["max_policy_lag"] for r in table)
     for name in ("plan.json", "trace.json", "ledger.jsonl", "checkpoint/meta.json",
                  "checkpoint/model.safetensors", "checkpoint/config.json",
                  "checkpoint/manifest.json"):
