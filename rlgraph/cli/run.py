@@ -308,7 +308,7 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
     from rlgraph.report.curves import write_curves
     from rlgraph.report.timeline import write_timeline
 
-    write_timeline(out, plan, measured=result.events)
+    write_timeline(out, plan, measured=result.events + result.env_events)
     rows = result.rows
     write_curves(out / "curves.png", rows, f"{plan.spec.name}: reward and lag",
                  plan.lag.max_policy_lag)

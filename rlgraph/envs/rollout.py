@@ -54,6 +54,22 @@ class Row:
     sample: dict[str, Any]  # uid, prompt_uid, sample_index, ground_truth, data_source, extra_info
 
 
+def forced_turn_length(seed: int, key: str, turn: int, response_len: Any, turns: float) -> int:
+    """Benchmarks (`forced_lengths`): the length of turn `turn` of trajectory `key`, drawn
+    from `response_len` divided by the mean turns (seeded by seed, key and turn), so every
+    schedule decodes the same work for a trajectory."""
+    import random
+    from types import SimpleNamespace
+
+    from rlgraph.presets.tasks import draw_length
+
+    per_turn = SimpleNamespace(dist=response_len.dist, sigma=response_len.sigma,
+                               alpha=response_len.alpha,
+                               mean=max(1.0, response_len.mean / turns),
+                               max=max(1, int(response_len.max / turns)))
+    return draw_length(random.Random(f"{seed}:turn:{key}:{turn}"), per_turn, per_turn.max)
+
+
 def sample_dict(example: Any, index: int, key: str) -> dict[str, Any]:
     """What `Env.reset` receives about the trajectory's sample."""
     return {"uid": key, "prompt_uid": example.uid, "sample_index": index,
@@ -72,12 +88,14 @@ class AgentRollout:
     """The env pool and the decode of multi-turn trajectories (see the module docstring)."""
 
     def __init__(self, spec: EnvSpec, tokenizer: Tokenizer, max_new_tokens: int,
-                 base_dir: str | None = None, name: str = "generate"):
+                 base_dir: str | None = None, name: str = "generate",
+                 turn_length: Callable[[str, int], int] | None = None):
         self.spec, self.tok, self.name = spec, tokenizer, name
+        self.turn_length = turn_length  # benchmarks: (trajectory key, turn) -> forced length
         self.max_new_tokens = max_new_tokens
         base = None if base_dir is None else __import__("pathlib").Path(base_dir)
         probe = build_env(load_env_class(spec.fn, ("env", "fn"), base), spec.config(), spec.fn)
-        self.stop = stop_strings(probe)
+        self.stop = stop_strings(probe) if turn_length is None else ()
         self.window = max((len(s) for s in self.stop), default=0) + 4  # tokens to decode
         self.pool = EnvPool.of(spec, base_dir)
         self.live: set[str] = set()  # env keys whose environment exists
@@ -221,6 +239,8 @@ class AgentRollout:
             return version
         trajectories = [r.trajectory for r in rows]
         eos = sampling["eos_id"]
+        forced = [None if self.turn_length is None else self.turn_length(t.key, t.turns)
+                  for t in trajectories]
         decoder = Decoder(model, [r.prompt for r in rows],
                           prefixes=[t.context + t.tokens for t in trajectories],
                           budgets=budgets, max_new_tokens=max(budgets), **sampling)
@@ -241,7 +261,8 @@ class AgentRollout:
                 t.logps.append(logps[i])
                 t.versions.append(version)
                 t.mask.append(1)
-                ended = tokens[i] == eos or self._stopped(t)
+                ended = (tokens[i] == eos or self._stopped(t) or
+                         (forced[i] is not None and len(t.tokens) - t.turn_start >= forced[i]))
                 if ended:
                     if not finished[i]:
                         decoder.finished[i] = True

@@ -71,9 +71,6 @@ class GenerateSpec(NodeSpec):
         if self.cuda_decode != "dynamic":
             raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
                              "by turn; write cuda_decode: dynamic (or leave it out)")
-        if self.forced_lengths:
-            raise ValueError("env: forced_lengths is not supported with an env (a turn ends "
-                             "at eos or the env's stop strings; the delay env forces turns)")
         return self
 
     def model_parallel(self) -> int:
@@ -138,12 +135,15 @@ class GenerateWorker:
         self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
         self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
         if node.env is not None:
-            from rlgraph.envs.rollout import AgentRollout
+            from rlgraph.envs.rollout import AgentRollout, forced_turn_length
 
-            self.agent = AgentRollout(node.env, workspace.tokenizer,
-                                      workspace.spec.data.response_len.max,
-                                      str(workspace.base_dir) if workspace.base_dir else None,
-                                      name)
+            data = workspace.spec.data
+            self.agent = AgentRollout(
+                node.env, workspace.tokenizer, data.response_len.max,
+                str(workspace.base_dir) if workspace.base_dir else None, name,
+                turn_length=(lambda key, turn: forced_turn_length(
+                    data.seed, key, turn, data.response_len, node.env.mean_turns()))
+                if node.forced_lengths else None)
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
         self.snapshot: Any = None
@@ -404,8 +404,8 @@ class GenerateWorker:
             version = self.sampling_version()
             stats = self.agent.run_round(
                 rows, self.sampling_model, version, step, lambda: None, None,
-                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
-                top_p=self.node.top_p,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
         trajectories = [r.trajectory for r in rows]
         rollout = pack_trajectories([r.prompt for r in rows], trajectories, tok.pad_id)
@@ -480,8 +480,8 @@ class GenerateWorker:
                 else lambda: None
             groups, metrics = agent_round(
                 self.cache, self.agent, step, self.sampling_model, version, swap, row_of,
-                eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=self.node.temperature,
-                top_p=self.node.top_p,
+                eos_id=-1 if self.node.forced_lengths else tok.eos_id, pad_id=tok.pad_id,
+                temperature=self.node.temperature, top_p=self.node.top_p,
                 generator=self.ws.generator(self.name, step, *self.ws.replicas.tag))
         self.snapshots[step] = self.cache.state_dict()
         for old in sorted(self.snapshots)[:-self.SNAPSHOTS]:

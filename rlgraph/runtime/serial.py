@@ -38,18 +38,18 @@ class SerialRun:
     workspaces: dict[str, Workspace] = field(default_factory=dict)  # node -> its workspace
 
 
-def build_workspaces(plan: Plan, seed: int = 0) -> dict[str, Workspace]:
-    """node name -> the Workspace that runs it (shared within a group)."""
+def build_workspaces(plan: Plan, seed: int = 0, device: str = "cpu") -> dict[str, Workspace]:
+    """node name -> the Workspace that runs it (shared within a group), on `device`."""
     spec = plan.spec
     out: dict[str, Workspace] = {}
     for group in plan.placement.groups:
         tasks = [t for t in group.tasks if KINDS[spec.nodes[t].kind].runs_on_batches]
         if tasks:
-            ws = Workspace(spec, tasks, seed=seed)
+            ws = Workspace(spec, tasks, seed=seed, device=device)
             out.update(dict.fromkeys(tasks, ws))
     for name, node in spec.nodes.items():
         if name not in out and KINDS[node.kind].runs_on_batches:
-            out[name] = Workspace(spec, [name], seed=seed)
+            out[name] = Workspace(spec, [name], seed=seed, device=device)
     return out
 
 
@@ -67,13 +67,14 @@ def _move_weights(node: str, route: RoutePlan, sender: Workspace, receiver: Work
 
 
 def run_serial(plan: Plan | Spec, steps: int | None = None, seed: int = 0,
-               on_step: Callable[[int, dict], None] | None = None) -> SerialRun:
+               on_step: Callable[[int, dict], None] | None = None,
+               device: str = "cpu") -> SerialRun:
     """Run `steps` (default: schedule.steps) train steps of a plan (or of a spec, compiled
-    here) in one process."""
+    here) in one process, every workspace on `device` (a benchmark's one GPU: "cuda")."""
     plan = plan if isinstance(plan, Plan) else compile_plan(plan)
     steps = steps or plan.spec.schedule.steps
     start = time.perf_counter()
-    ws_of = build_workspaces(plan, seed)
+    ws_of = build_workspaces(plan, seed, device)
     run = SerialRun(setup_s=time.perf_counter() - start, workspaces=ws_of)
     busy = {node: 0.0 for node in plan.graph if node in ws_of or node in plan.weight_sync}
 

@@ -21,6 +21,7 @@ GPU; every rank of the group takes part in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -84,15 +85,35 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def _attention_backends() -> list[Any]:
+    """The scaled-dot-product-attention kernels enabled now (a caller's `sdpa_kernel`)."""
+    from torch.nn.attention import SDPBackend
+
+    flags = torch.backends.cuda
+    enabled = {SDPBackend.FLASH_ATTENTION: flags.flash_sdp_enabled(),
+               SDPBackend.EFFICIENT_ATTENTION: flags.mem_efficient_sdp_enabled(),
+               SDPBackend.MATH: flags.math_sdp_enabled(),
+               SDPBackend.CUDNN_ATTENTION: flags.cudnn_sdp_enabled()}
+    return [backend for backend, on in enabled.items() if on]
+
+
 def _checkpointed(forward: Any) -> Any:
-    """`forward` with its activations recomputed in the backward."""
+    """`forward` with its activations recomputed in the backward, under the attention kernels
+    its forward ran with (the backward runs outside the caller's `sdpa_kernel`, and another
+    kernel saves other tensors)."""
+    from torch.nn.attention import sdpa_kernel
     from torch.utils.checkpoint import checkpoint
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # decode and log-prob forwards: nothing to keep
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        backends = _attention_backends()
+
+        def contexts() -> tuple[Any, Any]:
+            return contextlib.nullcontext(), sdpa_kernel(backends)
+
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     return run
 

@@ -146,3 +146,31 @@ def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: An
     with pytest.raises(SpecError, match="runs pp 1 only here") as err:
         Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
     assert err.value.key == ("nodes", "train", "pp")
+
+
+def test_checkpointed_layers_recompute_with_the_forwards_attention_kernel() -> None:
+    """train's forward picks attention kernels (`sdpa_kernel`) that the backward, where a
+    checkpointed layer recomputes, runs outside of: the recompute must use the same ones, and
+    the gradients equal those of the model without checkpointing."""
+    from rl_support import MICRO
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlgraph.worker.sharding import checkpoint_layers
+
+    config = AutoConfig.for_model(**MICRO)
+    config._attn_implementation = "sdpa"
+    grads = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        if checkpointed:
+            checkpoint_layers(model)
+        ids = torch.randint(0, MICRO["vocab_size"], (2, 16))
+        with sdpa_kernel([SDPBackend.MATH]):
+            loss = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum()
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain)

@@ -282,6 +282,19 @@ def test_edited_meta_is_refused_by_key(tmp_path, spec, policy, capsys, key, valu
     one_line(capsys.readouterr().err, "meta.json", f"'{key}'")
 
 
+@pytest.mark.parametrize("name,text,needle", [
+    ("trace.json", '{"traceEvents": [{"ph": "X", "ts": "x"}]}', "traceEvents[0].ts"),
+    ("trace.json", "{not json", "not valid JSON"),
+    ("metrics.jsonl", '{"step": 0}\n{"step"\n{"step": 2}\n', "metrics.jsonl:2"),
+    ("ledger.jsonl", '{"step": 0}\n[]\n{"step": 2}\n', "ledger.jsonl:2")])
+def test_resume_refuses_damaged_run_files_before_ray_starts(tmp_path, spec, policy, capsys,
+                                                           name, text, needle):
+    save(tmp_path, spec, policy, step=2, steps=4)
+    (tmp_path / name).write_text(text)
+    assert main(["run", str(QUICKSTART), *SMALL, "--resume", str(tmp_path)]) == 2
+    one_line(capsys.readouterr().err, needle)
+
+
 def test_a_fifo_in_a_checkpoint_never_blocks(tmp_path, spec, policy):
     save(tmp_path, spec, policy, step=2, steps=4)
     target = tmp_path / "checkpoint" / "trainer.json"

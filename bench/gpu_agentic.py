@@ -1,0 +1,152 @@
+"""Multi-turn rollouts on one GPU: the synchronous plan against partial rollout on a
+long-tailed multi-turn workload, side by side in one process, and the compiler's prediction
+of each.
+
+  PYTHONUNBUFFERED=1 python bench/gpu_agentic.py [--steps 5] [--out DIR] [--cpu]
+
+The workload (BENCHMARK MODE): a random-init Llama (character vocabulary, bf16) acts in the
+built-in `delay` environment, which sleeps `sleep_s` every step (a tool's latency) and ends a
+trajectory after a forced number of turns drawn per trajectory (lognormal, mean 2, at most
+8); each turn's length is forced too (`generate.forced_lengths`: drawn from
+data.response_len divided by the mean turns, eos ignored), so both plans decode the same work
+per trajectory. Every task sits on the one GPU (a colocated group). sync: max_lag 0, every
+trajectory of a batch ends before train; partial: partial rollout, max_lag 2, oversample 2,
+trajectories still running (mid-turn or waiting for the env) carry to the next step.
+
+The steps run through the serial driver (`rlgraph.runtime.serial.run_serial`, the runtime's
+pipeline without Ray; the env pool runs on threads); the first step of each plan is warm-up.
+Per plan: seconds per step after the first (mean), trajectories a second, turns, env
+seconds, carried trajectories, lag; the compiler's predicted period (`rlgraph compile`,
+uncalibrated) over the measured one. Writes OUT/gpu-agentic.json; `--cpu` rehearses the
+same code on the CPU with a tiny model and short turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import device_info, machine  # noqa: E402
+
+MODEL_GPU = dict(model_type="llama", vocab_size=64, hidden_size=1024, num_hidden_layers=8,
+                 num_attention_heads=16, num_key_value_heads=8, intermediate_size=2816,
+                 max_position_embeddings=2048, tie_word_embeddings=True)
+MODEL_CPU = dict(model_type="llama", vocab_size=64, hidden_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                 max_position_embeddings=256, tie_word_embeddings=True)
+MODES = {"sync": {"max_lag": 0, "partial_rollout": False},
+         "partial": {"max_lag": 2, "partial_rollout": True}}
+
+
+def graph(cpu: bool, mode: str, gpu: str = "H100") -> dict[str, Any]:
+    """The benchmark graph of one plan (see the module docstring) on one `gpu`."""
+    return {
+        "name": f"gpu-agentic-{mode}",
+        "cluster": {"local": True, "cpus": 1} if cpu else
+        {"nodes": 1, "gpus_per_node": 1, "gpu": gpu},
+        "model": {"hf_config": dict(MODEL_CPU if cpu else MODEL_GPU)},
+        "data": {"task": "add_small", "prompts_per_step": 8,
+                 "samples_per_prompt": 4, "prompt_len": 8,
+                 "response_len": {"mean": 16 if cpu else 64, "max": 96 if cpu else 256,
+                                  "dist": "lognormal", "sigma": 1.0}, "seed": 0},
+        "algorithm": {"name": "grpo", "kl_coef": 0.0},
+        "groups": {"all": {"share": 1.0, "tasks": ["generate", "train"]}},
+        "nodes": {
+            "generate": {"kind": "generate", "forced_lengths": True, "oversample": 2.0,
+                         "stale": "finish",
+                         "env": {"fn": "delay", "max_turns": 8, "turns": 2,
+                                 "latency_s": 0.05, "observation_len": 3, "threads": 64,
+                                 "sleep_s": 0.05, "rounds": 2, "rounds_max": 8,
+                                 "sigma": 1.0}},
+            "reward": {"kind": "reward"},
+            "train": {"kind": "train", "lr": 1e-6},
+            "param_update": {"kind": "param_update", "src": "train", "dst": "generate"}},
+        "schedule": {**MODES[mode], "steps": 5},
+    }
+
+
+def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
+    """One plan: compile (predicted period), run `steps` steps, the figures."""
+    import torch
+
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import validate_spec
+    from rlgraph.errors import SourceMap
+    from rlgraph.runtime.serial import run_serial
+
+    if cpu:
+        torch.set_num_threads(1)
+    spec = validate_spec(graph(cpu, mode, gpu), SourceMap())
+    plan = compile_plan(spec)
+    stamps: list[float] = []
+    start = time.perf_counter()
+    run = run_serial(plan, steps, device="cpu" if cpu else "cuda",
+                     on_step=lambda step, out: stamps.append(time.perf_counter()))
+    if not cpu:
+        torch.cuda.synchronize()
+    step_s = [b - a for a, b in zip([start, *stamps], stamps)]
+    steady = step_s[1:] or step_s
+    measured = sum(steady) / len(steady)
+    rows = [m["metrics"] for m in run.metrics]
+    samples = spec.data.samples_per_step()
+    predicted = plan.schedule.period_s
+    gen = plan.costs.get("generate")
+    return {
+        "mode": mode, "schedule": MODES[mode], "steps": steps,
+        "step_s": [round(s, 3) for s in step_s],
+        "step_s_steady_mean": round(measured, 3),
+        "trajectories_per_s": round(samples / measured, 2),
+        "node_s_per_step": {k: round(v, 3) for k, v in run.seconds.items()},
+        "predicted_period_s": round(predicted, 3),
+        "predicted_over_measured": round(predicted / measured, 3),
+        "generate_detail": getattr(gen, "detail", None),
+        "lag_max": max(r["lag/max"] for r in rows),
+        "response_tokens_mean": [round(r["response/length_mean"], 1) for r in rows],
+        "setup_s": round(run.setup_s, 2), "wall_s": round(run.wall_s, 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU")
+    parser.add_argument("--modes", default=",".join(MODES), help="plans to run, in order")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = device_info(dry=args.cpu)
+    gpu = "H200" if "H200" in str(device.get("name")) else "H100"
+    result: dict[str, Any] = {"benchmark": "gpu_agentic", "machine": machine(),
+                              "device": device, "graph": graph(args.cpu, "sync", gpu),
+                              "modes": {}}
+    path = out / ("cpu-agentic-rehearsal.json" if args.cpu else "gpu-agentic.json")
+    for mode in args.modes.split(","):
+        result["modes"][mode] = run_mode(args.cpu, mode, args.steps, gpu)
+        m = result["modes"][mode]
+        print(f"{mode:8s} {m['step_s_steady_mean']:8.3f} s/step  predicted "
+              f"{m['predicted_period_s']:8.3f} ({m['predicted_over_measured']:.2f}x)  "
+              f"lag {m['lag_max']:.0f}  steps {m['step_s']}", flush=True)
+        path.write_text(json.dumps(result, indent=1))
+    if set(result["modes"]) != set(MODES):
+        return 0
+    sync, partial = result["modes"]["sync"], result["modes"]["partial"]
+    result["partial_over_sync"] = round(sync["step_s_steady_mean"]
+                                        / partial["step_s_steady_mean"], 3)
+    result["predicted_partial_over_sync"] = round(sync["predicted_period_s"]
+                                                  / partial["predicted_period_s"], 3)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"partial rollout / sync: {result['partial_over_sync']}x measured, "
+          f"{result['predicted_partial_over_sync']}x predicted -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
