@@ -357,6 +357,7 @@ class Runner:
             report.metrics.rewrite(result.rows)
             report.metrics.close()
             result.events = tracer.events
+            result.env_events = tracer.env_events
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
         result.next_step = pipeline.trained_steps()

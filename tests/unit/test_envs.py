@@ -353,3 +353,21 @@ def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
     few = node.model_copy(update={"env": node.env.model_copy(update={"threads": 64})})
     assert env_workers(few, spec, partial=False).env.workers == 2
     assert env_workers(spec.nodes["train"], spec, partial=False) is spec.nodes["train"]
+
+
+def test_env_calls_have_their_own_timeline_lane(tmp_path: Path) -> None:
+    import json
+
+    from rlgraph.runtime.tracing import Tracer, load_events
+
+    tracer = Tracer(t0=100.0)
+    tracer.record("generate", "generate", 0, 100.0, 101.0, ["rollout"])
+    tracer.record_env("generate", 0, [(100.2, 100.4), (100.5, 100.6)])
+    path = tracer.write(tmp_path / "trace.json", "t", ["rollout"], {"generate": "generate"})
+    trace = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "process_name"}
+    env = [e for e in trace["traceEvents"] if e.get("cat") == "env"]
+    assert len(env) == 2 and {names[e["pid"]] for e in env} == {"env"}
+    # a resumed run reads back the task spans only (the env lane names no graph node)
+    assert [e["node"] for e in load_events(path)] == ["generate"]
