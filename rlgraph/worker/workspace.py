@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlgraph.errors import SpecError
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import build_tokenizer
 from rlgraph.weights import BucketMiB
@@ -77,8 +76,7 @@ class Workspace:
         self.weight_dtype = torch.float32 if device == "cpu" else torch.bfloat16
         self.sharded = {"policy": False, "reference": False}
         if models:
-            self.sharded = sharding.sharded_models(spec, self.tasks)
-            self._refuse_sharded_generate(models)
+            self.sharded = sharding.check_group(spec, self.tasks)
             # the warm start (and its cache) is CPU fp32 everywhere, so every group of every
             # device starts from the same weights; a GPU workspace then casts them to bf16
             # (a sharded model then takes fp32 masters of them: `_placed`)
@@ -104,21 +102,6 @@ class Workspace:
             task, make_optimizer = stepping[0]
             self.optimizer = make_optimizer(spec.nodes[task], self.policy)
         self._workers: dict[str, Any] = {}
-
-    def _refuse_sharded_generate(self, models: frozenset[str]) -> None:
-        """A sharded policy serves its group's model tasks only: a task that holds the policy
-        but runs no sequence passes (generate: the native engine decodes with a whole model)
-        cannot share the group."""
-        if not self.sharded.get("policy"):
-            return
-        decoding = [t for t in self.tasks if "policy" in self.spec.kind_of(t).models
-                    and not hasattr(self.spec.nodes[t], "sharding")]
-        if decoding:
-            user = next(t for t in self.tasks if getattr(self.spec.nodes[t], "sharding",
-                                                         "none") == "fsdp")
-            raise SpecError(f"sharding: fsdp cannot share a group with '{decoding[0]}' (the "
-                            "decode engine runs a whole model)", ("nodes", user, "sharding"),
-                            hint="give generate its own group, or write sharding: none")
 
     def _placed(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
         """`model` as this workspace runs it: sharded (rlgraph.worker.sharding) where its

@@ -140,11 +140,19 @@ def test_sharding_needs_the_torch_backend_and_agreement() -> None:
 
 
 def test_sharded_policy_refuses_to_share_a_group_with_generate() -> None:
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import validate_spec
+    from rlgraph.errors import SourceMap
     from rlgraph.worker.workspace import Workspace
 
     spec = make_spec(train={"sharding": "fsdp"})
     with pytest.raises(SpecError, match="cannot share a group with 'generate'"):
         Workspace(spec, ["generate", "train"])
+    data = spec.to_yaml_dict()
+    data["groups"] = {"all": {"share": 1.0, "tasks": ["generate", "train"]}}
+    with pytest.raises(SpecError, match="cannot share group 'all' with 'generate'") as err:
+        compile_plan(validate_spec(data, SourceMap()))  # the compiler refuses it first
+    assert err.value.key == ("nodes", "train", "sharding")
 
 
 def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
