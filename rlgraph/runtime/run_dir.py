@@ -109,19 +109,19 @@ def refuse_reuse(folder: Path, graph: str | None = None) -> None:
                           f"a new folder") from None
     if not entries:
         return
+    if ((folder / ckpt.CHECKPOINT / ckpt.MANIFEST).is_file() or ckpt.archived(folder)
+            or (ledger.is_file() and ledger.stat().st_size)):
+        raise RunDirError(f"{folder} holds a run already; continue it with --resume {folder} "
+                          f"or give another --out")
     owner = read_marker(folder)
     if owner is None:
         raise RunDirError(f"-o {shown(folder)}: the folder holds files that no `rlgraph run` "
-                          f"wrote ({', '.join(sorted(entries)[:3])}"
+                          f"wrote ({shown(', '.join(sorted(entries)[:3]))}"
                           f"{', ...' if len(entries) > 3 else ''}); rlgraph writes only into a "
                           f"new or empty folder or a run of the same graph: give another -o")
     if graph is not None and owner != graph:
         raise RunDirError(f"-o {shown(folder)}: a run of the graph '{shown(owner)}', not of "
                           f"'{shown(graph)}'; give another -o")
-    if ((folder / ckpt.CHECKPOINT).exists() or ckpt.archived(folder)
-            or (ledger.exists() and ledger.stat().st_size)):
-        raise RunDirError(f"{folder} holds a run already; continue it with --resume {folder} "
-                          f"or give another --out")
 
 
 def read_marker(folder: Path) -> str | None:

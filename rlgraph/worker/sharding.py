@@ -56,6 +56,22 @@ def sharded_models(spec: Any, tasks: list[str]) -> dict[str, bool]:
     return chosen
 
 
+def check_group(spec: Any, tasks: list[str]) -> dict[str, bool]:
+    """`sharded_models` of a group, refused where a task holds a sharded policy but runs no
+    sequence passes (generate: the decode engine runs a whole model)."""
+    sharded = sharded_models(spec, tasks)
+    if not sharded["policy"]:
+        return sharded
+    decoding = [t for t in tasks if "policy" in spec.kind_of(t).models
+                and not hasattr(spec.nodes[t], "sharding")]
+    if decoding:
+        user = next(t for t in tasks if getattr(spec.nodes[t], "sharding", "none") == "fsdp")
+        raise SpecError(f"sharding: fsdp cannot share a group with '{decoding[0]}' (the "
+                        "decode engine runs a whole model)", ("nodes", user, "sharding"),
+                        hint="give generate its own group, or write sharding: none")
+    return sharded
+
+
 def checkpointing_of(spec: Any, tasks: list[str]) -> bool:
     """Whether any model task of the group asks for activation checkpointing."""
     return any(getattr(spec.nodes[t], "activation_checkpointing", False) for t in tasks)

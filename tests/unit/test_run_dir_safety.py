@@ -115,6 +115,18 @@ def test_continue_command_is_exact_and_quoted(tmp_path):
                        f"--checkpoint-every 2")
 
 
+def test_failure_advice_names_the_whole_command(tmp_path):
+    from rlgraph.cli.run import exact_resume
+    from rlgraph.errors import RLGraphError
+
+    args = args_for(["data.seed=3"])
+    err = RLGraphError(f"worker died; progress kept: checkpoint at step 2; after fixing the "
+                       f"cause, continue with --resume {tmp_path}")
+    exact_resume(err, continue_command(args, tmp_path), tmp_path)
+    assert str(err).endswith(f"continue with rlgraph run {QUICKSTART} data.seed=3 --resume "
+                             f"{tmp_path}")
+
+
 def test_old_run_resumes_with_a_key_added_since(tmp_path, spec, policy):
     """The run's recorded graph lacks keys added to the schema since (its defaults held)."""
     old = spec.to_yaml_dict()
