@@ -262,11 +262,17 @@ class Workspace:
                 state["weights"] = self.host_weights()
             if self.optimizer is not None:
                 state["optimizer"] = self.optimizer_state()
-            workers = {name: worker.state_dict() for name, worker in self._workers.items()
-                       if hasattr(worker, "state_dict")}  # a model of its own (critic)
+            workers = self.worker_states()
             if workers:
                 state["workers"] = workers
             return state
+
+    def worker_states(self) -> dict[str, Any]:
+        """The states of this workspace's workers that keep a model of their own (the
+        critic's value model and optimizer), by node."""
+        with self.lock:
+            return {name: worker.state_dict() for name, worker in self._workers.items()
+                    if hasattr(worker, "state_dict")}
 
     def optimizer_state(self) -> Any:
         """The optimizer's state (a sharded policy's: this rank's shards, on the host)."""
@@ -293,7 +299,10 @@ class Workspace:
                 else:
                     self.optimizer.load_state_dict(optimizer)
             for name, saved in (state.get("workers") or {}).items():
-                if name in self.tasks:
-                    self.worker(name).load_state_dict(saved)
+                worker = self.worker(name) if name in self.tasks else None
+                if worker is None or (getattr(worker, "DATA_PARALLEL", "") == "leader"
+                                      and self.replicas.rank):
+                    continue  # a leader-only worker's model lives on rank 0 alone
+                worker.load_state_dict(saved)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it
