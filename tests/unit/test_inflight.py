@@ -298,6 +298,10 @@ def test_compile_prices_inflight_and_tune_tries_it_off_and_on() -> None:
     assert "0 tokens re-encoded" in plan.costs["generate"].detail  # kv: keep
     off = compile_plan(load_spec(root / "graphs" / "longtail.yaml", over))
     assert "re-encoded" in off.costs["generate"].detail
+    streamed = compile_plan(load_spec(root / "graphs" / "longtail.yaml", [
+        "schedule.stream={mini_batches: 2}", "schedule.max_lag=1",
+        "nodes.generate.inflight=true"]))
+    assert streamed.lag.token_version_span == 1  # in-flight rows span versions
     result = tune(on, top=12)
     partial = [p for p in result.top if p.partial_rollout]
     assert {p.inflight for p in partial} == {False, True}
