@@ -47,6 +47,9 @@ from bench.gpu_longtail import run_mode, without_logp  # noqa: E402
 
 GRAPH = ROOT / "bench" / "graphs_gpu_scale" / "colocated-sync.yaml"
 SHAPES = {  # --shape: model, batch and lengths
+    "1.5b": ["model={preset: qwen2.5-1.5b}", "data.prompts_per_step=128",
+             "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
+             "nodes.train.activation_checkpointing=true"],
     "3b": ["model={preset: qwen2.5-3b}", "data.prompts_per_step=128",
            "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
            "nodes.train.activation_checkpointing=true"],

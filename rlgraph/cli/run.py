@@ -151,6 +151,18 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
     return spec, plan, out
 
 
+def exact_resume(err: RLGraphError, command: str, out: Path) -> None:
+    """A failure's "--resume DIR" advice (the rescue's, a full disk's) as the whole command
+    that continues the run, overrides included."""
+    bare = f"--resume {out}"
+    if isinstance(err, SpecError):
+        err.message = err.message.replace(bare, command) if bare in err.message and (
+            command not in err.message) else err.message
+    elif len(err.args) == 1 and isinstance(err.args[0], str) and bare in err.args[0] and (
+            command not in err.args[0]):
+        err.args = (err.args[0].replace(bare, command),)
+
+
 def sets_steps(overrides: list[str]) -> bool:
     """Whether an override sets `schedule.steps`."""
     return any(o.partition("=")[0].strip() == "schedule.steps" for o in overrides)
@@ -218,6 +230,7 @@ def run_main(args: argparse.Namespace) -> int:
             try:
                 return _run(args, spec, plan, out, log)
             except RLGraphError as err:  # printed by the caller; the log keeps it too
+                exact_resume(err, continue_command(args, out), out)
                 log.line(f"rlgraph: {err.render()}")
                 raise
             except OSError as exc:  # a full disk, a folder made read-only mid-run
@@ -321,7 +334,7 @@ def finish(out: Path, plan: Plan, result: RunResult, args: argparse.Namespace) -
     from rlgraph.report.curves import write_curves
     from rlgraph.report.timeline import write_timeline
 
-    write_timeline(out, plan, measured=result.events)
+    write_timeline(out, plan, measured=result.events + result.env_events)
     rows = result.rows
     write_curves(out / "curves.png", rows, f"{plan.spec.name}: reward and lag",
                  plan.lag.max_policy_lag)

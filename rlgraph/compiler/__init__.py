@@ -307,7 +307,9 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
-    proof = prove_lag(graph, spec.schedule.partial_rollout)
+    # a sample's tokens span versions with partial rollout and with in-flight updates
+    proof = prove_lag(graph, spec.schedule.partial_rollout or any(
+        getattr(node, "inflight", False) for node in spec.nodes.values()))
     user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
                           list(placement.groups))
     simulated_lag, lag_note = effective_lag(user_tg)

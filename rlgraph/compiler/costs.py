@@ -107,7 +107,8 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
              "replicas": replicas, "host_processes": _host_processes(spec, placement),
              "host_slots": placement.slots}
     memory = placement.memory.get(home) if home else None
-    if memory is not None and name in memory.tasks:
+    if memory is not None and memory.fits and name in memory.tasks:  # (a baseline that
+        # does not fit keeps the paged estimate: a one-slot engine would inflate speedups)
         slots = engine_slots(memory.tasks[name], spec, shape)
         if slots:
             extra["engine_slots"] = slots  # the native engine's KV slots (memory pass)

@@ -6,8 +6,10 @@ reference, the receiver's second buffer of a weight sync. On top, one task at a 
 (tasks of a group never overlap) and adds what it allocates while it runs (`transient`):
 train's saved activations and log-prob head, a forward's working set, generate's KV cache.
 A group needs resident + the largest transient, per GPU. Where the plan prices verl's hybrid
-engine (engine sglang colocated with training), verl offloads the state of the task that is
-not running, so a group then needs the largest of (a task's own state + its transient).
+engine (engine sglang), its torch passes are counted as verl runs them (`as_verl_runs_it`:
+FSDP, activation checkpointing, passes of ppo_max_token_len_per_gpu tokens), and in a group
+that also generates verl offloads the state of the task that is not running, so the group
+needs the largest of (a task's own state + its transient).
 
 Counted as rlgraph's runtime allocates it, so a plan this pass accepts does not run out of
 memory (on a local CPU cluster nothing is checked):
@@ -34,7 +36,8 @@ memory (on a local CPU cluster nothing is checked):
   response; the padding mask is a [rows, 1, S, S] bf16 bias.
 - The log-prob head (`engines.cpu_decode.token_logp`): bf16 logits, their fp32 copy scaled by
   the temperature and the fp32 log_softmax alive at once, 10 bytes a logit (12 with the
-  backward's gradient of the log_softmax).
+  backward's gradient of the log_softmax); priced as verl's hybrid engine, the bf16 logits
+  alone (its fused log-prob kernels).
 - generate, engine native: the static decoder allocates every slot's KV cache at prompt +
   max response (a replica's samples of a step; with partial rollout the groups in flight),
   20 bytes a slot position for its outputs, and prefills in chunks of PREFILL_TOKENS;
@@ -64,6 +67,8 @@ FSDP_TRAIN_BYTES = 4 * FP32  # fp32 master weights + fp32 gradients + fp32 AdamW
 FSDP_PARAM_BYTES = FP32  # a sharded model's parameters (fp32 master copy)
 LOGIT_BYTES_FORWARD = 10  # bf16 logits + fp32 scaled copy + fp32 log_softmax (token_logp)
 LOGIT_BYTES_BACKWARD = 12  # the saved log_softmax + its gradient + the scaled copy's
+LOGIT_BYTES_FUSED = BF16  # the bf16 logits alone: verl's fused log-prob kernels (verl
+# use_fused_kernels, flash-attn's cross_entropy) never hold an fp32 copy of the vocabulary
 DECODE_OUTPUT_BYTES = 20  # static decoder: out_tok, out_ver (int64), out_logp (fp32)
 PREFILL_TOKENS = 16384  # padded tokens of one prefill call (engines.static_decode; tested)
 MASK_BYTES = BF16  # the padding mask's additive bias, per (row, query, key)
@@ -273,7 +278,11 @@ def _pass_terms(spec: Spec, node: Any, shape: ModelShape, gpus: int, backward: b
         terms["activations"] = p.tokens * (2 * BF16 * h + per_layer)
     response = spec.data.response_len.max
     logits = p.rows * (response + 1) * shape.vocab / tp
-    terms["log-prob head"] = logits * (LOGIT_BYTES_BACKWARD if backward else LOGIT_BYTES_FORWARD)
+    if hybrid_engine_priced(spec):  # verl / AReaL: bf16 logits into a fused log-prob kernel
+        terms["log-prob head"] = logits * LOGIT_BYTES_FUSED
+    else:
+        terms["log-prob head"] = logits * (LOGIT_BYTES_BACKWARD if backward
+                                           else LOGIT_BYTES_FORWARD)
     if not megatron:  # megatron's wrapper runs causal attention without a padding mask
         terms["padding mask"] = p.rows * p.width ** 2 * MASK_BYTES
     if sharded(node):
@@ -397,10 +406,28 @@ def _weight_sync_terms(spec: Spec, tasks: list[str], shape: ModelShape
     return out
 
 
+VERL_TOKENS_PER_GPU = 16384  # verl ppo_max_token_len_per_gpu default (ppo_trainer.yaml)
+
+
+def as_verl_runs_it(spec: Spec, tasks: list[str]) -> Spec:
+    """Where the plan prices verl's hybrid engine, its torch passes as verl runs them (the
+    pricing assumes the same system): FSDP (verl's default actor.strategy), activation
+    checkpointing (enable_gradient_checkpointing, as `pricing.train` prices it) and passes
+    of at most ppo_max_token_len_per_gpu tokens unless micro_tokens says otherwise."""
+    if not hybrid_engine_priced(spec):
+        return spec
+    changes = {t: {"sharding": "fsdp", "activation_checkpointing": True,
+                   "micro_tokens": spec.nodes[t].micro_tokens or VERL_TOKENS_PER_GPU}
+               for t in tasks if KINDS[spec.nodes[t].kind].sequence_passes
+               and getattr(spec.nodes[t], "backend", "torch") == "torch"}
+    return _with_nodes(spec, changes) if changes else spec
+
+
 def group_memory(spec: Spec, group: str, tasks: list[str], gpus: int, gpu: Any,
                  shape: ModelShape | None = None) -> GroupMemory:
     """The memory per GPU of a group of `gpus` GPUs holding `tasks`."""
     shape = shape or shape_of(spec)
+    spec = as_verl_runs_it(spec, tasks)
     found = {t: task_memory(spec, t, shape, gpus) for t in tasks}
     mems = {t: m for t, m in found.items() if m is not None}
     for task, extra in _weight_sync_terms(spec, tasks, shape).items():
@@ -561,7 +588,7 @@ def refusal(spec: Spec, mem: GroupMemory, slots: int, shape: ModelShape, gpu: An
 def check_sharding(spec: Spec, group: str, tasks: list[str]) -> None:
     """FSDP's limits as the runtime has them (rlgraph.worker.sharding): the passes over one
     model (the policy: logp and train; the reference) are all sharded or none, and a sharded
-    group holds no generate (the native engine decodes with a whole model)."""
+    policy holds no generate (its engine decodes with a whole model)."""
     nodes = spec.nodes
     for model in ("policy", "reference"):
         users = [t for t in tasks if model in KINDS[nodes[t].kind].models
@@ -572,11 +599,11 @@ def check_sharding(spec: Spec, group: str, tasks: list[str]) -> None:
             raise SpecError(f"'{other}' shares the {model} with '{fsdp[0]}' in group "
                             f"'{group}' but not its sharding", ("nodes", other, "sharding"),
                             hint=f"give '{other}' sharding: fsdp too (or neither)")
-    fsdp = [t for t in tasks if sharded(nodes[t])]
+    fsdp = [t for t in tasks if sharded(nodes[t]) and "policy" in KINDS[nodes[t].kind].models]
     decoding = [t for t in tasks if KINDS[nodes[t].kind].samples]
     if fsdp and decoding:
         raise SpecError(f"sharding: fsdp cannot share group '{group}' with '{decoding[0]}' "
-                        f"(the native engine decodes with a whole model)",
+                        f"(the decode engine runs a whole model)",
                         ("nodes", fsdp[0], "sharding"),
                         hint=f"give {decoding[0]} its own group, or write sharding: none")
 

@@ -10,7 +10,8 @@ The contract an environment keeps (a class; one instance per trajectory):
 
 `step` may return a fourth item, a dict, whose `tool_call: bool` says whether the turn
 called a tool successfully (the `env/tool_success_rate` metric); `demonstration(prompt,
-sample) -> list[str]` (optional) gives the turns a supervised warm start teaches.
+sample) -> list[str]` (optional) gives the turns a supervised warm start teaches; `reset`
+and `step` may be coroutines (`async def`).
 
 Modules: `spec` (the env block), `load` (finding the class), `host` (environments of many
 trajectories and the checks on what they return), `pool` (Ray actors or threads, timeouts),

@@ -1,16 +1,19 @@
 """`EnvHost`: the environments of many trajectories in one process, one instance per
 trajectory, and the checks that turn whatever an environment does into a plain result.
 
-Every call returns a dict, never raises: `{"ok": True, "observation", "reward", "done",
-"tool_call", "start", "end"}` or `{"ok": False, "reason": "error", "error": one line}`. An
-environment that raises, returns the wrong types, a non-finite reward or a huge
-observation ends that trajectory only; the message names what it returned. This is what an
-env actor runs (`rlgraph.envs.pool`); no torch, no ray.
+`reset` and `step` may be coroutines (`async def`): each is run to its end on the calling
+thread's own event loop. Every call returns a dict, never raises: `{"ok": True,
+"observation", "reward", "done", "tool_call", "start", "end"}` or `{"ok": False,
+"reason": "error", "error": one line}`. An environment that raises, returns the wrong
+types, a non-finite reward or a huge observation ends that trajectory only; the message
+names what it returned. This is what an env actor runs (`rlgraph.envs.pool`); no torch, no ray.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import math
 import numbers
 import threading
@@ -27,6 +30,12 @@ def _line(text: Any, limit: int = 160) -> str:
     """A value as a short one-line text."""
     out = " ".join(repr(text).split()) if not isinstance(text, str) else " ".join(text.split())
     return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def _awaited(value: Any) -> Any:
+    """An async environment's result: a coroutine is run to its end on this thread's own
+    event loop (each env call runs on a thread of its own)."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 def check_step(value: Any) -> tuple[str, float, bool, bool | None]:
@@ -73,7 +82,7 @@ class EnvHost:
         start = time.time()
         try:
             env = build_env(self.cls, self.config, self.fn)
-            text = env.reset(prompt, sample)
+            text = _awaited(env.reset(prompt, sample))
             if not isinstance(text, str):
                 raise ValueError(f"reset returned {_line(text, 80)} of type "
                                  f"{type(text).__name__}, not str")
@@ -94,7 +103,7 @@ class EnvHost:
             return {"ok": False, "reason": "error", "error": "no environment (not reset)",
                     "start": start, "end": time.time()}
         try:
-            observation, reward, done, tool = check_step(env.step(action))
+            observation, reward, done, tool = check_step(_awaited(env.step(action)))
         except BaseException as exc:
             return self._failed("step", exc, start)
         return {"ok": True, "observation": observation, "reward": reward, "done": done,

@@ -461,6 +461,12 @@ class GroupActor:
                 [p.optimizer_state.remote() for p in peers])]
         return state if self.device == "cpu" else to_host(state)
 
+    def worker_states(self) -> dict:
+        """The states of this workspace's workers with a model of their own (a critic placed
+        apart from train), for the checkpoint (CPU tensors)."""
+        states = self.workspace.worker_states()
+        return states if self.device == "cpu" else to_host(states)
+
     def optimizer_state(self) -> Any:
         """This replica's optimizer state (a megatron tp shard's or an FSDP rank's, for the
         checkpoint)."""

@@ -109,19 +109,19 @@ def refuse_reuse(folder: Path, graph: str | None = None) -> None:
                           f"a new folder") from None
     if not entries:
         return
+    if ((folder / ckpt.CHECKPOINT / ckpt.MANIFEST).is_file() or ckpt.archived(folder)
+            or (ledger.is_file() and ledger.stat().st_size)):
+        raise RunDirError(f"{folder} holds a run already; continue it with --resume {folder} "
+                          f"or give another --out")
     owner = read_marker(folder)
     if owner is None:
         raise RunDirError(f"-o {shown(folder)}: the folder holds files that no `rlgraph run` "
-                          f"wrote ({', '.join(sorted(entries)[:3])}"
+                          f"wrote ({shown(', '.join(sorted(entries)[:3]))}"
                           f"{', ...' if len(entries) > 3 else ''}); rlgraph writes only into a "
                           f"new or empty folder or a run of the same graph: give another -o")
     if graph is not None and owner != graph:
         raise RunDirError(f"-o {shown(folder)}: a run of the graph '{shown(owner)}', not of "
                           f"'{shown(graph)}'; give another -o")
-    if ((folder / ckpt.CHECKPOINT).exists() or ckpt.archived(folder)
-            or (ledger.exists() and ledger.stat().st_size)):
-        raise RunDirError(f"{folder} holds a run already; continue it with --resume {folder} "
-                          f"or give another --out")
 
 
 def read_marker(folder: Path) -> str | None:
@@ -210,6 +210,7 @@ def check_resume(folder: Path, spec_data: dict[str, Any], graph: str) -> dict[st
     if not isinstance(saved, dict):
         raise RunDirError(f"{folder}: its checkpoint does not record the graph it was "
                           f"written by (an older rlgraph); start the run again")
+    check_run_files(folder)
     saved = with_defaults(saved)
     # compare as JSON would store them (tuples as lists, ...)
     key = first_difference(saved, json.loads(json.dumps(spec_data)))
@@ -223,6 +224,17 @@ def check_resume(folder: Path, spec_data: dict[str, Any], graph: str) -> dict[st
                           f"'{shown(dotted)}' (run: {_short(theirs)}, given: {_short(ours)}); "
                           f"{fix} (only schedule.steps / --steps and checkpoint.* may change)")
     return meta
+
+
+def check_run_files(folder: Path) -> None:
+    """Read what a resumed run reads back besides its checkpoint (trace.json, metrics.jsonl,
+    ledger.jsonl) now, before Ray starts: a damaged one is refused in one line here."""
+    from rlgraph.runtime.metrics import read_rows
+    from rlgraph.runtime.tracing import load_events
+
+    load_events(folder / "trace.json")
+    read_rows(folder / "metrics.jsonl")
+    ckpt.read_ledger(folder / "ledger.jsonl")
 
 
 def _at(data: Any, key: tuple) -> Any:

@@ -357,6 +357,7 @@ class Runner:
             report.metrics.rewrite(result.rows)
             report.metrics.close()
             result.events = tracer.events
+            result.env_events = tracer.env_events
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
         result.next_step = pipeline.trained_steps()
@@ -444,7 +445,13 @@ class Runner:
         import ray
 
         step = pipeline.trained_steps()
-        state = ray.get(self._train_actor().state_for_checkpoint.remote(), timeout=timeout)
+        train = self._train_actor()
+        state = ray.get(train.state_for_checkpoint.remote(), timeout=timeout)
+        apart = {id(a): a for n, a in self.actors.items()  # a critic in a group of its own
+                 if self.roles[n].trains and not self.roles[n].advances_policy and a is not train}
+        for actor in apart.values():
+            state.setdefault("workers", {}).update(
+                ray.get(actor.worker_states.remote(), timeout=timeout))
         rescue.check_version(state, step // self.spec.schedule.mini_batches)
         rollout = rescue.fetch_rollout(pipeline, timeout, self._keeps_cache())
         gens = [m.step + 1 for m in pipeline.machines.values() if self.roles[m.name].samples]

@@ -27,6 +27,7 @@ class RunResult:
     stopped: bool
     rows: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    env_events: list[dict[str, Any]] = field(default_factory=list)  # the timeline's env lane
     startup_s: float = 0.0
     wall_s: float = 0.0
     lag_violations: int = 0

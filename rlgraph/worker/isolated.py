@@ -79,7 +79,9 @@ class Isolated:
 
     def _start(self) -> None:
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # the child imports what the worker can import (Ray may have added to sys.path)
+        path = os.pathsep.join(p for p in sys.path if p)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlgraph.worker.isolated", str(child.fileno()), self.ref,
              str(self.base_dir or "")],

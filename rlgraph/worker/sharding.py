@@ -21,6 +21,7 @@ GPU; every rank of the group takes part in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +56,22 @@ def sharded_models(spec: Any, tasks: list[str]) -> dict[str, bool]:
     return chosen
 
 
+def check_group(spec: Any, tasks: list[str]) -> dict[str, bool]:
+    """`sharded_models` of a group, refused where a task holds a sharded policy but runs no
+    sequence passes (generate: the decode engine runs a whole model)."""
+    sharded = sharded_models(spec, tasks)
+    if not sharded["policy"]:
+        return sharded
+    decoding = [t for t in tasks if "policy" in spec.kind_of(t).models
+                and not hasattr(spec.nodes[t], "sharding")]
+    if decoding:
+        user = next(t for t in tasks if getattr(spec.nodes[t], "sharding", "none") == "fsdp")
+        raise SpecError(f"sharding: fsdp cannot share a group with '{decoding[0]}' (the "
+                        "decode engine runs a whole model)", ("nodes", user, "sharding"),
+                        hint="give generate its own group, or write sharding: none")
+    return sharded
+
+
 def checkpointing_of(spec: Any, tasks: list[str]) -> bool:
     """Whether any model task of the group asks for activation checkpointing."""
     return any(getattr(spec.nodes[t], "activation_checkpointing", False) for t in tasks)
@@ -84,15 +101,35 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def _attention_backends() -> list[Any]:
+    """The scaled-dot-product-attention kernels enabled now (a caller's `sdpa_kernel`)."""
+    from torch.nn.attention import SDPBackend
+
+    flags = torch.backends.cuda
+    enabled = {SDPBackend.FLASH_ATTENTION: flags.flash_sdp_enabled(),
+               SDPBackend.EFFICIENT_ATTENTION: flags.mem_efficient_sdp_enabled(),
+               SDPBackend.MATH: flags.math_sdp_enabled(),
+               SDPBackend.CUDNN_ATTENTION: flags.cudnn_sdp_enabled()}
+    return [backend for backend, on in enabled.items() if on]
+
+
 def _checkpointed(forward: Any) -> Any:
-    """`forward` with its activations recomputed in the backward."""
+    """`forward` with its activations recomputed in the backward, under the attention kernels
+    its forward ran with (the backward runs outside the caller's `sdpa_kernel`, and another
+    kernel saves other tensors)."""
+    from torch.nn.attention import sdpa_kernel
     from torch.utils.checkpoint import checkpoint
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # decode and log-prob forwards: nothing to keep
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        backends = _attention_backends()
+
+        def contexts() -> tuple[Any, Any]:
+            return contextlib.nullcontext(), sdpa_kernel(backends)
+
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     return run
 

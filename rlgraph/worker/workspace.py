@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlgraph.errors import SpecError
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import build_tokenizer
 from rlgraph.weights import BucketMiB
@@ -77,8 +76,7 @@ class Workspace:
         self.weight_dtype = torch.float32 if device == "cpu" else torch.bfloat16
         self.sharded = {"policy": False, "reference": False}
         if models:
-            self.sharded = sharding.sharded_models(spec, self.tasks)
-            self._refuse_sharded_generate(models)
+            self.sharded = sharding.check_group(spec, self.tasks)
             # the warm start (and its cache) is CPU fp32 everywhere, so every group of every
             # device starts from the same weights; a GPU workspace then casts them to bf16
             # (a sharded model then takes fp32 masters of them: `_placed`)
@@ -104,21 +102,6 @@ class Workspace:
             task, make_optimizer = stepping[0]
             self.optimizer = make_optimizer(spec.nodes[task], self.policy)
         self._workers: dict[str, Any] = {}
-
-    def _refuse_sharded_generate(self, models: frozenset[str]) -> None:
-        """A sharded policy serves its group's model tasks only: a task that holds the policy
-        but runs no sequence passes (generate: the native engine decodes with a whole model)
-        cannot share the group."""
-        if not self.sharded.get("policy"):
-            return
-        decoding = [t for t in self.tasks if "policy" in self.spec.kind_of(t).models
-                    and not hasattr(self.spec.nodes[t], "sharding")]
-        if decoding:
-            user = next(t for t in self.tasks if getattr(self.spec.nodes[t], "sharding",
-                                                         "none") == "fsdp")
-            raise SpecError(f"sharding: fsdp cannot share a group with '{decoding[0]}' (the "
-                            "decode engine runs a whole model)", ("nodes", user, "sharding"),
-                            hint="give generate its own group, or write sharding: none")
 
     def _placed(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
         """`model` as this workspace runs it: sharded (rlgraph.worker.sharding) where its
@@ -279,11 +262,17 @@ class Workspace:
                 state["weights"] = self.host_weights()
             if self.optimizer is not None:
                 state["optimizer"] = self.optimizer_state()
-            workers = {name: worker.state_dict() for name, worker in self._workers.items()
-                       if hasattr(worker, "state_dict")}  # a model of its own (critic)
+            workers = self.worker_states()
             if workers:
                 state["workers"] = workers
             return state
+
+    def worker_states(self) -> dict[str, Any]:
+        """The states of this workspace's workers that keep a model of their own (the
+        critic's value model and optimizer), by node."""
+        with self.lock:
+            return {name: worker.state_dict() for name, worker in self._workers.items()
+                    if hasattr(worker, "state_dict")}
 
     def optimizer_state(self) -> Any:
         """The optimizer's state (a sharded policy's: this rank's shards, on the host)."""
@@ -310,7 +299,10 @@ class Workspace:
                 else:
                     self.optimizer.load_state_dict(optimizer)
             for name, saved in (state.get("workers") or {}).items():
-                if name in self.tasks:
-                    self.worker(name).load_state_dict(saved)
+                worker = self.worker(name) if name in self.tasks else None
+                if worker is None or (getattr(worker, "DATA_PARALLEL", "") == "leader"
+                                      and self.replicas.rank):
+                    continue  # a leader-only worker's model lives on rank 0 alone
+                worker.load_state_dict(saved)
             self.policy_version = int(state["policy_version"])
             self.staged = None  # a version staged before the restore is not newer than it

@@ -124,6 +124,13 @@ BAD_ENVS = textwrap.dedent('''
         def step(self, action):
             return "ok\\n", self.reward, False
 
+    class Async:
+        stop = ANY
+        async def reset(self, prompt, sample):
+            return "go:"
+        async def step(self, action):
+            return "ok\\n", 1.0, True
+
     class Refuses:
         def __init__(self, **config):
             raise ValueError("needs a key")
@@ -186,6 +193,32 @@ def test_bad_env_ends_each_trajectory_with_one_line(env_file: Path, cls: str, re
     assert failed and all(t.reason in (reason, "length") for t in ended)
     assert len(lines) == len(failed) == len(agent.failures)
     assert all(text in line and "trajectory calc:train:" in line for line in lines), lines
+
+
+def test_async_env_is_awaited(env_file: Path) -> None:
+    rows = rows_of(2)
+    run_rows(EnvSpec(fn=f"{env_file}:Async", max_turns=3), rows)
+    for r in rows:
+        t = r.trajectory
+        assert t.context == TOK.encode_text("go:")
+        assert t.reason in ("done", "length") and (t.reason != "done" or t.env_reward == 1.0)
+    assert any(r.trajectory.reason == "done" for r in rows)
+
+
+def test_run_refuses_file_env_without_trust_and_unbuildable_env(
+        env_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlgraph.cli.main import main
+
+    graph = (Path(__file__).resolve().parents[2] / "graphs" / "agentic-calculator.yaml")
+    text = graph.read_text().replace("fn: calculator", f"fn: {env_file}:Refuses")
+    path = tmp_path / "graph.yaml"
+    path.write_text(text)
+    for extra, expected in ((), "--trust-code"), (("--trust-code",), "could not be built"):
+        status = main(["run", str(path), "-o", str(tmp_path / "run"), *extra])
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and "Traceback" not in err, err
+        assert len(err.splitlines()) == 1 and expected in err, err
+        assert not (tmp_path / "run").exists()  # nothing started
 
 
 def test_env_that_cannot_be_built_is_one_line_before_the_run(env_file: Path) -> None:
@@ -320,3 +353,21 @@ def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
     few = node.model_copy(update={"env": node.env.model_copy(update={"threads": 64})})
     assert env_workers(few, spec, partial=False).env.workers == 2
     assert env_workers(spec.nodes["train"], spec, partial=False) is spec.nodes["train"]
+
+
+def test_env_calls_have_their_own_timeline_lane(tmp_path: Path) -> None:
+    import json
+
+    from rlgraph.runtime.tracing import Tracer, load_events
+
+    tracer = Tracer(t0=100.0)
+    tracer.record("generate", "generate", 0, 100.0, 101.0, ["rollout"])
+    tracer.record_env("generate", 0, [(100.2, 100.4), (100.5, 100.6)])
+    path = tracer.write(tmp_path / "trace.json", "t", ["rollout"], {"generate": "generate"})
+    trace = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("name") == "process_name"}
+    env = [e for e in trace["traceEvents"] if e.get("cat") == "env"]
+    assert len(env) == 2 and {names[e["pid"]] for e in env} == {"env"}
+    # a resumed run reads back the task spans only (the env lane names no graph node)
+    assert [e["node"] for e in load_events(path)] == ["generate"]

@@ -69,6 +69,19 @@ def _rank(rank: int, port: int, batches: list[dict], out: Any) -> None:
     buckets = [{n: t.clone() for n, t in b.items()} for b in ws.weight_buckets(BUCKET_BYTES)]
     weights = ws.host_weights()
     shard_bytes = sum(p.to_local().numel() for p in ws.policy.parameters())
+    # a checkpoint: whole weights, one optimizer shard per rank; a fresh workspace takes them
+    saved = ws.state_for_checkpoint()
+    state = {**saved, "optimizer_shards": [None, None]}
+    state["optimizer_shards"][rank] = state.pop("optimizer")
+    again = Workspace(_spec("fsdp"), ["logp", "train"], seed=1, replicas=replicas)
+    again.load_checkpoint(state)
+    assert again.policy_version == 2
+    restored = again.optimizer_state()["state"]
+    for index, entry in state["optimizer_shards"][rank]["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(restored[index][key], value), (index, key)
+    for name, tensor in again.host_weights().items():
+        assert torch.equal(tensor, weights[name]), name
     data = io.BytesIO()  # bytes, not shared tensors: this process exits before they are read
     torch.save((rank, logp, figures, buckets, weights, shard_bytes), data)
     out.put(data.getvalue())
@@ -127,11 +140,19 @@ def test_sharding_needs_the_torch_backend_and_agreement() -> None:
 
 
 def test_sharded_policy_refuses_to_share_a_group_with_generate() -> None:
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import validate_spec
+    from rlgraph.errors import SourceMap
     from rlgraph.worker.workspace import Workspace
 
     spec = make_spec(train={"sharding": "fsdp"})
     with pytest.raises(SpecError, match="cannot share a group with 'generate'"):
         Workspace(spec, ["generate", "train"])
+    data = spec.to_yaml_dict()
+    data["groups"] = {"all": {"share": 1.0, "tasks": ["generate", "train"]}}
+    with pytest.raises(SpecError, match="cannot share group 'all' with 'generate'") as err:
+        compile_plan(validate_spec(data, SourceMap()))  # the compiler refuses it first
+    assert err.value.key == ("nodes", "train", "sharding")
 
 
 def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
@@ -146,3 +167,31 @@ def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: An
     with pytest.raises(SpecError, match="runs pp 1 only here") as err:
         Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
     assert err.value.key == ("nodes", "train", "pp")
+
+
+def test_checkpointed_layers_recompute_with_the_forwards_attention_kernel() -> None:
+    """train's forward picks attention kernels (`sdpa_kernel`) that the backward, where a
+    checkpointed layer recomputes, runs outside of: the recompute must use the same ones, and
+    the gradients equal those of the model without checkpointing."""
+    from rl_support import MICRO
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlgraph.worker.sharding import checkpoint_layers
+
+    config = AutoConfig.for_model(**MICRO)
+    config._attn_implementation = "sdpa"
+    grads = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        if checkpointed:
+            checkpoint_layers(model)
+        ids = torch.randint(0, MICRO["vocab_size"], (2, 16))
+        with sdpa_kernel([SDPBackend.MATH]):
+            loss = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum()
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain)

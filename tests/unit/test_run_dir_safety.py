@@ -115,6 +115,18 @@ def test_continue_command_is_exact_and_quoted(tmp_path):
                        f"--checkpoint-every 2")
 
 
+def test_failure_advice_names_the_whole_command(tmp_path):
+    from rlgraph.cli.run import exact_resume
+    from rlgraph.errors import RLGraphError
+
+    args = args_for(["data.seed=3"])
+    err = RLGraphError(f"worker died; progress kept: checkpoint at step 2; after fixing the "
+                       f"cause, continue with --resume {tmp_path}")
+    exact_resume(err, continue_command(args, tmp_path), tmp_path)
+    assert str(err).endswith(f"continue with rlgraph run {QUICKSTART} data.seed=3 --resume "
+                             f"{tmp_path}")
+
+
 def test_old_run_resumes_with_a_key_added_since(tmp_path, spec, policy):
     """The run's recorded graph lacks keys added to the schema since (its defaults held)."""
     old = spec.to_yaml_dict()
@@ -280,6 +292,19 @@ def test_edited_meta_is_refused_by_key(tmp_path, spec, policy, capsys, key, valu
     status = main(["run", str(QUICKSTART), *SMALL, "--resume", str(tmp_path)])
     assert status == 2
     one_line(capsys.readouterr().err, "meta.json", f"'{key}'")
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("trace.json", '{"traceEvents": [{"ph": "X", "ts": "x"}]}', "traceEvents[0].ts"),
+    ("trace.json", "{not json", "not valid JSON"),
+    ("metrics.jsonl", '{"step": 0}\n{"step"\n{"step": 2}\n', "metrics.jsonl:2"),
+    ("ledger.jsonl", '{"step": 0}\n[]\n{"step": 2}\n', "ledger.jsonl:2")])
+def test_resume_refuses_damaged_run_files_before_ray_starts(tmp_path, spec, policy, capsys,
+                                                           name, text, needle):
+    save(tmp_path, spec, policy, step=2, steps=4)
+    (tmp_path / name).write_text(text)
+    assert main(["run", str(QUICKSTART), *SMALL, "--resume", str(tmp_path)]) == 2
+    one_line(capsys.readouterr().err, needle)
 
 
 def test_a_fifo_in_a_checkpoint_never_blocks(tmp_path, spec, policy):
