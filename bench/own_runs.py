@@ -247,7 +247,7 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
             "bottleneck": plan["schedule"]["bottleneck"], **measured_length,
             "measured_nodes_s": nodes or {}, "machine_key": machine, "logp_ran": logp_ran,
-            "gpus": sum(g["gpus"] for g in plan["placement"]["groups"].values()),
+            "gpus": sum(g["gpus"] for g in plan["placement"]["groups"]),
             "colocated_sync": is_colocated_sync(spec)}
 
 
