@@ -60,10 +60,9 @@ STATED_SYSTEMS: list[tuple[str, list[str], str]] = [
     ("dots.rl", VERL_PER_TENSOR,
      "verl: dots.rl runs verl.trainer.main_ppo (seed dots-rl-pr4) and compares with verl's "
      "hybrid engine; refit per_tensor (guessed, as the verl tables)"),
-    ("AReaL", ["pricing.system=verl"],
-     "AReaL is no row of the systems table: priced with verl's (packed passes, old "
-     "log-probs recomputed); both graphs split rollout and trainer, so no switch is paid; "
-     "verl's driver transfer is charged (a guess: AReaL has no single controller)"),
+    ("AReaL", ["pricing.system=areal"],
+     "areal: packed passes, old log-probs recomputed on the trainer, no colocation switch "
+     "and no driver transfer (its batches move over NCCL)"),
 ]
 
 

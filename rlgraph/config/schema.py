@@ -200,10 +200,10 @@ class PricingSpec(StrictModel):
     weights into the engine, `bucketed` (its default today) or `per_tensor` (older releases);
     none: the system's default."""
 
-    system: Literal["rlgraph", "verl"] = Field(
+    system: Literal["rlgraph", "verl", "areal"] = Field(
         default="rlgraph", description="the system that runs the plan: rlgraph (its own "
-        "runtime) or verl (hybrid engine), whose switch, refit, offload and batch-transfer "
-        "costs the plan pays")
+        "runtime), verl (hybrid engine) or areal (disaggregated AReaL), whose switch, refit, "
+        "offload and batch-transfer costs the plan pays")
     refit: Literal["bucketed", "per_tensor"] | None = Field(
         default=None, description="verl: how the weights reach the rollout engine at each "
         "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "

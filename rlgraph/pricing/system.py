@@ -70,6 +70,10 @@ SYSTEMS: dict[str, System] = {
         default_refit="bucketed",
         old_logp_always=True, packs_sequences=True, driver_transfer=True,
         activation_recompute=True),
+    "areal": System(
+        name="areal", label="AReaL", runs_here=False,
+        colocated_switch=False, offload=False, sleep_wake=False,
+        old_logp_always=True, packs_sequences=True),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -105,6 +109,17 @@ SOURCES: dict[str, dict[str, str]] = {
         "activation_recompute": "enable_gradient_checkpointing: True in verl/trainer/config/"
                                 "ppo_trainer.yaml and the published 7B DAPO scripts; a graph "
                                 "that sets train's activation_checkpointing overrides it",
+    },
+    "areal": {
+        "colocated_switch": "none: AReaL runs rollout (SGLang) and trainer on separate GPUs "
+                            "(its allocation_mode, benchmark/verl_312a8cb/build_cmd.py), so "
+                            "no group switches; weights go over NCCL after each update",
+        "old_logp_always": "recompute_logprob: the trainer recomputes the old log-probs "
+                           "(examples/arealite/configs/boba.yaml)",
+        "packs_sequences": "AReaL packs each batch's sequences (blog/AReaL_v0_2.md)",
+        "batch_transfer": "no single controller: packed batches move over NCCL with "
+                          "GPUDirect RDMA, 'below 3 seconds even in a 1,000-GPU cluster' "
+                          "(blog/AReaL_v0_2.md), so no driver transfer is charged",
     },
 }
 
