@@ -196,6 +196,75 @@ def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
     return out
 
 
+def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
+    """The trained-length bias over a long run, without a model: the runtime's rollout cache
+    (`RolloutCache`) over the throughput graph's forced lengths (the same per data position
+    as on the GPU), each round decoding every live row `sync_every` tokens between looks
+    until its batch is complete; partial rollout as it runs (rows stop at the end of a round
+    and go on in the next) and with in-flight updates (groups refilled at every look
+    inside the round). Trained lengths against those a synchronous run trains over the same
+    number of prompts, after the first `max_lag + 1` rounds (the pipeline's fill) and over
+    all rounds, and what is still in flight at the end."""
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines.partial_rollout import RolloutCache
+    from rlgraph.presets.tasks import forced_length
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
+    data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag
+    k, prompts = data.samples_per_prompt, data.prompts_per_step
+    out: dict[str, Any] = {"rounds": rounds, "prompts_per_step": prompts, "samples": k,
+                           "response_len": data.response_len.model_dump(), "max_lag": lag,
+                           "oversample": node.oversample, "stale": node.stale,
+                           "sync_every": node.sync_every}
+    for inflight in (False, True):
+        cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                             oversample=node.oversample, max_lag=lag, stale=node.stale,
+                             max_new_tokens=data.response_len.max,
+                             prompt_of=lambda position: [1],
+                             length_of=lambda p, s: forced_length(data.seed, p, s,
+                                                                  data.response_len))
+        trained: list[list[int]] = []
+        for t in range(rounds):
+            cache.evict(t, t)
+            cache.refill(t, t)
+            must = cache.must_finish(t)
+
+            def complete(cache: RolloutCache = cache) -> set[int]:
+                return {i for i, g in enumerate(cache.groups) if g.complete}
+
+            done = complete()
+            while not (len(done) >= prompts and must <= done):
+                if inflight:
+                    cache.refill(t, t, taken=min(len(done), prompts))
+                for g in cache.groups:
+                    for s in g.samples:
+                        if not s.finished:
+                            n = min(node.sync_every, s.budget - len(s.tokens))
+                            s.tokens += [0] * n
+                            s.versions += [t] * n
+                            s.finished = len(s.tokens) >= s.budget
+                done = complete()
+            trained.append([len(s.tokens) for g in cache.take() for s in g.samples])
+        key = "inflight" if inflight else "partial"
+        steady = [n for r in trained[lag + 1:] for n in r]
+        every = [n for r in trained for n in r]
+        sync_steady = [forced_length(data.seed, p, s, data.response_len)
+                       for p in range(len(steady) // k) for s in range(k)]
+        sync_all = [forced_length(data.seed, p, s, data.response_len)
+                    for p in range(len(every) // k) for s in range(k)]
+        st, ss = length_stats(steady), length_stats(sync_steady)
+        at, sa = length_stats(every), length_stats(sync_all)
+        out[key] = {"trained_after_fill": st, "sync_same_count": ss,
+                    "mean_over_sync_after_fill": ratio(st["mean"], ss["mean"]),
+                    "p99_over_sync_after_fill": ratio(st["p99"], ss["p99"]),
+                    "mean_over_sync_all_rounds": ratio(at["mean"], sa["mean"]),
+                    "p99_over_sync_all_rounds": ratio(at["p99"], sa["p99"]),
+                    "in_flight_at_end_samples": cache.samples(),
+                    "dropped": cache.totals["dropped"]}
+        print("length_bias", key, json.dumps(out[key]), flush=True)
+    return out
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b rounded, None when either is missing."""
     return round(a / b, 3) if a and b else None
@@ -209,9 +278,11 @@ def merge(parts: list[Path]) -> dict[str, Any]:
         res["parts"][path.stem] = {k: part.get(k) for k in ("command", "machine", "device",
                                                             "date", "overrides")}
         res["modes"].update(part.get("modes", {}))
-        if "kv_gap" in part:
-            res["kv_gap"] = part["kv_gap"]
-    first = json.loads(parts[0].read_text())
+        for key in ("kv_gap", "length_bias_long_run"):
+            if key in part:
+                res[key] = part[key]
+    first = next(json.loads(p.read_text()) for p in parts
+                 if "device" in json.loads(p.read_text()))
     res.update(machine=first["machine"], device=first["device"], workload=first["workload"])
     plans = []
     for name, gpus, mode, without in PLANS:
@@ -266,6 +337,8 @@ def main() -> int:
     parser.add_argument("--kv-gap-before", type=int, default=256)
     parser.add_argument("--kv-gap-after", type=int, default=256)
     parser.add_argument("--kv-gap-lr", default="1e-4,1e-3")
+    parser.add_argument("--length-bias", type=int, metavar="ROUNDS",
+                        help="the trained-length bias over ROUNDS rounds (no model, CPU)")
     parser.add_argument("--merge", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-inflight")
@@ -274,6 +347,11 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"
+    if args.length_bias:
+        res = {"machine": machine(), "command": " ".join(sys.argv),
+               "length_bias_long_run": length_bias(args.overrides, args.length_bias)}
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        return 0
     if args.merge:
         res = merge(args.merge)
         res["command"] = " ".join(sys.argv)

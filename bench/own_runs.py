@@ -28,10 +28,12 @@ from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph import lengths
 from rlgraph.compiler import compile_plan
+from rlgraph.compiler.calibrate import carried_scale, carry
 from rlgraph.config.load import load_spec
 from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25
+CROSS_TARGET = 0.10  # cross-plan calibrated: within +-10%
 # Runs made by an older runtime than the one the model prices: what differed, per file.
 SUPERSEDED = {
     "gpu-e2e.json": "runtime of 2026-11-21: HF dynamic-cache decode, weights through the object "
@@ -78,7 +80,8 @@ def gpu_rows() -> list[dict[str, Any]]:
             rows.append(price(f"{file.name}: {name}", ROOT / run["graph"], overrides,
                               float(run["step_s_median"]), SUPERSEDED.get(file.name),
                               logp_ran=ran_logp, length=(run.get("rollout_metrics_median")
-                                                         or {}).get("response/length_mean")))
+                                                         or {}).get("response/length_mean"),
+                              nodes=run.get("node_s_median"), machine=file.name))
     return rows
 
 
@@ -124,7 +127,9 @@ def longtail_rows() -> list[dict[str, Any]]:
                 measured = steady_step(run)
                 rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
                                   list(run.get("overrides", [])), float(measured), superseded,
-                                  length=steady_length(run), unsteady=only_filled(run)))
+                                  length=steady_length(run), unsteady=only_filled(run),
+                                  nodes=run.get("node_s_median"),
+                                  machine=f"{name}: {section}"))
     return rows
 
 
@@ -209,7 +214,8 @@ def cpu_rows() -> list[dict[str, Any]]:
 
 def price(name: str, graph: Path, overrides: list[str], measured: float,
           superseded: str | None, logp_ran: bool = False, length: float | None = None,
-          unsteady: bool = False) -> dict[str, Any]:
+          unsteady: bool = False, nodes: dict[str, float] | None = None,
+          machine: str | None = None) -> dict[str, Any]:
     """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
     run's logp node ran its forward, priced even where today's runtime skips it), and where
     the run recorded its mean trained response `length`, the prediction again at that mean
@@ -239,7 +245,52 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
             "no_steady_state": unsteady,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
-            "bottleneck": plan["schedule"]["bottleneck"], **measured_length}
+            "bottleneck": plan["schedule"]["bottleneck"], **measured_length,
+            "measured_nodes_s": nodes or {}, "machine_key": machine, "logp_ran": logp_ran,
+            "gpus": sum(g["gpus"] for g in plan["placement"]["groups"]),
+            "colocated_sync": is_colocated_sync(spec)}
+
+
+def is_colocated_sync(spec: Any) -> bool:
+    """Whether the run is the colocated synchronous plan: one group on every GPU, max_lag 0,
+    no partial rollout, no streaming (the plan cross-plan calibration measures on)."""
+    groups = list(spec.groups.values())
+    return (len(groups) == 1 and groups[0].share >= 1 - 1e-9 and spec.schedule.max_lag == 0
+            and not spec.schedule.partial_rollout and spec.schedule.stream is None)
+
+
+def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Calibrate on the colocated synchronous run of each machine (a result file, or one
+    section of it), its node medians over the model's costs under its own plan
+    (`carried_scale`), and predict every other plan of that machine with the ratios carried
+    to its own modelled costs (`carry`), as `rlgraph compile --calibrate RUN` does."""
+    out = []
+    current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]
+               and r["machine_key"] and r["measured_nodes_s"]]
+    for key in dict.fromkeys(r["machine_key"] for r in current):
+        same = [r for r in current if r["machine_key"] == key]
+        anchor = next((r for r in same if r["colocated_sync"]), None)
+        if anchor is None or len(same) < 2:
+            continue
+        with logp_forward_priced(anchor["logp_ran"]):
+            scale = carried_scale(anchor["measured_nodes_s"],
+                                  load_spec(ROOT / anchor["graph"], anchor["overrides"]))
+        for r in same:
+            if r is anchor:
+                continue
+            spec = load_spec(ROOT / r["graph"], r["overrides"])
+            with logp_forward_priced(r["logp_ran"]):
+                plan = compile_plan(spec, calibration=carry(scale, spec))
+            period = plan["schedule"]["period_s"]
+            out.append({"machine": key, "gpus": r["gpus"], "calibrated_on": anchor["run"],
+                        "run": r["run"], "measured_step_s": r["measured_step_s"],
+                        "uncalibrated_ratio": r["ratio"],
+                        "calibrated_step_s": round(period, 4),
+                        "ratio": round(period / r["measured_step_s"], 3),
+                        "within_target": abs(period / r["measured_step_s"] - 1)
+                        <= CROSS_TARGET,
+                        "scale": {n: round(v, 3) for n, v in scale.items()}})
+    return out
 
 
 def within(ratio: float) -> bool:
@@ -300,10 +351,25 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def cross_markdown(rows: list[dict[str, Any]]) -> str:
+    """The cross-plan table: calibrated on the colocated sync run, each other plan."""
+    out = ["| GPUs | machine (calibrated on its colocated sync run) | plan | measured s/step | "
+           "calibrated s/step | calibrated / measured | within ±10% | uncalibrated / "
+           "measured |", "|---:|---|---|---:|---:|---:|:---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["gpus"], r["machine"])):
+        plan = r["run"].split(": ", 1)[1]
+        out.append(f"| {r['gpus']} | {r['machine']} | {plan} | {r['measured_step_s']:.3g} | "
+                   f"{r['calibrated_step_s']:.3g} | {r['ratio']:.2f} | "
+                   f"{'yes' if r['within_target'] else '**no**'} | "
+                   f"{r['uncalibrated_ratio']:.2f} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     """Price every run, write the JSON, print the table."""
     gpu, cpu = gpu_rows() + longtail_rows(), cpu_rows()
     rows = gpu + cpu
+    crossed = cross_plan(gpu)
     current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]]
     timed = [r for r in current if "ratio_at_measured_length" in r]
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,
@@ -313,14 +379,20 @@ def main() -> int:
                           "with_measured_length": len(timed),
                           "within_target_at_measured_length": sum(
                               within(r["ratio_at_measured_length"]) for r in timed)},
-              "split_vs_colocated_cpu": verdicts(cpu), "runs": rows}
+              "split_vs_colocated_cpu": verdicts(cpu), "runs": rows,
+              "cross_plan": {"target": CROSS_TARGET, "within_target": sum(
+                  r["within_target"] for r in crossed), "plans": len(crossed),
+                  "rows": crossed}}
     write_result("own_runs.json", result)
     print(markdown(rows))
+    print("\nCross-plan calibration (calibrated on each machine's colocated sync run):\n")
+    print(cross_markdown(crossed))
     print(f"\n{result['summary']['within_target']}/{len(current)} runs of the current runtime "
           "that reached their steady state "
           f"within ±25% ({result['summary']['within_target_at_measured_length']}/{len(timed)} "
           "of those that recorded their mean length, priced at it); split vs colocated on CPU "
-          f"{result['split_vs_colocated_cpu']}; wrote "
+          f"{result['split_vs_colocated_cpu']}; cross-plan calibrated "
+          f"{result['cross_plan']['within_target']}/{len(crossed)} within ±10%; wrote "
           "bench/results/own_runs.json")
     return 0
 

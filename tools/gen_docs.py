@@ -171,7 +171,7 @@ def keys_table() -> str:
     """Every graph.yaml key with its type, default and meaning, read from the pydantic models."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     sections = {"name": None, "cluster": None, "model": None, "data": None, "algorithm": None,
-                "groups": None, "nodes": None, "edges": None, "schedule": None}
+                "groups": None, "nodes": None, "edges": None, "schedule": None, "pricing": None}
     for name in sections:
         field = Spec.model_fields[name]
         ann = field.annotation

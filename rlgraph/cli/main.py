@@ -66,14 +66,19 @@ def read_json(path: Path, what: str) -> Any:
     return read_back(path, what, CLIError)
 
 
-def compile_spec(spec: Any, calibration: Path | None = None) -> Plan:
+def compile_spec(spec: Any, calibration: Path | None = None, baseline: str | None = None
+                 ) -> Plan:
     """Run the compiler on a loaded spec; its SpecErrors point into the spec's file.
 
-    `calibration`: a run dir or its trace.json; measured node times replace the model's.
+    `calibration`: a run dir or its trace.json: the run's measured / modelled node times
+    scale this plan's (`rlgraph.compiler.calibrate.carried_calibration`). `baseline`: the
+    system whose colocated synchronous step the speedup compares with.
     """
     compile_plan = _lazy("rlgraph.compiler", "compile_plan", "compile")
+    carried = _lazy("rlgraph.compiler.calibrate", "carried_calibration", "compile")
     try:
-        return compile_plan(spec, calibration=calibration)
+        measured = carried(calibration, spec) if calibration is not None else None
+        return compile_plan(spec, calibration=measured, baseline=baseline)
     except SpecError as err:
         err.source = err.source or spec.source
         raise
@@ -113,7 +118,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from rlgraph.config.load import load_spec
 
     spec = load_spec(args.graph, args.overrides)
-    plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None)
+    plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None, args.baseline)
     if args.json:
         if args.out:
             write_plan(Path(args.out), plan, png=args.png)
@@ -203,7 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the plan as JSON on stdout and nothing else (files only with -o)")
     p.add_argument("--calibrate", metavar="TRACE_OR_RUN_DIR",
-                   help="scale node costs to a measured trace.json (or a run dir holding one)")
+                   help="scale node costs to a measured run: a run dir (its plan.json and "
+                   "trace.json: measured / modelled per node carries to this plan, whatever "
+                   "its groups) or a trace.json (measured times replace the model's)")
+    p.add_argument("--baseline", metavar="SYSTEM", choices=["rlgraph", "verl", "areal"],
+                   help="price the colocated synchronous baseline as SYSTEM: rlgraph, verl or "
+                   "areal "
+                   "(default: the graph's pricing.system)")
     p.add_argument("--png", action="store_true",
                    help="also draw timeline.png (matplotlib; about a second more)")
     p.set_defaults(func=cmd_compile)

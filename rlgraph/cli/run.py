@@ -115,6 +115,7 @@ def prepare(args: argparse.Namespace) -> tuple[Spec, Plan, Path]:
         raise RunDirError(f"--checkpoint-every {every}: give a step count, or 0 for none")
     spec = load_spec(args.graph, overrides)
     refuse_code_from_files(spec, bool(getattr(args, "trust_code", False)))
+    refuse_other_system(spec)
     check_envs(spec, base_dir(spec))  # an env that cannot be built: one line, nothing started
     resume = getattr(args, "resume", None)
     given_out = getattr(args, "out", None)
@@ -184,6 +185,18 @@ def continue_command(args: argparse.Namespace, out: Path, steps: int | None = No
     text = shlex.join(words)
     # what a terminal cannot show (a line break, an undecodable byte) printed escaped
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def refuse_other_system(spec: Spec) -> None:
+    """`rlgraph run` runs rlgraph's runtime: a graph priced as another system
+    (`pricing.system: verl`) describes a run this runtime would not be, so it is refused."""
+    if spec.pricing.system != "rlgraph" and not spec.cluster.local:
+        err = SpecError(f"this graph is priced as {spec.pricing.system} (pricing.system); "
+                        f"rlgraph run runs rlgraph's own runtime", ("pricing", "system"),
+                        hint="set pricing.system: rlgraph to run it here, or compare with "
+                        "`rlgraph compile --baseline verl`")
+        err.source = spec.source
+        raise err
 
 
 def refuse_code_from_files(spec: Spec, trusted: bool) -> None:

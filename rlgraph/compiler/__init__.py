@@ -60,7 +60,7 @@ from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
-from rlgraph.pricing.system import PRICING, hybrid_engine_priced
+from rlgraph.pricing.system import SYSTEMS, refit_path, system_of, with_system
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
@@ -75,23 +75,31 @@ __all__ = [
 ]
 
 
-def sync_spec(spec: Spec) -> Spec:
+def sync_spec(spec: Spec, system: str | None = None) -> Spec:
     """The colocated synchronous baseline: every grouped task in one group on all GPUs,
-    max_lag 0, no partial rollout. Where the plan prices verl's hybrid engine it is verl's
-    baseline: the switch is paid (cost pass) and old_log_prob is computed, so a plan without
-    a logp node gets one (OLD_LOG_PROB) in the baseline."""
+    max_lag 0, no partial rollout, priced as `system` (default: the plan's own). Where that
+    system computes old_log_prob on every batch (verl) it is that system's baseline: the
+    switch is paid (cost pass) and a plan without a logp node gets one (OLD_LOG_PROB)."""
+    if system is not None:
+        spec = with_system(spec, system)
     tasks = [t for g in spec.groups.values() for t in g.tasks]
-    nodes = spec.nodes
+    nodes, edges = spec.nodes, spec.edges
     roles = [KINDS[n.kind] for n in nodes.values()]
-    if (hybrid_engine_priced(spec) and tasks and any(r.advances_policy for r in roles)
+    if (system_of(spec).old_logp_always and tasks and any(r.advances_policy for r in roles)
             and not any(r.proximal_logp for r in roles) and OLD_LOG_PROB not in nodes):
         logp = next(kind for kind in KINDS.values() if kind.proximal_logp)
         nodes = {**nodes, OLD_LOG_PROB: logp.spec()}
         tasks = [*tasks, OLD_LOG_PROB]
+        if edges is not None:  # written edges: old_log_prob reads the samples, feeds train
+            samplers = [n for n, s in spec.nodes.items() if KINDS[s.kind].samples]
+            trainers = [n for n, s in spec.nodes.items() if KINDS[s.kind].advances_policy]
+            edges = [*edges, *(f"{g} -> {OLD_LOG_PROB}" for g in samplers),
+                     *(f"{OLD_LOG_PROB} -> {t}" for t in trainers)]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False,
                                                 "stream": None})
-    return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes})
+    return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes,
+                                   "edges": edges})
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -113,13 +121,16 @@ def sync_graph(graph: nx.DiGraph) -> nx.DiGraph:
     return sync
 
 
-def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost]
-                   ) -> tuple[float, dict[str, NodeCost]]:
-    """The baseline's period and node costs."""
-    base = sync_spec(spec)
+def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost],
+                   system: str | None = None) -> tuple[float, dict[str, NodeCost]]:
+    """The baseline's period and node costs, priced as `system` (default: the plan's own;
+    a calibration carries over only to the plan's own system)."""
+    base = sync_spec(spec, system)
     graph = sync_graph(graph) if len(base.nodes) == len(spec.nodes) else build_graph(base)
     placement = place(base, strict=False)
-    sync_costs, _ = node_costs(base, graph, placement, scale=calibration_scale(costs))
+    own = system_of(base).name == system_of(spec).name
+    sync_costs, _ = node_costs(base, graph, placement,
+                               scale=calibration_scale(costs) if own else None)
     tg = timed_graph(graph, {n: c.seconds for n, c in sync_costs.items()}, list(placement.groups))
     return steady_state(tg).period, sync_costs
 
@@ -234,16 +245,41 @@ def _carry_messages(graph: nx.DiGraph, events: list[dict[str, Any]], max_lag: in
     return out
 
 
-def compile_plan(spec: Spec, calibration: Any = None) -> Plan:
+def compile_plan(spec: Spec, calibration: Any = None, baseline: str | None = None) -> Plan:
     """The Plan (`rlgraph.compiler.plan`): placement, costs, lag, schedule, channels, routes.
 
     `calibration`: seconds per node (`load_calibration`), measured event dicts, a trace path
-    or None. A SpecError raised by a pass carries the spec's source map (file:line:col)."""
+    or None. `baseline`: the system (`rlgraph.pricing.system.SYSTEMS`) whose colocated
+    synchronous step `speedup_vs_sync` compares with (default: the plan's own system); the
+    baseline under every system is kept in `plan.pricing.baselines`. A SpecError raised by a
+    pass carries the spec's source map (file:line:col)."""
+    if baseline is not None and baseline not in SYSTEMS:
+        raise SpecError(f"unknown baseline system '{baseline}'", ("pricing", "system"),
+                        hint=f"one of: {', '.join(SYSTEMS)}")
     try:
-        return _compile(spec, calibration)
+        return _compile(spec, calibration, baseline)
     except SpecError as err:
         err.source = err.source or spec.source
         raise
+
+
+def _system_messages(spec: Spec, period: float, baselines: dict[str, float]) -> list[str]:
+    """A one-line hint where engine sglang is read as it was before the system became a key,
+    and the verdict under each baseline system where they disagree."""
+    out = []
+    engines = {getattr(n, "engine", None) for n in spec.nodes.values()}
+    if ("sglang" in engines and "pricing" not in spec.model_fields_set
+            and not spec.cluster.local):
+        out.append("engine sglang prices SGLang's decode under rlgraph's runtime "
+                   "(pricing.system: rlgraph); to price verl's hybrid engine, as engine "
+                   "sglang once meant, set pricing.system: verl")
+    if period > 0 and len(baselines) > 1:
+        faster = {name: sync / period > 1.0 for name, sync in baselines.items()}
+        if len(set(faster.values())) > 1:
+            out.append("the verdict depends on the baseline: " + "; ".join(
+                f"{sync / period:.2f}x {'faster' if faster[name] else 'slower'} than "
+                f"colocated sync on {name}" for name, sync in baselines.items()))
+    return out
 
 
 def first_hour_advice(placement: Placement, period: float, sync: float) -> list[str]:
@@ -261,7 +297,7 @@ def first_hour_advice(placement: Placement, period: float, sync: float) -> list[
     return advice
 
 
-def _compile(spec: Spec, calibration: Any) -> Plan:
+def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
@@ -271,7 +307,9 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
     measured = as_calibration(calibration)
     costs, messages = node_costs(spec, graph, placement, measured)
     messages = placement.messages + messages
-    proof = prove_lag(graph, spec.schedule.partial_rollout)
+    # a sample's tokens span versions with partial rollout and with in-flight updates
+    proof = prove_lag(graph, spec.schedule.partial_rollout or any(
+        getattr(node, "inflight", False) for node in spec.nodes.values()))
     user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
                           list(placement.groups))
     simulated_lag, lag_note = effective_lag(user_tg)
@@ -296,10 +334,28 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
                         f"{more:.4g} s (its bound, {more / period - 1:+.0%})")
     if spec.schedule.partial_rollout:
         messages += _carry_messages(graph, steady.sim.events(EVENT_STEPS), spec.schedule.max_lag)
-    sync, sync_costs = ((period, costs) if _is_sync(spec)
-                        else _sync_baseline(spec, graph, costs))
+    system = system_of(spec)
+    chosen = system_of(spec, baseline)
+    baselines: dict[str, float] = {}
+    sync_costs = costs
+    for other in dict.fromkeys([chosen.name, system.name, *SYSTEMS]):
+        if placement.local and other != system.name:
+            continue  # a local CPU cluster is priced as rlgraph's runtime only
+        if other == system.name and _is_sync(spec):
+            seconds, own = period, costs
+        elif other in (system.name, chosen.name):
+            seconds, own = _sync_baseline(spec, graph, costs, other)
+        else:  # a comparison only: a graph another system cannot express has none
+            try:
+                seconds, own = _sync_baseline(spec, graph, costs, other)
+            except SpecError:
+                continue
+        baselines[other] = seconds
+        if other == chosen.name:
+            sync_costs = own
+    sync = baselines[chosen.name]
+    messages += _system_messages(spec, period, baselines)
     messages += first_hour_advice(placement, period, sync)
-    runtime, why = PRICING[hybrid_engine_priced(spec)]
     util = utilization(tg, period)
     if not steady.exact:
         messages.append(f"the schedule did not settle into a periodic regime within "
@@ -340,7 +396,9 @@ def _compile(spec: Spec, calibration: Any) -> Plan:
         weight_sync=weight_routes(spec),
         memory=MemoryPlan(checked=bool(placement.memory),
                           groups={g: m.to_dict() for g, m in placement.memory.items()}),
-        pricing=PricingPlan(runtime=runtime, why=why),
+        pricing=PricingPlan(runtime=system.label, why=system.why(refit_path(spec)),
+                            system=system.name, refit=system.refit_rate(refit_path(spec))[0],
+                            baseline=chosen.name, baselines=baselines),
         trust=trust(spec, costs, sync_costs, sync),
         messages=messages,
     )

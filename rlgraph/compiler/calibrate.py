@@ -93,3 +93,47 @@ def as_calibration(value: Mapping[str, float] | Iterable[Mapping[str, Any]] | st
         return {str(k): finite_number(v, f"calibration of {k}", upper=MAX_SECONDS,
                                       error=CalibrationError) for k, v in value.items()}
     return calibration_from_events(value)
+
+
+def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str, float]:
+    """measured / modelled seconds of each node of the run that measured them, its costs
+    modelled under its own plan (`measured_spec`: its groups, GPUs and lag): what a
+    calibration carries to another plan of the same machine and workload."""
+    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler.placement import place
+    from rlgraph.graph import build_graph
+
+    costs, _ = node_costs(measured_spec, build_graph(measured_spec),
+                          place(measured_spec, strict=False))
+    return {n: float(measured[n]) / c.modelled for n, c in costs.items()
+            if n in measured and c.modelled > 0}
+
+
+def carry(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
+    """Seconds of each node of `spec` with `scale` (measured / modelled, `carried_scale`)
+    applied to its modelled cost under its own plan, as `compile_plan` takes a calibration."""
+    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler.placement import place
+    from rlgraph.graph import build_graph
+
+    costs, _ = node_costs(spec, build_graph(spec), place(spec, strict=False),
+                          scale=dict(scale))
+    return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
+
+
+def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
+    """The calibration `rlgraph compile --calibrate PATH` applies to `spec`: from a run
+    directory holding plan.json, each node's measured / modelled ratio under the run's own
+    plan, applied to this plan's modelled cost (so a run of one plan calibrates another of
+    the same machine: cross-plan); from a bare trace.json, the measured times themselves."""
+    from rlgraph.compiler.plan import Plan, PlanError
+
+    measured = load_calibration(path)
+    plan_file = Path(path) / "plan.json"
+    if not plan_file.is_file():
+        return measured
+    try:
+        run = Plan.from_json(plan_file.read_text(), str(plan_file))
+    except (OSError, PlanError) as exc:
+        raise CalibrationError(f"{plan_file}: cannot read the run's plan: {exc}") from None
+    return carry(carried_scale(measured, run.spec), spec)

@@ -3,16 +3,15 @@
 Order of precedence: a measured calibration (source "calibrated"), then the node's `cost:
 {seconds: S}` or `cost: {gpu_seconds: W}` (W / GPUs of its group; source "override"), then
 the kind's analytic model (`rlgraph/pricing/<kind>.py`, constants in
-`rlgraph/pricing/constants.py`; source "model"). Where the plan prices verl's hybrid engine
-(a generate node on engine sglang, `pricing.system.hybrid_engine_priced`), a group that
-holds both a train and a generate node pays the colocation switch on its generate node every
-step: train states and rollout weights go to host memory and come back over PCIe, and the
-weights are resharded into the engine at the measured resharding rate. rlgraph's own runtime
-(engine native) decodes with the training weights and pays no switch; local CPU clusters pay
-none either. A generate node that receives weights from another group pays the dual-buffer
-switch instead (`pricing.param_update.switch_cost`): param_update stages the new version
-beside generation and holds only the sender's group, so the copy into the live weights is
-all generate waits.
+`rlgraph/pricing/constants.py`; source "model"). Where the plan prices a system with a
+colocation switch (`pricing.system: verl`, `rlgraph.pricing.system.SYSTEMS`), a group that
+holds both a train and a generate node pays the switch on its generate node every step:
+train states and rollout weights go to host memory and come back over PCIe, and the weights
+are refit into the engine at the measured rate of the stated path. rlgraph's own runtime
+decodes with the training weights and pays no switch; local CPU clusters pay none either. A
+generate node that receives weights from another group pays the dual-buffer switch instead
+(`pricing.param_update.switch_cost`): param_update stages the new version beside generation
+and holds only the sender's group, so the copy into the live weights is all generate waits.
 """
 
 from __future__ import annotations
@@ -30,10 +29,10 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.presets.models import ModelShape
-from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.param_update import switch_cost
-from rlgraph.pricing.system import hybrid_engine_priced
+from rlgraph.pricing.system import refit_path, system_of
+from rlgraph.pricing.system import switch_terms as switch_terms_of
 
 
 @dataclass
@@ -51,28 +50,21 @@ class NodeCost:
 
 
 def switch_seconds(spec: Spec, placement: Placement, group: str, shape: ModelShape) -> float:
-    """Per-step switch of a colocated group between training and rollout, as verl's hybrid
-    engine pays it (0 where the plan prices rlgraph's runtime, or on a local CPU cluster):
-    train states offloaded to host and reloaded, the engine's weights put to sleep and woken
-    (both over PCIe), and the training weights resharded into the engine at the measured
-    resharding rate (COSTS.reshard_bytes_per_s)."""
+    """Per-step switch of a colocated group between training and rollout, as the priced
+    system pays it (`pricing.system.switch_terms`; 0 for rlgraph's runtime, or on a local
+    CPU cluster)."""
     return sum(switch_terms(spec, placement, group, shape).values())
 
 
 def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
                  ) -> dict[str, float]:
-    """The switch's terms in seconds: offload/reload, sleep/wake, reshard."""
-    if placement.local or not hybrid_engine_priced(spec):
+    """The switch's terms in seconds: offload/reload, sleep/wake, refit."""
+    if placement.local:
         return {}
-    gpus = placement.gpus_of(group)
     tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
     tp = max((getattr(n, "tp", 1) for n in tasks if KINDS[n.kind].samples), default=1)
-    host = placement.preset.host_bytes_per_s
-    return {
-        "offload": 2 * COSTS.train_state_bytes_per_param * shape.params / gpus / host,
-        "sleep_wake": 2 * 2 * shape.params / tp / host,
-        "reshard": 2 * shape.params / COSTS.reshard_bytes_per_s,
-    }
+    return switch_terms_of(system_of(spec), refit_path(spec), shape.params,
+                           placement.gpus_of(group), tp, placement.preset.host_bytes_per_s)
 
 
 def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:
@@ -168,7 +160,7 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
                 terms = switch_terms(spec, placement, switches[name], shape)
                 switch = sum(terms.values())
                 seconds += switch
-                detail += (f" + colocation switch {switch:.3g} s (verl hybrid engine: "
+                detail += (f" + colocation switch {switch:.3g} s ({system_of(spec).label}: "
                            + ", ".join(f"{k} {v:.3g} s" for k, v in terms.items()) + ")")
             elif name in fed:
                 switch = switch_cost(node, shape, placement.preset, placement.local)

@@ -12,7 +12,9 @@ With partial rollout a sample's tokens may come from several versions: an unfini
 is kept in the rollout cache and resumed by a later generate step with newer weights, and
 the cache drops any sample whose oldest token would exceed max_lag when trained on, so every
 token of a sample is within the same bound and `token_version_span` (newest minus oldest
-version within one sample) is at most max_policy_lag; without partial rollout it is 0.
+version within one sample) is at most max_policy_lag; without partial rollout it is 0. The
+same holds with generate's in-flight updates (`engines.inflight`: rows keep decoding across
+calls and versions, and train checks every token against the bound again).
 
 Streaming (`schedule.stream.mini_batches` K): version t spans K optimizer steps t*K + j, one
 per mini-batch; generate's call for mini-batch j of step t waits for the same version as the

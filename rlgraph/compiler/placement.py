@@ -25,6 +25,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
+from rlgraph.pricing.system import system_of
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 
@@ -265,5 +266,6 @@ def place(spec: Spec, strict: bool = True) -> Placement:
             _check_parallel(spec, group)
             check_sharding(spec, group.name, group.tasks)
     if not cluster.local and all(g.gpus for g in groups.values()):
-        placement.memory = check_memory(spec, groups, placement.preset, slots, refuse=strict)
+        placement.memory = check_memory(spec, groups, placement.preset, slots,
+                                        refuse=strict and system_of(spec).runs_here)
     return placement

@@ -149,6 +149,10 @@ class PricingPlan(_Section):
 
     runtime: str = ""
     why: str = ""
+    system: str = "rlgraph"  # the system the plan is priced as (graph.yaml pricing.system)
+    refit: str = ""  # its refit path where it has one (pricing.refit)
+    baseline: str = "rlgraph"  # the system of the baseline speedup_vs_sync compares with
+    baselines: dict[str, float] = Field(default_factory=dict)  # colocated sync period by system
 
 
 class TrustPlan(_Section):

@@ -11,7 +11,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.presets.char_vocab import CHAR_VOCAB_SIZE
 from rlgraph.presets.models import MODEL_PRESETS, ModelShape, model_shape
-from rlgraph.pricing.system import hybrid_engine_priced
+from rlgraph.pricing.system import system_of
 
 
 def model_config(spec: Spec) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def priced_vocab(spec: Spec, config: dict[str, Any]) -> int:
     policy with the character tokenizer's vocabulary (`rlgraph.model.build.model_config`), so
     a preset's or inline config's 151k-entry table is not what it runs; a plan priced as
     verl's hybrid engine (real runs use the model's own tokenizer) keeps the config's."""
-    if spec.model.path is None and not hybrid_engine_priced(spec):
+    if spec.model.path is None and system_of(spec).runs_here:
         return CHAR_VOCAB_SIZE
     return int(config["vocab_size"])
 

@@ -12,7 +12,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.pricing.constants import COSTS, pass_efficiency
-from rlgraph.pricing.system import hybrid_engine_priced
+from rlgraph.pricing.system import refit_path, system_of
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
 _DRIVER = re.compile(r"verl driver transfer ([0-9.e+-]+) s")
@@ -43,7 +43,7 @@ SPLIT_TRAINER_CAVEAT = (
 
 def _split_trainer(spec: Spec) -> bool:
     """Whether the plan prices verl and trains in a group of part of the cluster."""
-    return hybrid_engine_priced(spec) and any(
+    return system_of(spec).name == "verl" and any(
         group.share < 1 and any(spec.nodes[t].kind == "train" for t in group.tasks)
         for group in spec.groups.values())
 
@@ -92,8 +92,9 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(SPLIT_TRAINER_CAVEAT)
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
+        path, rate = system_of(spec).refit_rate(refit_path(spec))
         lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"(resharding at {COSTS.reshard_bytes_per_s / 1e9:.2g} GB/s, "
-                     f"verl issue 2419)")
+                     f"({path} refit at {rate / 1e9:.2g} GB/s, verl issue 2419; "
+                     f"pricing.refit states the path)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

@@ -193,6 +193,23 @@ class ScheduleSpec(StrictModel):
         return self.stream.mini_batches if self.stream is not None else 1
 
 
+class PricingSpec(StrictModel):
+    """Which system prices the plan (`rlgraph.pricing.system.SYSTEMS`): the runtime that runs
+    it, `rlgraph` by default; `verl` prices verl's hybrid engine (a colocated group switches
+    between training and its rollout engine every step). `refit`: verl's path for the
+    weights into the engine, `bucketed` (its default today) or `per_tensor` (older releases);
+    none: the system's default."""
+
+    system: Literal["rlgraph", "verl", "areal"] = Field(
+        default="rlgraph", description="the system that runs the plan: rlgraph (its own "
+        "runtime), verl (hybrid engine) or areal (disaggregated AReaL), whose switch, refit, "
+        "offload and batch-transfer costs the plan pays")
+    refit: Literal["bucketed", "per_tensor"] | None = Field(
+        default=None, description="verl: how the weights reach the rollout engine at each "
+        "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "
+        "system's default (bucketed)")
+
+
 class CheckpointSpec(StrictModel):
     """Which checkpoints a run keeps (the latest is always `RUN_DIR/checkpoint/`; older ones
     go to `RUN_DIR/checkpoints/<step>/`). A resumed run may change these."""
@@ -223,6 +240,7 @@ class Spec(StrictModel):
     nodes: dict[str, NodeSpecs] = Field(min_length=1)  # type: ignore[valid-type]
     edges: list[str] | None = None
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from rlgraph.nodes.base import GraphSpec, NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.nodes.parallel_spec import ParallelNodeSpec
 from rlgraph.pricing.logp import forward_cost
-from rlgraph.pricing.system import hybrid_engine_priced
+from rlgraph.pricing.system import system_of
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,7 @@ def skip_reason(spec: GraphSpec) -> str | None:
     priced as verl's hybrid engine never skips: verl computes old_log_prob on every batch."""
     if spec.schedule.max_lag != 0 or spec.schedule.partial_rollout or not trained_once(spec):
         return None
-    if hybrid_engine_priced(spec):
+    if system_of(spec).old_logp_always:
         return None
     return ("skipped: max_lag 0 and one update per batch (mini_batches 1, epochs 1), so the "
             "PPO ratio is 1 and train's own forward, detached, gives the old log-probs")

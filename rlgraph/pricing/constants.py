@@ -35,7 +35,6 @@ class CostConstants:
     local_multithread_pass_speedup: float = 1.33
     local_thread_handoff_seconds_per_layer: float = 0.54e-3
     local_sole_process_speedup: float = 1.7
-    reshard_bytes_per_s: float = 32 * GB / 175
     local_extra_replica_efficiency: float = 0.34
     reward_seconds_per_sample: float = 50e-6
     bucket_overhead_s: float = 2e-3
@@ -164,12 +163,6 @@ COST_SOURCES: dict[str, str] = {
                                   "68 / 79 ms: same-round ratios 1.60, 1.96, 1.58, 1.83, "
                                   "median 1.7; the other CPU figures (train_mfu, ...) are "
                                   "measured with every core busy",
-    "reshard_bytes_per_s": "published README, 'Switch and weight-sync costs reported "
-                           "elsewhere': verl resharded Moonlight-16B-A3B's bf16 weights "
-                           "(16B params, ~32 GB) into the rollout engine in 175 s on 8 H20 "
-                           "(verl issue 2419): 0.19 GB/s; the same table's 16B MoE (~200 s) "
-                           "and the one-step-off table's gen - generate_sequences (74 s "
-                           "FSDP2 / 45 s Megatron for 7B) are of the same order",
     "local_extra_replica_efficiency": "bench/results/async_vs_sync.json (2-core host, "
                                       "longtail graph, side by side): the colocated plan "
                                       "took 0.741 s a step in one one-thread process and "

@@ -12,7 +12,7 @@ from rlgraph.presets.models import PASS_WIDTH_BLOCK
 from rlgraph.pricing.constants import COSTS, pass_efficiency
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.sharding import fsdp_collectives, sharded
-from rlgraph.pricing.system import hybrid_engine_priced
+from rlgraph.pricing.system import system_of
 
 if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
@@ -201,7 +201,7 @@ def runtime_pass_hbm(ctx: CostContext) -> float | None:
     """HBM bytes/s over which rlgraph's own passes move memory-bound data (a replica's
     share, `compute_units`); None on a local CPU cluster (inside its measured MFU) or priced
     as verl's hybrid engine (its own kernels)."""
-    if ctx.local or hybrid_engine_priced(ctx.spec):
+    if ctx.local or not system_of(ctx.spec).runs_here:
         return None
     return ctx.gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency * compute_units(ctx)
 
@@ -258,7 +258,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     model = lengths.of(data.response_len)
     rows = data.samples_per_step()
     prompt = data.prompt_len
-    if hybrid_engine_priced(ctx.spec):
+    if system_of(ctx.spec).packs_sequences:
         mean, second = lengths.moments(model)
         tokens, how = rows * (prompt + mean), "packed"
         square = rows * (prompt * prompt + 2 * prompt * mean + second)
@@ -300,7 +300,8 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"
     floor = host_floor(node, ctx, passes, mini_batches)
     ctx.extra["detail"] += f" + host floor {floor:.3g} s"
-    driver = driver_transfer(ctx, response_bytes) if hybrid_engine_priced(ctx.spec) else 0.0
+    driver = (driver_transfer(ctx, response_bytes) if system_of(ctx.spec).driver_transfer
+              else 0.0)
     if driver:
         ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
     return (seconds + exchange + floor) * epochs + driver

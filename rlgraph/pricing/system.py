@@ -1,28 +1,173 @@
-"""Which system a plan prices: verl's hybrid engine (engine sglang keeps its own weights) or
-rlgraph's own runtime (engine native decodes with the training weights). Cost models of
-several kinds read it."""
+"""Which system a plan prices: the runtime that runs it (`pricing.system` in graph.yaml,
+default `rlgraph`) or another system for comparison (`rlgraph compile --baseline SYSTEM`).
+
+A system is a row of `SYSTEMS`: how a group that both trains and generates switches between
+the two (offload, engine sleep / wake, the refit of the weights into the engine), how its
+passes run (packed or padded sequences, fused or eager kernels), how its batches move (a
+single controller through Ray's object store, or not) and whether its baseline computes the
+old log-probs. Every number of a row names its source in `SOURCES`; where a system has two
+documented paths for one thing (verl's bucketed or per-tensor refit), the path is a
+parameter of the graph (`pricing.refit`), never a guess. The engine a generate node names
+(`engine: native | sglang`) is the decoder only: it prices the decode, never the system.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+
+from rlgraph.pricing.constants import COSTS
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class System:
+    """One system's costs and habits, as data (every field's source: `SOURCES[name]`)."""
+
+    name: str
+    label: str
+    runs_here: bool  # rlgraph's own runtime: the plan runs on it (char vocab without a path,
+    # eager passes measured on our GPUs, proximal log-prob forward inside train)
+    colocated_switch: bool  # a group that trains and generates switches every step
+    offload: bool  # the switch offloads the train state to host memory and reloads it
+    sleep_wake: bool  # the engine's weights are released and reloaded at each switch
+    refit: dict[str, float] = field(default_factory=dict)  # path -> bytes/s into the engine
+    default_refit: str | None = None
+    old_logp_always: bool = False  # the baseline computes old_log_prob on every batch
+    packs_sequences: bool = False  # remove_padding: tokens = rows x (prompt + E[L])
+    driver_transfer: bool = False  # a single controller moves every pass's batch via Ray
+    activation_recompute: bool = False  # train recomputes activations unless the graph says
+
+    def refit_rate(self, path: str | None) -> tuple[str, float]:
+        """(path, bytes/s) of the refit: the graph's `pricing.refit`, else the default."""
+        chosen = path or self.default_refit
+        if chosen is None or chosen not in self.refit:
+            return "", 0.0
+        return chosen, self.refit[chosen]
+
+    def why(self, path: str | None = None) -> str:
+        """One line: what pricing this system means for a plan."""
+        if not self.colocated_switch:
+            return ("decodes with the training weights: a colocated group pays no switch; "
+                    "groups apart receive the weights over NCCL into a second buffer; train "
+                    "recomputes the proximal log-probs when no logp node feeds it")
+        chosen, rate = self.refit_rate(path)
+        return (f"a group that trains and generates pays the switch every step (offload, "
+                f"engine sleep/wake, {chosen} refit at {rate / GB:.2g} GB/s); the "
+                f"synchronous baseline computes old_log_prob; sequences packed; the driver "
+                f"moves every batch through Ray")
+
+
+SYSTEMS: dict[str, System] = {
+    "rlgraph": System(
+        name="rlgraph", label="rlgraph runtime", runs_here=True,
+        colocated_switch=False, offload=False, sleep_wake=False),
+    "verl": System(
+        name="verl", label="verl hybrid engine", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"per_tensor": 32 * GB / 175, "bucketed": 32 * GB / 18},
+        default_refit="bucketed",
+        old_logp_always=True, packs_sequences=True, driver_transfer=True,
+        activation_recompute=True),
+    "areal": System(
+        name="areal", label="AReaL", runs_here=False,
+        colocated_switch=False, offload=False, sleep_wake=False,
+        old_logp_always=True, packs_sequences=True),
+}
+
+SOURCES: dict[str, dict[str, str]] = {
+    "rlgraph": {
+        "colocated_switch": "rlgraph.nodes.param_update.ParamUpdateWorker.local: a colocated "
+                            "generate decodes with the policy train updates; nothing moves",
+        "refit": "groups apart: param_update over NCCL into a second buffer "
+                 "(rlgraph.pricing.param_update; bench/results/gpu4-nccl.json)",
+        "batch_transfer": "inside rlgraph's measured node times (eager passes, "
+                          "replica_dispatch_s: bench/results/gpu-longtail.json)",
+    },
+    "verl": {
+        "colocated_switch": "verl's hybrid engine (ActorRolloutRefWorker): training and "
+                            "rollout share the GPUs and switch every step; ../shared/published "
+                            "README: gen - generate_sequences = 74 s (FSDP2) / 45 s (Megatron) "
+                            "for 7B on 16 H20 (one_step_off_policy recipe)",
+        "offload": "the switch moves the train state (16 B/param, ZeRO) to host and back over "
+                   "PCIe, and the engine's weights (bf16 / tp) to sleep and back: "
+                   "train_state_bytes_per_param, GPUPreset.host_bytes_per_s",
+        "refit.per_tensor": "verl issue 2419: resharding Moonlight-16B-A3B (~32 GB bf16) into "
+                            "the rollout engine took 175 s on 8 H20, 0.18 GB/s: the path of "
+                            "verl releases before bucketed transfer",
+        "refit.bucketed": "verl PR 2418 (same issue): 18 s for the same 32 GB with bucketed "
+                          "transfer, 1.8 GB/s; current verl buckets by default "
+                          "(rollout.checkpoint_engine.update_weights_bucket_megabytes, 512, "
+                          "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py)",
+        "old_logp_always": "verl's ray_trainer computes old_log_prob on every batch (the "
+                           "published tables' old_log_prob column)",
+        "packs_sequences": "use_remove_padding (verl's DAPO recipes): sequences packed, "
+                           "attention per sequence",
+        "driver_transfer": "verl's single controller moves each DataProto through the Ray "
+                           "object store (object_store_bytes_per_s, docs/measurements.md)",
+        "activation_recompute": "enable_gradient_checkpointing: True in verl/trainer/config/"
+                                "ppo_trainer.yaml and the published 7B DAPO scripts; a graph "
+                                "that sets train's activation_checkpointing overrides it",
+    },
+    "areal": {
+        "colocated_switch": "none: AReaL runs rollout (SGLang) and trainer on separate GPUs "
+                            "(its allocation_mode, benchmark/verl_312a8cb/build_cmd.py), so "
+                            "no group switches; weights go over NCCL after each update",
+        "old_logp_always": "recompute_logprob: the trainer recomputes the old log-probs "
+                           "(examples/arealite/configs/boba.yaml)",
+        "packs_sequences": "AReaL packs each batch's sequences (blog/AReaL_v0_2.md)",
+        "batch_transfer": "no single controller: packed batches move over NCCL with "
+                          "GPUDirect RDMA, 'below 3 seconds even in a 1,000-GPU cluster' "
+                          "(blog/AReaL_v0_2.md), so no driver transfer is charged",
+    },
+}
+
+
+def switch_terms(system: System, path: str | None, params: float, gpus: int, tp: int,
+                 host_bytes_per_s: float) -> dict[str, float]:
+    """Seconds of each term of the switch a group of `gpus` GPUs that trains and generates
+    pays every step under `system` (none where it has no switch): the train state
+    (COSTS.train_state_bytes_per_param, sharded over the group) offloaded to host and back,
+    the engine's bf16 weights (a tp shard per GPU) put to sleep and woken, both over PCIe,
+    and the bf16 weights refit into the engine at the path's measured rate."""
+    if not system.colocated_switch:
+        return {}
+    terms = {}
+    if system.offload:
+        terms["offload"] = 2 * COSTS.train_state_bytes_per_param * params / gpus / host_bytes_per_s
+    if system.sleep_wake:
+        terms["sleep_wake"] = 2 * 2 * params / tp / host_bytes_per_s
+    chosen, rate = system.refit_rate(path)
+    if rate:
+        terms[f"{chosen} refit"] = 2 * params / rate
+    return terms
+
+
+def system_of(spec: Any, name: str | None = None) -> System:
+    """The system that prices `spec`: `name` if given (a baseline), else the graph's
+    `pricing.system`. A local CPU cluster is always priced as rlgraph's runtime (the
+    measured CPU figures are rlgraph's own)."""
+    if spec.cluster.local:
+        return SYSTEMS["rlgraph"]
+    pricing = getattr(spec, "pricing", None)
+    chosen = name or (pricing.system if pricing is not None else "rlgraph")
+    return SYSTEMS[chosen]
+
+
+def refit_path(spec: Any) -> str | None:
+    """The refit path the graph states (`pricing.refit`), or None for the system's default."""
+    pricing = getattr(spec, "pricing", None)
+    return pricing.refit if pricing is not None else None
 
 
 def hybrid_engine_priced(spec: Any) -> bool:
-    """Whether the plan prices verl's hybrid engine rather than rlgraph's own runtime: a
-    generate node on engine sglang (on GPUs) holds its own copy of the weights, so a group
-    that also trains pays the switch every step (offload, reshard, engine sleep/wake) and
-    the synchronous baseline computes old_log_prob. Engine native decodes with the training
-    weights themselves: a colocated group pays no switch."""
-    if spec.cluster.local:
-        return False
-    return any(n.kind == "generate" and n.engine == "sglang" for n in spec.nodes.values())
+    """Whether the plan is priced as a system whose colocated group switches between
+    training and a rollout engine that keeps its own weights (verl's hybrid engine)."""
+    return system_of(spec).colocated_switch
 
 
-PRICING = {
-    True: ("verl hybrid engine", "engine sglang keeps its own weights: a group that trains and "
-           "generates pays verl's switch (offload, reshard, sleep/wake) every step; the "
-           "synchronous baseline computes old_log_prob"),
-    False: ("rlgraph runtime", "engine native decodes with the training weights: a colocated "
-            "group pays no switch; train recomputes the proximal log-probs when no logp node "
-            "feeds it"),
-}
+def with_system(spec: Any, name: str) -> Any:
+    """A copy of `spec` priced as system `name` (its `pricing.refit` kept)."""
+    pricing = spec.pricing.model_copy(update={"system": name})
+    return spec.model_copy(update={"pricing": pricing})

@@ -9,7 +9,8 @@ any error), the runner calls `emergency_checkpoint` before the actors are killed
 3. the rollout buffer is kept when it can be fetched, else dropped (without partial rollout
    a dropped batch is generated again from the same data positions; with partial rollout
    its caches are needed, so no checkpoint is written).
-The message it returns ends the error line: where to resume, or why it cannot.
+The message it returns ends the error line: where to resume, or why it cannot (steps in
+policy versions, as `--steps` counts them, streamed runs included).
 """
 
 from __future__ import annotations
@@ -95,11 +96,11 @@ def emergency_checkpoint(out: Path, pipeline: Pipeline, executor: RayExecutor,
         why = str(exc).splitlines()[0] if isinstance(exc, RLGraphError) else (
             "the trainer's state is lost" if "Actor" in type(exc).__name__ else
             f"{type(exc).__name__}")
-        where = (f"resume from step {kept} with --resume {out}" if kept is not None
-                 else "no checkpoint to resume from")
+        where = (f"resume from step {kept // pipeline.k} with --resume {out}"
+                 if kept is not None else "no checkpoint to resume from")
         return f"no emergency checkpoint ({why}); {where}"
-    return (f"progress kept: checkpoint at step {pipeline.trained_steps()} in {folder}; after "
-            f"fixing the cause, continue with --resume {out}")
+    return (f"progress kept: checkpoint at step {pipeline.trained_steps() // pipeline.k} in "
+            f"{folder}; after fixing the cause, continue with --resume {out}")
 
 
 def annotate(err: BaseException, note: str) -> None:

@@ -32,6 +32,8 @@ class SerialRun:
     """What a serial run measured."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)  # train output per step
+    # the other nodes' own figures per step (e.g. generate's rollout/*), by node
+    node_metrics: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # mean seconds per step, per node
     setup_s: float = 0.0  # building the workspaces (models, warm start)
     wall_s: float = 0.0  # the steps
@@ -92,6 +94,8 @@ def run_serial(plan: Plan | Spec, steps: int | None = None, seed: int = 0,
             run.metrics.append(done.output)
             if on_step:
                 on_step(task.step, done.output)
+        elif isinstance(done.output, dict) and isinstance(done.output.get("metrics"), dict):
+            run.node_metrics.setdefault(task.node, []).append(dict(done.output["metrics"]))
 
     start = time.perf_counter()
     drive(Pipeline.of(plan, steps=steps, chaining=False), InlineExecutor(execute), on_done)

@@ -298,8 +298,29 @@ def test_compile_prices_inflight_and_tune_tries_it_off_and_on() -> None:
     assert "0 tokens re-encoded" in plan.costs["generate"].detail  # kv: keep
     off = compile_plan(load_spec(root / "graphs" / "longtail.yaml", over))
     assert "re-encoded" in off.costs["generate"].detail
+    streamed = compile_plan(load_spec(root / "graphs" / "longtail.yaml", [
+        "schedule.stream={mini_batches: 2}", "schedule.max_lag=1",
+        "nodes.generate.inflight=true"]))
+    assert streamed.lag.token_version_span == 1  # in-flight rows span versions
     result = tune(on, top=12)
     partial = [p for p in result.top if p.partial_rollout]
     assert {p.inflight for p in partial} == {False, True}
     assert not any(p.inflight for p in result.top if not p.partial_rollout)
     assert result.input is not None and result.input.inflight
+
+
+def test_learning_with_inflight_updates_stays_within_the_synchronous_spread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CPU learning check, small: the synchronous plan over two seeds and partial rollout
+    # with in-flight updates (kv kept across versions), serially; the bench runs it longer
+    from bench_support import bench_module
+
+    monkeypatch.setenv("RLGRAPH_CACHE", str(tmp_path))  # the warm start, computed once here
+    learning = bench_module("inflight_learning")
+    runs = learning.learning_runs(16, [0, 1], ["sync"])
+    runs.update(learning.learning_runs(16, [0], ["partial-lag2-inflight"]))
+    verdict = learning.verdict(runs)
+    assert verdict["no_lag_violation"], runs
+    assert verdict["within_spread"], verdict
+    inflight = runs["partial-lag2-inflight@0"]
+    assert inflight["kept_rows"] > 0 and inflight["lag_max"] == 2  # rows kept across versions

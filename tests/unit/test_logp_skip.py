@@ -87,11 +87,11 @@ def test_the_compiler_prices_logp_zero_exactly_when_it_is_provably_redundant(
 
 
 def test_a_plan_priced_as_verls_hybrid_engine_keeps_old_log_prob() -> None:
-    """verl computes old_log_prob on every batch: engine sglang prices verl, and its
+    """verl computes old_log_prob on every batch: pricing.system verl prices it, and its
     synchronous graph keeps the forward even where rlgraph's runtime would skip it."""
     graph = ROOT / "graphs" / "verl-hybrid-engine.yaml"
     ours = compile_plan(load_spec(graph))
-    verl = compile_plan(load_spec(graph, ["nodes.generate.engine=sglang"]))
+    verl = compile_plan(load_spec(graph, ["pricing.system=verl"]))
     assert ours["costs"]["logp"]["seconds"] == 0.0
     assert verl["costs"]["logp"]["seconds"] > 0.0
 

@@ -433,3 +433,52 @@ def test_stale_finish_drops_nothing_and_keeps_the_long_answers(max_lag: int) -> 
             assert [len(s.tokens) for s in g.samples] == [forced(g.position, k)
                                                           for k in range(3)]
     assert cache.totals["dropped"] == 0
+
+
+AGENT_GRAPH = """\
+name: agentic-tiny
+cluster: {local: true, cpus: 2}
+model: {preset: tiny, warm_start: {steps: 0}}
+data: {task: calc, prompts_per_step: 4, samples_per_prompt: 2, prompt_len: 8,
+       response_len: {mean: 8, max: 14}, seed: 0}
+algorithm: {name: grpo}
+groups:
+  trainer: {share: 0.5, tasks: [train]}
+  rollout: {share: 0.5, tasks: [generate]}
+nodes:
+  generate: {kind: generate, oversample: 2.0, stale: drop,
+             env: {fn: guess_number, max_turns: 3, low: 1, high: 9}}
+  reward: {kind: reward}
+  train: {kind: train, lr: 1.0e-3}
+  param_update: {kind: param_update, src: train, dst: generate}
+schedule: {max_lag: 2, partial_rollout: true, steps: 2}
+"""
+
+
+@pytest.mark.runtime
+def test_rlgraph_run_multi_turn_on_ray_and_resume(cluster, tmp_path: Path) -> None:
+    # trajectories in a pool of Ray env actors, carried across steps by partial rollout;
+    # the env lane in trace.json; a resume replays the trajectories in flight and trains
+    # every prompt once
+    from rlgraph.cli.main import main
+    from rlgraph.runtime.metrics import read_rows
+
+    graph = tmp_path / "agentic.yaml"
+    graph.write_text(AGENT_GRAPH)
+    out = tmp_path / "run"
+    assert main(["run", str(graph), "--out", str(out), "--no-progress"]) == 0
+    cache = load_checkpoint(out).caches["generate"]
+    keys = [s["key"] for g in cache["groups"] for s in g["samples"]]
+    assert all(k.startswith("calc:train:") and "#" in k for k in keys)  # trajectories, keyed
+    assert main(["run", str(graph), "--resume", str(out), "--steps", "4",
+                 "--no-progress"]) == 0
+    rows = read_rows(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["lag/max"] <= 2 and r["samples"] == 8 for r in rows)
+    seen = set().union(*rows)
+    assert {"env/turns_mean", "env/seconds", "env/ended_done", "env/tool_calls"} <= seen
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("cat") == "env" for e in trace["traceEvents"])
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    uids = [u for row in ledger for u in row["prompt_uids"]]
+    assert len(uids) == 16 and len(set(uids)) == 16  # none lost, none trained twice

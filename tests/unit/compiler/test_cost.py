@@ -30,6 +30,9 @@ from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
 from rlgraph.pricing.constants import COST_SOURCES, COSTS, CostConstants, pass_efficiency
 from rlgraph.pricing.param_update import switch_cost
+from rlgraph.pricing.system import SYSTEMS
+
+VERL = {"system": "verl"}  # priced as verl's hybrid engine
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
@@ -199,7 +202,8 @@ def test_moe_counts_active_parameters_and_pays_the_expert_all_to_all() -> None:
 
 def test_moe_passes_run_below_the_dense_roofline_figure(monkeypatch: Any) -> None:
     verl = {**NODES, "generate": {"engine": "sglang"}}  # verl-priced: the roofline figure
-    moe, dense = spec_of(model={"preset": "red-moe-16b"}, nodes=verl), spec_of(nodes=verl)
+    moe = spec_of(model={"preset": "red-moe-16b"}, nodes=verl, pricing=VERL)
+    dense = spec_of(nodes=verl, pricing=VERL)
     h100 = GPU_PRESETS["H100"]
     figure = pass_efficiency(h100.bf16_flops, h100.hbm_bytes_per_s) * COSTS.moe_pass_factor
     priced = {name: costs_of(spec)["train"] for name, spec in (("moe", moe), ("dense", dense))}
@@ -258,24 +262,33 @@ def test_param_update_link_and_buckets() -> None:
     on_h800 = {"nodes": 1, "gpus_per_node": 8, "gpu": "H800"}
     h800 = spec_of(cluster=on_h800)
     verl = dict(NODES, generate={"engine": "sglang"})  # passes without rlgraph's all-reduce
-    assert seconds(spec_of(nodes=verl, cluster=on_h800), "train") == pytest.approx(
-        seconds(spec_of(nodes=verl), "train"))  # the same GH100 compute and HBM as H100
+    assert seconds(spec_of(nodes=verl, pricing=VERL, cluster=on_h800), "train") == pytest.approx(
+        seconds(spec_of(nodes=verl, pricing=VERL), "train"))  # the same GH100 compute, HBM
     cut = weights / GPU_PRESETS["H800"].nvlink_bytes_per_s - weights / h100.nvlink_bytes_per_s
     assert seconds(h800, "param_update") == pytest.approx(nvlink + cut)  # NVLink at 400 GB/s
-    b200 = spec_of(nodes=verl, cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "B200"})
-    assert seconds(b200, "train") < seconds(spec_of(nodes=verl), "train") / 2  # 2.3x the peak
+    b200 = spec_of(nodes=verl, pricing=VERL,
+                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "B200"})
+    dense = seconds(spec_of(nodes=verl, pricing=VERL), "train")
+    assert seconds(b200, "train") < dense / 2  # 2.3x the peak
 
 
 def test_colocating_train_with_generate_pays_the_switch() -> None:
     sglang = dict(NODES, generate={"engine": "sglang"})
     apart = spec_of(groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
-                            "rollout": {"share": 0.5, "tasks": ["generate"]}}, nodes=sglang)
+                            "rollout": {"share": 0.5, "tasks": ["generate"]}},
+                    nodes=sglang, pricing=VERL)
     hybrid = {"hybrid": {"share": 0.5, "tasks": ["generate", "logp", "train"]}}
-    together = spec_of(groups=hybrid, nodes=sglang)
+    together = spec_of(groups=hybrid, nodes=sglang, pricing=VERL)
     shape = shape_of(together)
     switch = switch_seconds(together, place(together), "hybrid", shape)
-    # verl's hybrid engine: offload + sleep/wake over PCIe, and the reshard at its measured rate
-    assert switch > 2 * shape.params / COSTS.reshard_bytes_per_s
+    # verl's hybrid engine: offload + sleep/wake over PCIe, and the refit at the stated path's
+    # measured rate (bucketed by default; per_tensor 10x slower)
+    verl = SYSTEMS["verl"]
+    assert switch > 2 * shape.params / verl.refit["bucketed"]
+    per_tensor = spec_of(groups=hybrid, nodes=sglang, pricing={**VERL, "refit": "per_tensor"})
+    slower = switch_seconds(per_tensor, place(per_tensor), "hybrid", shape) - switch
+    assert slower == pytest.approx(2 * shape.params * (1 / verl.refit["per_tensor"]
+                                                       - 1 / verl.refit["bucketed"]))
     generate = costs_of(together)["generate"]
     # apart, generate pays only the dual-buffer switch (the receive overlaps generation)
     gpu = GPU_PRESETS[apart.cluster.gpu]
@@ -284,10 +297,10 @@ def test_colocating_train_with_generate_pays_the_switch() -> None:
     assert dual == pytest.approx(4 * shape.params / gpu.hbm_bytes_per_s)  # bf16 read + write
     assert generate.seconds == pytest.approx(costs_of(apart)["generate"].seconds - dual + switch)
     assert "colocation switch" in generate.detail
-    # rlgraph's own runtime (engine native) decodes with the training weights: no switch
-    native = spec_of(groups=hybrid)
-    assert switch_seconds(native, place(native), "hybrid", shape) == 0.0
-    assert "switch" not in costs_of(native)["generate"].detail
+    # rlgraph's own runtime decodes with the training weights: no switch, whatever the engine
+    for native in (spec_of(groups=hybrid), spec_of(groups=hybrid, nodes=sglang)):
+        assert switch_seconds(native, place(native), "hybrid", shape) == 0.0
+        assert "switch" not in costs_of(native)["generate"].detail
     local = spec_of(groups={"hybrid": {"share": 1.0, "tasks": ["generate", "logp", "train"]}},
                     cluster={"local": True, "cpus": 2}, model={"preset": "tiny"})
     assert switch_seconds(local, place(local), "hybrid", shape_of(local)) == 0.0
@@ -297,7 +310,7 @@ def test_verl_baseline_computes_old_log_prob_and_names_what_it_prices() -> None:
     nodes = {"generate": {"engine": "sglang"}, "reward": {}, "train": {}, "param_update": {}}
     groups = {"trainer": {"share": 0.5, "tasks": ["train"]},
               "rollout": {"share": 0.5, "tasks": ["generate"]}}
-    spec = spec_of(groups=groups, nodes=nodes)
+    spec = spec_of(groups=groups, nodes=nodes, pricing=VERL)
     plan = compile_plan(spec)
     assert plan["pricing"]["runtime"] == "verl hybrid engine"
     base = sync_spec(spec)  # verl computes old_log_prob in its hybrid engine
@@ -425,9 +438,9 @@ def test_half_the_gpus_never_trains_more_than_twice_as_slow() -> None:
         data = {"prompts_per_step": 512, "samples_per_prompt": 16, "prompt_len": 256,
                 "response_len": {"mean": 700, "max": 28672, "sigma": sigma}}
         verl = {**NODES, "generate": {"engine": "sglang"}}  # packed, slowest rank priced
-        many = costs_of(spec_of(data=data, nodes=verl, cluster={
+        many = costs_of(spec_of(data=data, nodes=verl, pricing=VERL, cluster={
             "nodes": 4, "gpus_per_node": 8, "gpu": "H20"}))["train"].seconds
-        half = costs_of(spec_of(data=data, nodes=verl, cluster={
+        half = costs_of(spec_of(data=data, nodes=verl, pricing=VERL, cluster={
             "nodes": 2, "gpus_per_node": 8, "gpu": "H20"}))["train"].seconds
         assert many < half <= 2 * many + 1e-9
 
@@ -438,7 +451,8 @@ def test_verl_priced_fsdp_train_pays_the_activation_recompute() -> None:
     def train_over_logp(engine: str, backend: str = "torch") -> float:
         nodes = {**NODES, "generate": {"engine": engine}, "train": {"backend": backend},
                  "logp": {"backend": backend}}
-        costs = costs_of(spec_of(nodes=nodes))
+        system = {"system": "verl" if engine == "sglang" else "rlgraph"}
+        costs = costs_of(spec_of(nodes=nodes, pricing=system))
 
         def driver(node: str) -> float:  # verl's driver moving the batch: not FLOPs
             detail = costs[node].detail

@@ -17,6 +17,7 @@ from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.generate import decode_step_seconds, per_layer_floor
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
+VERL = {"system": "verl"}  # priced as verl's hybrid engine
 
 
 def context(spec: Any, gpus: int = 4) -> CostContext:
@@ -141,6 +142,7 @@ def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
     def logp(nodes: int, max_len: int, engine: str = "sglang") -> tuple[float, str]:
         spec = spec_of(cluster={"nodes": nodes, "gpus_per_node": 8, "gpu": "H20"},
                        nodes=dict(NODES, generate={"engine": engine}),
+                       pricing={"system": "verl" if engine == "sglang" else "rlgraph"},
                        data={"prompts_per_step": 32, "samples_per_prompt": 4,
                              "prompt_len": 256, "response_len": {"mean": 512, "max": max_len}})
         cost = costs_of(spec)["logp"]
@@ -164,7 +166,7 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
     from rlgraph.pricing.passes import data_parallel_imbalance
 
     spec = spec_of(cluster={"nodes": 4, "gpus_per_node": 8, "gpu": "H20"},
-                   nodes=dict(NODES, generate={"engine": "sglang"}),
+                   nodes=dict(NODES, generate={"engine": "sglang"}), pricing=VERL,
                    groups={"trainer": {"share": 0.5, "tasks": ["logp", "train"]},
                            "rollout": {"share": 0.5, "tasks": ["generate"]}},
                    data={"prompts_per_step": 512, "samples_per_prompt": 16, "prompt_len": 256,
@@ -217,7 +219,8 @@ def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backwa
     assert mask_traffic(ctx, model, 1e9, 6) == pytest.approx(3 * read)
     fixed = spec_of()
     assert mask_traffic(context(fixed), lengths.of(fixed.data.response_len), 1e9, 6) == 0
-    verl = spec_of(data=varied.data.model_dump(), nodes=dict(NODES, generate={"engine": "sglang"}))
+    verl = spec_of(data=varied.data.model_dump(), nodes=dict(NODES, generate={"engine": "sglang"}),
+                   pricing=VERL)
     assert mask_traffic(context(verl), model, 1e9, 6) == 0
     costs = costs_of(varied)
     assert "padding-mask bias" in costs["train"].detail and "fp32 logits" in costs["train"].detail

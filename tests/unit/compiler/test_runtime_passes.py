@@ -20,6 +20,8 @@ pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 GRAPHS = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu"
 COLOCATED = GRAPHS / "colocated-sync.yaml"  # qwen2.5-0.5b shape, 512 rows of 40 tokens
 
+VERL = {"system": "verl"}  # priced as verl's hybrid engine
+
 
 def node_seconds(overrides: list[str], graph: Path = COLOCATED) -> dict[str, float]:
     """Seconds of each node, the logp forward priced (max_lag 1: not provably redundant)."""
@@ -43,7 +45,7 @@ def test_the_priced_vocabulary_is_the_one_build_model_builds() -> None:
     assert shape_of(load_spec(COLOCATED)).vocab == CHAR_VOCAB_SIZE
     # a plan priced as verl (engine sglang) keeps the preset's: real verl runs use the
     # model's own tokenizer
-    verl = load_spec(COLOCATED, ["nodes.generate.engine=sglang"])
+    verl = load_spec(COLOCATED, ["nodes.generate.engine=sglang", "pricing.system=verl"])
     assert shape_of(verl).vocab == MODEL_PRESETS["qwen2.5-0.5b"]["vocab_size"]
 
 
@@ -84,7 +86,7 @@ def test_verl_priced_passes_keep_their_roofline_model() -> None:
     from rl_support import COST_NODES, cost_spec
 
     verl = {**COST_NODES, "generate": {"engine": "sglang"}}
-    before = spec_cost(cost_spec(nodes=verl))["logp"].detail
+    before = spec_cost(cost_spec(nodes=verl, pricing=VERL))["logp"].detail
     assert "activations" not in before and "host launches" not in before
     native = spec_cost(cost_spec())["logp"].detail
     assert "activations" in native and "host launches" in native
