@@ -347,8 +347,8 @@ def verl_scaling(published: Path, extra: list[str]) -> list[dict[str, Any]]:
     steps = [number(tok.rstrip("s")) for tok in verl.split()[1:len(sizes) + 1]]
     out = []
     for gpus, step in zip(sizes, steps):
-        plan = compile_plan(load_spec(ROOT / SCALING_GRAPH,
-                                      [f"cluster.nodes={gpus // 8}", *extra]))
+        plan = compile_plan(load_spec(ROOT / SCALING_GRAPH,  # verl's step: priced as verl
+                                      [*VERL_PER_TENSOR, f"cluster.nodes={gpus // 8}", *extra]))
         sync = plan["schedule"]["sync_period_s"]
         out.append({"gpus": gpus, "published_s": step, "predicted_s": round(sync, 1),
                     "ratio": round(sync / step, 3) if step else None})
