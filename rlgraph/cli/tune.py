@@ -71,9 +71,47 @@ def tuned_yaml(path: str | Path, overrides: Sequence[str], result: TuneResult) -
     header = (f"# tuned by `rlgraph tune {path}` (seed {result.seed}, {result.method}): "
               f"period {best.period_s:.4g} s/step ({yours}, colocated sync "
               f"{result.sync_period_s:.4g} s)\n")
-    body = yaml.safe_dump(tuned_graph_data(path, overrides, result), sort_keys=False,
-                          default_flow_style=None, width=100, allow_unicode=True)
+    data = tuned_graph_data(path, overrides, result)
+    anchor_paths(data, Path(path).parent)
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100,
+                          allow_unicode=True)
     return header + body
+
+
+def anchor_paths(data: dict[str, Any], graph_dir: Path) -> None:
+    """Make the graph's relative file references absolute, in place, so the tuned graph works
+    from any folder: data files, model.path, and `file.py:name` functions of nodes and their
+    environments. A path resolves as the runtime resolves it (the working directory, else the
+    graph's folder); one found in neither place is left as written."""
+
+    def anchored(name: Any) -> Any:
+        if not isinstance(name, str) or not name or Path(name).expanduser().is_absolute():
+            return name
+        for base in (Path.cwd(), graph_dir):
+            if (base / name).exists():
+                return str((base / name).resolve())
+        return name
+
+    def anchored_ref(ref: Any) -> Any:
+        if isinstance(ref, str) and ".py:" in ref:
+            file, _, attr = ref.rpartition(":")
+            return f"{anchored(file)}:{attr}"
+        return ref
+
+    section = data.get("data")
+    if isinstance(section, dict):
+        for key in ("train_files", "val_files"):
+            if isinstance(section.get(key), list):
+                section[key] = [anchored(f) for f in section[key]]
+    model = data.get("model")
+    if isinstance(model, dict) and "path" in model:
+        model["path"] = anchored(model["path"])
+    for node in (data.get("nodes") or {}).values():
+        if isinstance(node, dict):
+            if "fn" in node:
+                node["fn"] = anchored_ref(node["fn"])
+            if isinstance(node.get("env"), dict) and "fn" in node["env"]:
+                node["env"]["fn"] = anchored_ref(node["env"]["fn"])
 
 
 def _groups_text(plan: Plan) -> str:

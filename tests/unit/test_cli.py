@@ -371,3 +371,24 @@ def test_advice_names_idle_gpus_and_a_plan_slower_than_sync(
         slower = [m for m in plan["messages"] if "colocated sync would run" in m]
         assert bool(slower) == (plan["schedule"]["speedup_vs_sync"] < 0.99), plan["messages"]
         assert all("rlgraph tune" in m for m in slower)
+
+
+def test_tuned_graph_anchors_relative_files_to_the_graphs_folder(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    from rlgraph.cli.tune import anchor_paths
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "score.py").write_text("def f(*a): return 0.0\n")
+    monkeypatch.chdir(tmp_path.parent)  # the graph's folder is not the working directory
+    data = {"data": {"train_files": ["data/train.jsonl", "missing.jsonl"]},
+            "nodes": {"reward": {"kind": "reward", "fn": "score.py:f"},
+                      "gen": {"kind": "generate", "env": {"fn": "calculator"}},
+                      "other": {"kind": "reward", "fn": "rlgraph.rl.rewards:exact_match"}}}
+    anchor_paths(data, tmp_path)
+    assert data["data"]["train_files"] == [str(tmp_path / "data" / "train.jsonl"),
+                                           "missing.jsonl"]
+    assert data["nodes"]["reward"]["fn"] == f"{tmp_path / 'score.py'}:f"
+    assert data["nodes"]["gen"]["env"]["fn"] == "calculator"
+    assert data["nodes"]["other"]["fn"] == "rlgraph.rl.rewards:exact_match"

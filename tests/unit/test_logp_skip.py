@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TASKS = ["generate", "logp", "reward", "train"]
 
 
-def _spec(**train):
-    return make_spec(extra_nodes={"logp": {}}, train={"lr": 1e-2, **train}, max_lag=0)
+def _spec(max_lag: int = 0, **train):
+    return make_spec(extra_nodes={"logp": {}}, train={"lr": 1e-2, **train}, max_lag=max_lag)
 
 
 def _scored(ws: Workspace, step: int = 0) -> dict:
@@ -116,8 +116,8 @@ def test_old_logp_from_the_rollout_takes_the_behaviour_log_probs_without_a_forwa
     """train.old_logp: rollout (verl fully_async): an off-policy batch trains with the
     sampler's log-probs as the proximal ones, the same step as a logp node that gave them."""
     torch.manual_seed(0)
-    rollout, given_ = (Workspace(_spec(old_logp=o), TASKS, seed=0)
-                       for o in ("rollout", "proximal"))
+    rollout, given_ = (Workspace(_spec(max_lag=2, old_logp=o), TASKS, seed=0)
+                       for o in ("rollout", "proximal"))  # a bound that lets lag 2 train
     batch = _scored(rollout)
     valid = batch["response_mask"].bool()
     stale = {**batch, "step": 2, "token_version": torch.where(valid, 0, -1),  # other weights
@@ -127,6 +127,7 @@ def test_old_logp_from_the_rollout_takes_the_behaviour_log_probs_without_a_forwa
     ref = given_.worker("train").run(2, {"reward": {**stale,
                                                     "old_logp": stale["behavior_logp"]}})
     assert out["metrics"]["logp/from_rollout"] == 1.0 and out["metrics"]["lag/max"] == 2.0
+    assert out["metrics"]["lag/stale_tokens"] == 0.0
     assert ref["metrics"]["logp/from_rollout"] == 0.0
     for key in ("loss/policy", "actor/grad_norm", "actor/is_weight_mean"):
         assert abs(out["metrics"][key] - ref["metrics"][key]) < 1e-6, key
