@@ -337,17 +337,27 @@ def generate_round(cache: RolloutCache, step: int, model: torch.nn.Module, versi
     groups = cache.take()
     spans = [s.versions[-1] - s.versions[0] for g in groups for s in g.samples if s.versions]
     metrics = {
-        "rollout/dropped": float(dropped),
-        "rollout/restarted": float(restarted),
-        "rollout/carried": stats["carried"],
-        "rollout/version_span": float(max(spans, default=0)),
-        "rollout/decode_steps": stats["decode_steps"],
-        "rollout/switches": stats["switches"],
-        "rollout/cached": float(cache.samples()),
+        **cache_round_metrics(cache, stats, dropped, restarted, max(spans, default=0)),
         **{f"rollout/{k}": stats[k] for k in ("kept", "refilled", "reencoded_tokens")
            if k in stats},
-        # running totals: a metrics row that misses a round's figures still adds up
-        **{f"rollout/{k}_total": float(v) for k, v in cache.totals.items()},
         **{k: v for k, v in stats.items() if k.startswith("generate/")},
     }
     return groups, metrics
+
+
+def cache_round_metrics(cache: RolloutCache, stats: dict[str, Any], dropped: int, restarted: int,
+                  version_span: float) -> dict[str, float]:
+    """The `rollout/*` figures every partial-rollout round reports (single- and multi-turn):
+    what was dropped, restarted and carried, the version span, decode steps and switches,
+    the cache's size and its running totals (a metrics row that misses a round's figures
+    still adds up)."""
+    return {
+        "rollout/dropped": float(dropped),
+        "rollout/restarted": float(restarted),
+        "rollout/carried": stats["carried"],
+        "rollout/version_span": float(version_span),
+        "rollout/decode_steps": stats["decode_steps"],
+        "rollout/switches": stats["switches"],
+        "rollout/cached": float(cache.samples()),
+        **{f"rollout/{k}_total": float(v) for k, v in cache.totals.items()},
+    }

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlgraph.engines.partial_rollout import PromptGroup, RolloutCache
+from rlgraph.engines.partial_rollout import PromptGroup, RolloutCache, cache_round_metrics
 from rlgraph.envs.load import build_env, load_env_class, stop_strings
 from rlgraph.envs.pool import Call, EnvPool
 from rlgraph.envs.spec import EnvSpec
@@ -355,14 +355,7 @@ def agent_round(cache: AgentCache, agent: AgentRollout, step: int, model: torch.
     spans = [max(v for v in s.versions if v >= 0) - min(v for v in s.versions if v >= 0)
              for g in groups for s in g.samples if any(v >= 0 for v in s.versions)]
     metrics = {
-        "rollout/dropped": float(dropped),
-        "rollout/restarted": float(restarted),
-        "rollout/carried": stats["carried"],
-        "rollout/version_span": float(max(spans, default=0)),
-        "rollout/decode_steps": stats["decode_steps"],
-        "rollout/switches": stats["switches"],
-        "rollout/cached": float(cache.samples()),
-        **{f"rollout/{k}_total": float(v) for k, v in cache.totals.items()},
+        **cache_round_metrics(cache, stats, dropped, restarted, max(spans, default=0)),
         "env/wait_s": stats["wait_s"],
         "env/decode_waves": stats["waves"],
     }
