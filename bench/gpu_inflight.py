@@ -124,7 +124,7 @@ def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
     from rlgraph.engines.cpu_decode import token_logp
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.static_rollout import seed_device
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"

@@ -107,7 +107,7 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.varlen_attention import padded_len
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -205,7 +205,7 @@ def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> 
     from bench.gpu_bench import copy_bandwidth
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import StaticDecoder
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -311,7 +311,7 @@ def train_shapes_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
 
     from rlgraph.config.load import load_spec
     from rlgraph.engines.cpu_decode import token_logp
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"

@@ -11,8 +11,8 @@ from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_
 from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class GenerateSpec(NodeSpec):
