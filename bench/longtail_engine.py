@@ -45,10 +45,10 @@ def _mixes(rng, spec, rows: int, longest: int, cpu: bool) -> dict[str, list[tupl
     synchronous batch of forced lognormal lengths (clipped at `longest`); `partial`, a partial
     round: the same fresh rows but 1/16 of them replaced by carried rows resuming a prefix of
     1/4..3/4 of max_len with 1/16..1/4 of max_len still to generate (long next to short)."""
-    from rlgraph.presets.tasks import draw_length
+    from rlgraph.lengths import of
 
-    lengths_spec = spec.data.response_len.model_copy(update={"max": longest})
-    fresh = [draw_length(rng, lengths_spec, limit=10**9) for _ in range(rows)]
+    lengths = of(spec.data.response_len.model_copy(update={"max": longest}))
+    fresh = [lengths.draw(rng) for _ in range(rows)]
     top = 48 if cpu else spec.data.response_len.max
     carried = []
     for _ in range(rows // 16):

@@ -59,15 +59,13 @@ def forced_turn_length(seed: int, key: str, turn: int, response_len: Any, turns:
     from `response_len` divided by the mean turns (seeded by seed, key and turn), so every
     schedule decodes the same work for a trajectory."""
     import random
-    from types import SimpleNamespace
 
-    from rlgraph.presets.tasks import draw_length
+    from rlgraph.lengths import LengthModel
 
-    per_turn = SimpleNamespace(dist=response_len.dist, sigma=response_len.sigma,
-                               alpha=response_len.alpha,
-                               mean=max(1.0, response_len.mean / turns),
-                               max=max(1, int(response_len.max / turns)))
-    return draw_length(random.Random(f"{seed}:turn:{key}:{turn}"), per_turn, per_turn.max)
+    per_turn = LengthModel(mean=max(1.0, response_len.mean / turns),
+                           max=max(1, int(response_len.max / turns)), dist=response_len.dist,
+                           sigma=response_len.sigma, alpha=response_len.alpha)
+    return per_turn.draw(random.Random(f"{seed}:turn:{key}:{turn}"))
 
 
 def sample_dict(example: Any, index: int, key: str) -> dict[str, Any]:
