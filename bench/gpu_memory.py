@@ -66,7 +66,7 @@ def measured(spec: Any, device: str) -> dict[str, Any]:
     """One step of the group's tasks in the runtime's workspace on `device`, torch's peak
     allocated bytes after each (or where it ran out of memory)."""
     import torch
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     out: dict[str, Any] = {"peak_gb_by_task": {}}
     cuda = device != "cpu"
