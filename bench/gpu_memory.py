@@ -8,7 +8,7 @@ bench/graphs_gpu_scale/colocated-sync.yaml on one GPU, BENCHMARK MODE: forced le
 Variants differ in one key, train's `activation_checkpointing`, at a `micro_tokens` large
 enough that the pass without it does not fit. For each variant: the compiler's verdict
 (`rlgraph.compiler.memory.group_memory`: resident state, each task's transient, need, usable
-capacity), then the same workspace the runtime's actor builds (`rlgraph.worker.Workspace`) on
+capacity), then the same workspace the runtime's actor builds (`rlgraph.process.workspace.Workspace`) on
 the GPU runs one step (generate, reward, logp, train) with torch's peak allocated memory read
 after each task. A variant the compiler refuses is run too: it should end in torch's out of
 memory, which is what the refusal saved the user from. Writes OUT/gpu-memory.json.
