@@ -8,10 +8,11 @@ bench/graphs_gpu_scale/colocated-sync.yaml on one GPU, BENCHMARK MODE: forced le
 Variants differ in one key, train's `activation_checkpointing`, at a `micro_tokens` large
 enough that the pass without it does not fit. For each variant: the compiler's verdict
 (`rlgraph.compiler.memory.group_memory`: resident state, each task's transient, need, usable
-capacity), then the same workspace the runtime's actor builds (`rlgraph.process.workspace.Workspace`) on
-the GPU runs one step (generate, reward, logp, train) with torch's peak allocated memory read
-after each task. A variant the compiler refuses is run too: it should end in torch's out of
-memory, which is what the refusal saved the user from. Writes OUT/gpu-memory.json.
+capacity), then the same workspace the runtime's actor builds
+(`rlgraph.process.workspace.Workspace`) on the GPU runs one step (generate, reward, logp,
+train) with torch's peak allocated memory read after each task. A variant the compiler
+refuses is run too: it should end in torch's out of memory, which is what the refusal saved
+the user from. Writes OUT/gpu-memory.json.
 `--cpu` rehearses the script with the tiny model (no peaks; the verdicts only).
 """
 
@@ -66,6 +67,7 @@ def measured(spec: Any, device: str) -> dict[str, Any]:
     """One step of the group's tasks in the runtime's workspace on `device`, torch's peak
     allocated bytes after each (or where it ran out of memory)."""
     import torch
+
     from rlgraph.process.workspace import Workspace
 
     out: dict[str, Any] = {"peak_gb_by_task": {}}

@@ -104,6 +104,7 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.bench_mode import EngineKnobs
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.varlen_attention import padded_len
@@ -138,8 +139,9 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     for mix, kind in (("sync", "sdpa"), ("sync", "varlen"), ("partial", "sdpa"),
                       ("partial", "varlen")):
         dec = StaticDecoder(model, max_batch=rows, max_len=max_len, timing=not cpu,
-                            attn_block=128, compact=True, trace=True,
-                            sync_every=spec.nodes["generate"].sync_every, attention_kind=kind)
+                            attn_block=128, compact=True,
+                            sync_every=spec.nodes["generate"].sync_every,
+                            bench=EngineKnobs(attention_kind=kind, trace=True))
         t = time.perf_counter()
         graphs = dec.warmup(use_top_p=False)
         capture_s = time.perf_counter() - t
@@ -203,6 +205,7 @@ def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> 
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.bench_mode import EngineKnobs
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import StaticDecoder
     from rlgraph.process.workspace import Workspace
@@ -227,8 +230,8 @@ def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> 
     for kind, comp in variants:
         began = time.perf_counter()
         dec = StaticDecoder(model, max_batch=max(widths), max_len=max_len, timing=True,
-                            attn_block=128, attention_kind=kind, min_width=min(widths),
-                            compile=comp)
+                            attn_block=128, compile=comp,
+                            bench=EngineKnobs(attention_kind=kind, min_width=min(widths)))
         if compiled:
             tokens[comp] = _greedy_tokens(dec, cfg.vocab_size)
             out[f"greedy_s_compiled_{comp}"] = round(time.perf_counter() - began, 1)

@@ -1,14 +1,11 @@
-"""The built-in prompt tasks graph.yaml names in `data.task`, and the response length that
-generate's benchmark mode (`forced_lengths`) imposes; both draw from `rlgraph.lengths`.
-Pure Python, seeded."""
+"""The built-in prompt tasks graph.yaml names in `data.task`. Pure Python, seeded."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
 
-from rlgraph.lengths import LengthModel, of
+from rlgraph.lengths import LengthModel
 
 # Each task draws (prompt, answer) from a seeded RNG. Short, exact answers: a model of about
 # a million parameters learns them in seconds of CPU time. A task also receives the graph's
@@ -71,14 +68,6 @@ def longtail_answer(n: int) -> str:
     """The n-character countdown that answers target length n."""
     return "".join(DECADES[r // 10 - 1] if r % 10 == 0 else str(r % 10)
                    for r in range(n, 0, -1))
-
-
-def forced_length(seed: int, position: int, sample: int, response_len: Any) -> int:
-    """The response length that generate's benchmark mode (`forced_lengths`) imposes on sample
-    `sample` of the prompt at data position `position`: drawn from `response_len` (the
-    spec's `data.response_len`), seeded by (seed, position, sample), so every schedule decodes
-    the same work for a prompt."""
-    return of(response_len).draw(random.Random(f"{seed}:forced:{position}:{sample}"))
 
 
 def _longtail(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
