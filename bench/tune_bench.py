@@ -32,8 +32,10 @@ from common import machine  # noqa: E402
 
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.config.schema import Spec  # noqa: E402
-from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune  # noqa: E402
-from rlgraph.tune.space import Evaluator, SearchSpace  # noqa: E402
+from rlgraph.tune.evaluate import Evaluator  # noqa: E402
+from rlgraph.tune.ranking import Leaderboard  # noqa: E402
+from rlgraph.tune.search import _plan_of, _Search, tune  # noqa: E402
+from rlgraph.tune.space import SearchSpace  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "tune.json"
 TARGET_64_S = 10.0

@@ -13,9 +13,9 @@ sequences start, stop and restart independently:
   CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
   replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
   runs through torch.compile first).
-- **attention** (`attention_kind`): "varlen" (`varlen_attention.py`; the default on CUDA
-  without compile): each row reads the K/V blocks up to its own position, long rows split
-  over the GPU (flex attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to
+- **attention** (`EngineKnobs.attention_kind`): "varlen" (`varlen_attention.py`; the default
+  on CUDA without compile): each row reads the K/V blocks up to its own position, long rows
+  split over the GPU (flex attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to
   a bucketed attention length (the longest live sequence rounded up) for every row;
   grouped-head one-token queries.
 - **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
@@ -25,15 +25,18 @@ sequences start, stop and restart independently:
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call;
   `peek()` reads the running sequences without stopping them, `cancel(ids)` drops some
   (in-flight weight updates keep rows in their slots across calls: `inflight.py`).
-- **fast path on a GPU**: `compile=True, fuse=True` (compiled step, fused projections,
-  `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an H200, 4.7x / 4.0x
-  the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
+- **fast path on a GPU**: `compile=True` and `EngineKnobs.fuse` (compiled step, fused
+  projections, `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an
+  H200, 4.7x / 4.0x the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
 
 `rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
 transformers' own `generate`. Supported: decoder-only models whose attention goes through
 transformers' AttentionInterface with full (not sliding-window) attention (Llama, Qwen2/3,
 Mistral-style); models that post-process logits (soft-capping) are not.
+
+Settings only benchmarks choose (attention kernel, fused projections, CUDA graphs, the
+narrowest width, a per-call trace) come in one `rlgraph.bench_mode.EngineKnobs` (`bench`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 
 import torch
 
+from rlgraph.bench_mode import EngineKnobs
 from rlgraph.engines import varlen_attention
 from rlgraph.engines.compaction import SlotWidths
 from rlgraph.engines.slot_cache import SlotKVCache
@@ -99,10 +103,12 @@ class StaticDecoder:
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, *,
                  eos_token_id: int | Iterable[int] | None = None, sync_every: int = 8,
-                 attn_block: int | None = 128, cuda_graphs: bool | None = None,
-                 compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
-                 timing: bool = False, compact: bool = True, min_width: int = 16,
-                 trace: bool = False, attention_kind: str = "auto"):
+                 attn_block: int | None = 128, compile: bool | str = False,
+                 policy_version: int = 0, timing: bool = False, compact: bool = True,
+                 bench: EngineKnobs | None = None):
+        knobs = bench or EngineKnobs()  # benchmark-only settings (rlgraph.bench_mode)
+        attention_kind, fuse, min_width = knobs.attention_kind, knobs.fuse, knobs.min_width
+        cuda_graphs, trace = knobs.cuda_graphs, knobs.trace
         from transformers import AttentionInterface
 
         AttentionInterface.register(ATTN_NAMES["sdpa"], attention)

@@ -231,8 +231,8 @@ def test_dynamic_sampling_and_critic_are_priced() -> None:
 def test_the_critic_is_checkpointed_with_its_workspace(tmp_path: object) -> None:
     from rl_support import MICRO
 
+    from rlgraph.process.workspace import Workspace
     from rlgraph.runtime.checkpoint import checkpoint_files
-    from rlgraph.worker.workspace import Workspace
 
     spec = make_spec(model={"hf_config": dict(MICRO)}, algorithm={"name": "ppo"},
                      extra_nodes={"critic": {}})

@@ -223,8 +223,8 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path, spec, policy, monkeyp
 def test_corrupted_sync_is_caught_by_the_digest():
     from rl_support import make_spec
 
+    from rlgraph.process.workspace import Workspace
     from rlgraph.weights.buckets import WeightSyncError, digest
-    from rlgraph.worker.workspace import Workspace
 
     spec = make_spec()
     sender, receiver = Workspace(spec, ["train"]), Workspace(spec, ["generate"])

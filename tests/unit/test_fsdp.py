@@ -30,7 +30,7 @@ def _spec(sharding: str) -> Any:
 def _batches() -> tuple[list[dict], list[dict], dict[str, torch.Tensor], list[torch.Tensor]]:
     """Two steps of one replicated process: the scored batches, train's figures, the final
     weights and the log-probs of the first batch."""
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the reference beside the ranks: no oversubscribed cores
@@ -54,8 +54,8 @@ def _replicated(ws: Any) -> tuple[list[dict], list[dict], dict[str, torch.Tensor
 
 
 def _rank(rank: int, port: int, batches: list[dict], out: Any) -> None:
-    from rlgraph.worker.replicas import Replicas
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.replicas import Replicas
+    from rlgraph.process.workspace import Workspace
 
     torch.set_num_threads(1)
     replicas = Replicas(rank, 2)
@@ -131,7 +131,7 @@ def test_two_fsdp_ranks_train_as_one_process() -> None:
 def test_sharding_needs_the_torch_backend_and_agreement() -> None:
     with pytest.raises(SpecError, match="sharding: fsdp runs on backend: torch"):
         make_spec(train={"sharding": "fsdp", "backend": "megatron"})
-    from rlgraph.worker.sharding import sharded_models
+    from rlgraph.process.sharding import sharded_models
 
     spec = make_spec(train={"sharding": "fsdp"}, extra_nodes={"logp": {}})
     with pytest.raises(SpecError, match="shares the policy"):
@@ -143,7 +143,7 @@ def test_sharded_policy_refuses_to_share_a_group_with_generate() -> None:
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import validate_spec
     from rlgraph.errors import SourceMap
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = make_spec(train={"sharding": "fsdp"})
     with pytest.raises(SpecError, match="cannot share a group with 'generate'"):
@@ -177,7 +177,7 @@ def test_checkpointed_layers_recompute_with_the_forwards_attention_kernel() -> N
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlgraph.worker.sharding import checkpoint_layers
+    from rlgraph.process.sharding import checkpoint_layers
 
     config = AutoConfig.for_model(**MICRO)
     config._attn_implementation = "sdpa"

@@ -26,8 +26,8 @@ from rlgraph.engines.static_rollout import StaticRollout
 from rlgraph.errors import SpecError
 from rlgraph.model.build import build_model, with_cache
 from rlgraph.model.tokenizer import CharTokenizer
+from rlgraph.process.workspace import Workspace
 from rlgraph.runtime.checkpoint import load_checkpoint, save_checkpoint
-from rlgraph.worker.workspace import Workspace
 
 TOK = CharTokenizer()
 

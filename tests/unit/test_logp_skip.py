@@ -11,7 +11,7 @@ from rl_support import make_spec
 
 from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
-from rlgraph.worker.workspace import Workspace
+from rlgraph.process.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -277,7 +277,7 @@ def test_torch_groups_keep_their_model_and_mixed_groups_are_refused(tiny) -> Non
 @needs_megatron
 def test_logp_and_train_workers_run_unchanged_on_a_megatron_policy(world) -> None:
     from rlgraph.backends.megatron import MegatronPolicy
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     torch_spec = _spec({}, {})
     mg_spec = _spec({"backend": "megatron"}, {"backend": "megatron"})

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from rl_support import make_spec
 
+from rlgraph.bench_mode import forced_length
 from rlgraph.errors import SpecError
 from rlgraph.model.tokenizer import CharTokenizer
-from rlgraph.presets.tasks import forced_length
 from rlgraph.rl.data import DataError, DataSource, task_example, write_task_file
 from rlgraph.rl.rewards import (
     RewardFnError,

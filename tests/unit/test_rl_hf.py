@@ -9,8 +9,8 @@ import torch
 from rl_support import make_spec
 
 from rlgraph.errors import SpecError
+from rlgraph.process.workspace import Workspace
 from rlgraph.rl.data import write_task_file
-from rlgraph.worker.workspace import Workspace
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from rl_support import make_spec
 
+from rlgraph.process.workspace import Workspace
 from rlgraph.weights.buckets import WeightSyncError, digest, export_buckets
-from rlgraph.worker.workspace import Workspace
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from rl_support import make_spec
 
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
+from rlgraph.process.workspace import Workspace
 from rlgraph.rl.rewards import RewardFnError
-from rlgraph.worker.workspace import Workspace
 
 EXTRA = {"logp": {}, "ref_logp": {}}
 

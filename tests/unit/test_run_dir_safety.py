@@ -318,7 +318,7 @@ def test_a_fifo_in_a_checkpoint_never_blocks(tmp_path, spec, policy):
 
 
 def test_warm_start_cache_is_data_keyed_by_contents(tmp_path, monkeypatch):
-    from rlgraph.worker import warm_start as ws
+    from rlgraph.process import warm_start as ws
 
     monkeypatch.setenv("RLGRAPH_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "train.jsonl"

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlgraph.bench_mode import EngineKnobs
 from rlgraph.engines.static_decode import Request, StaticDecoder
 from rlgraph.presets.models import MODEL_PRESETS
 
@@ -151,7 +152,8 @@ def test_fused_projections_keep_parameters_and_tokens(model, references) -> None
     import copy
 
     fused = copy.deepcopy(model)
-    dec = StaticDecoder(fused, max_batch=3, max_len=32, sync_every=4, attn_block=8, fuse=True)
+    dec = StaticDecoder(fused, max_batch=3, max_len=32, sync_every=4, attn_block=8,
+                        bench=EngineKnobs(fuse=True))
     shapes = {n: p.shape for n, p in model.named_parameters()}
     assert {n: p.shape for n, p in fused.named_parameters()} == shapes
     reqs = [Request(p, MAX_NEW, temperature=0.0, request_id=i) for i, p in enumerate(_prompts())]
@@ -204,7 +206,7 @@ def test_compaction_moves_live_rows_down_and_keeps_the_tokens(model, references,
     # six rows finishing at different steps: the step narrows to 4, 2, 1 slots, the live rows
     # move down with their K/V, and greedy tokens still match transformers' generate
     dec = StaticDecoder(model, max_batch=6, max_len=32, sync_every=2, attn_block=8,
-                        min_width=1, trace=True, attention_kind=attention)
+                        bench=EngineKnobs(attention_kind=attention, min_width=1, trace=True))
     lengths = [2, 3, 4, 6, 9, MAX_NEW]
     reqs = [Request(p, n, temperature=0.0, request_id=i)
             for i, (p, n) in enumerate(zip(_prompts(), lengths))]

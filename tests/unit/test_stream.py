@@ -350,7 +350,7 @@ def test_later_mini_batches_anchor_the_clip_to_the_versions_policy() -> None:
     from rl_support import make_spec
 
     from rlgraph.config.schema import StreamSpec
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = make_spec(data={"prompts_per_step": 2, "samples_per_prompt": 2},
                      algorithm={"kl_coef": 0.0}, train={"lr": 1e-2}, max_lag=0)

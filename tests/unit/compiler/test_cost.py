@@ -412,7 +412,7 @@ def test_length_statistics_respect_the_clip(mean: float, spread: float, sigma: f
                                             dist: str, n: int) -> None:
     model = LengthModel(mean, mean * spread, dist, sigma, 1.5)
     clipped_mean, second = moments(model)
-    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.rl.data.draw_length)
+    # clipping at max lowers the mean; lengths below 1 count as 1 (rlgraph.lengths.LengthModel.draw)
     assert clipped_mean <= mean + 1 and second >= clipped_mean ** 2 * (1 - 1e-6)
     longest = expected_max(model, n)
     assert longest <= model.max * (1 + 1e-9)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rlgraph.engines.partial_rollout import RolloutCache
 from rlgraph.lengths import LengthModel, expected_max, moments
-from rlgraph.pricing.rollout_rounds import ROUNDS, WARMUP, draw, simulate
+from rlgraph.pricing.rollout_rounds import ROUNDS, WARMUP, simulate
 
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
@@ -29,7 +29,7 @@ def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_la
                          oversample=oversample * stride, stride=stride,
                          max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
                          prompt_of=lambda position: [1] * prompt_len,
-                         length_of=lambda position, sample: draw(m, rng.random()))
+                         length_of=lambda position, sample: m.length_at(rng.random()))
     steps_total = reencoded_total = 0.0
     for t in range(ROUNDS * stride):
         version = t // stride
@@ -127,7 +127,7 @@ def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max
                          oversample=oversample * stride, stride=stride,
                          max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
                          prompt_of=lambda position: [1] * prompt_len,
-                         length_of=lambda position, sample: draw(m, rng.random()))
+                         length_of=lambda position, sample: m.length_at(rng.random()))
     total = 0.0
     for t in range(ROUNDS * stride):
         version = t // stride

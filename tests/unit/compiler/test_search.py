@@ -21,8 +21,10 @@ from rlgraph.compiler.placement import place
 from rlgraph.config.load import load_spec, validate_spec
 from rlgraph.config.safe_yaml import parse_yaml
 from rlgraph.errors import SourceMap
-from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune
-from rlgraph.tune.space import Evaluator, SearchSpace, bell, set_partitions
+from rlgraph.tune.evaluate import Evaluator
+from rlgraph.tune.ranking import Leaderboard
+from rlgraph.tune.search import _plan_of, _Search, tune
+from rlgraph.tune.space import SearchSpace, bell, set_partitions
 
 ROOT = Path(__file__).resolve().parents[3]
 TUNE = Path(__file__).parent / "graphs_tune"

@@ -36,12 +36,12 @@ import torch
 
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import build_tokenizer
+from rlgraph.process import sharding
+from rlgraph.process.replicas import Replicas
+from rlgraph.process.warm_start import warm_start
 from rlgraph.weights import BucketMiB
 from rlgraph.weights.buckets import WeightSyncError, bucket_names, digest, export_buckets
 from rlgraph.weights.dual_buffer import DualBuffer
-from rlgraph.worker import sharding
-from rlgraph.worker.replicas import Replicas
-from rlgraph.worker.warm_start import warm_start
 
 if TYPE_CHECKING:
     from rlgraph.config.schema import Spec
@@ -53,7 +53,7 @@ class Workspace:
     def __init__(self, spec: Spec, tasks: list[str], seed: int = 0, device: str = "cpu",
                  replicas: Replicas | None = None):
         self.spec, self.tasks, self.seed, self.device = spec, list(tasks), seed, device
-        self.replicas = replicas or Replicas()  # joined already (rlgraph.worker.replicas)
+        self.replicas = replicas or Replicas()  # joined already (rlgraph.process.replicas)
         kinds = [spec.kind_of(t) for t in tasks]
         models = frozenset().union(*(kind.models for kind in kinds))
         source = Path(spec.source.path)
@@ -104,7 +104,7 @@ class Workspace:
         self._workers: dict[str, Any] = {}
 
     def _placed(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
-        """`model` as this workspace runs it: sharded (rlgraph.worker.sharding) where its
+        """`model` as this workspace runs it: sharded (rlgraph.process.sharding) where its
         tasks say `sharding: fsdp`, else as built; the policy's decoder layers recompute
         their activations in the backward where a task asks for activation checkpointing."""
         checkpointing = sharding.checkpointing_of(self.spec, self.tasks) and role == "policy"

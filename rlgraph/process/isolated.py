@@ -15,7 +15,7 @@ process of its own and calls it there:
   rest counted and dropped) and empties, so the caller can store it where the user looks
   and the disk holds at most one batch's output.
 
-The child is started with `python -m rlgraph.worker.isolated` (never fork: the parent is a
+The child is started with `python -m rlgraph.process.isolated` (never fork: the parent is a
 threaded Ray worker), speaking pickle over a socket pair, and exits when the parent closes
 it or dies (on Linux it is killed with its parent, even mid-call). Results must pickle; one
 that does not is `CallFailed`.
@@ -83,7 +83,7 @@ class Isolated:
         path = os.pathsep.join(p for p in sys.path if p)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlgraph.worker.isolated", str(child.fileno()), self.ref,
+            [sys.executable, "-m", "rlgraph.process.isolated", str(child.fileno()), self.ref,
              str(self.base_dir or "")],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=self._output,
             stderr=subprocess.STDOUT, env=env, start_new_session=True)

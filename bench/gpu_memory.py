@@ -1,0 +1,152 @@
+"""Does the compile-time memory check hold on the GPU? A plan it refuses runs out of memory,
+a plan it accepts fits, and its per-task bytes against torch's measured peaks.
+
+  PYTHONUNBUFFERED=1 python bench/gpu_memory.py [--shape 1.5b] [--out DIR] [--cpu]
+
+One GPU, one group holding generate, logp and train (the colocated plan of
+bench/graphs_gpu_scale/colocated-sync.yaml on one GPU, BENCHMARK MODE: forced lengths).
+Variants differ in one key, train's `activation_checkpointing`, at a `micro_tokens` large
+enough that the pass without it does not fit. For each variant: the compiler's verdict
+(`rlgraph.compiler.memory.group_memory`: resident state, each task's transient, need, usable
+capacity), then the same workspace the runtime's actor builds
+(`rlgraph.process.workspace.Workspace`) on the GPU runs one step (generate, reward, logp,
+train) with torch's peak allocated memory read after each task. A variant the compiler
+refuses is run too: it should end in torch's out of memory, which is what the refusal saved
+the user from. Writes OUT/gpu-memory.json.
+`--cpu` rehearses the script with the tiny model (no peaks; the verdicts only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import device_info, machine  # noqa: E402
+
+GRAPH = ROOT / "bench" / "graphs_gpu_scale" / "colocated-sync.yaml"
+GB = 1e9
+TASKS = ["generate", "reward", "logp", "train"]
+SHAPES = {  # a train pass of micro_tokens without activation checkpointing fits neither
+    # an H100 nor an H200; with it, both
+    "1.5b": ["model={preset: qwen2.5-1.5b}", "data.prompts_per_step=32",
+             "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
+             "nodes.train.micro_tokens=65536", "nodes.logp.micro_tokens=32768"],
+    "3b": ["model={preset: qwen2.5-3b}", "data.prompts_per_step=32",
+           "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
+           "nodes.train.micro_tokens=32768", "nodes.logp.micro_tokens=16384"],
+}
+CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prompt=2",
+       "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.5}",
+       "nodes.train.micro_tokens=256", "nodes.logp.micro_tokens=256",
+       "cluster={local: true, cpus: 2}"]
+VARIANTS = {"without-activation-checkpointing": ["nodes.train.activation_checkpointing=false"],
+            "with-activation-checkpointing": ["nodes.train.activation_checkpointing=true"]}
+
+
+def verdict(spec: Any, gpu: str) -> dict[str, Any]:
+    """The compiler's memory verdict for the one group on one GPU of kind `gpu`."""
+    from rlgraph.compiler.memory import group_memory
+    from rlgraph.presets.gpus import GPU_PRESETS
+
+    mem = group_memory(spec, "all", ["generate", "logp", "train"], 1, GPU_PRESETS[gpu])
+    out = mem.to_dict()
+    out["peak_gb_by_task"] = {t: round(mem.peak_of(t) / GB, 3) for t in mem.tasks}
+    out["breakdown"] = mem.breakdown()
+    return out
+
+
+def measured(spec: Any, device: str) -> dict[str, Any]:
+    """One step of the group's tasks in the runtime's workspace on `device`, torch's peak
+    allocated bytes after each (or where it ran out of memory)."""
+    import torch
+
+    from rlgraph.process.workspace import Workspace
+
+    out: dict[str, Any] = {"peak_gb_by_task": {}}
+    cuda = device != "cpu"
+    ws = None
+    try:
+        t0 = time.time()
+        ws = Workspace(spec, TASKS, seed=0, device=device)
+        out["build_s"] = round(time.time() - t0, 1)
+        if cuda:
+            out["resident_gb_after_build"] = round(torch.cuda.memory_allocated() / GB, 3)
+        done: dict[str, Any] = {}
+        for task, inputs in [("generate", lambda: {}),
+                             ("reward", lambda: {"generate": done["generate"]}),
+                             ("logp", lambda: {"generate": done["generate"]}),
+                             ("train", lambda: {"reward": done["reward"], "logp": done["logp"]})]:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.time()
+            done[task] = ws.worker(task).run(0, inputs())
+            if cuda:
+                torch.cuda.synchronize()
+                out["peak_gb_by_task"][task] = round(torch.cuda.max_memory_allocated() / GB, 3)
+            out[f"{task}_s"] = round(time.time() - t0, 2)
+        out["outcome"] = "ran"
+    except torch.OutOfMemoryError as exc:
+        out["outcome"] = "out of memory"
+        out["error"] = str(exc).strip().splitlines()[0][:300]
+        if cuda:
+            out["peak_gb_before_failure"] = round(torch.cuda.max_memory_allocated() / GB, 3)
+    finally:
+        del ws
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    """Each variant: the verdict, then the run; print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--cpu", action="store_true", help="rehearse with the tiny model")
+    args = parser.parse_args()
+    import torch
+
+    from rlgraph.config.load import load_spec
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_memory: no CUDA device here; rehearse with --cpu")
+        return 0
+    gpu = "H100" if args.cpu or "H200" not in torch.cuda.get_device_name(0) else "H200"
+    base = [*(CPU if args.cpu else SHAPES[args.shape]), "schedule.max_lag=0",
+            "groups={all: {share: 1.0, tasks: [generate, logp, train]}}",
+            *([] if args.cpu else ["cluster.gpus_per_node=1", f"cluster.gpu={gpu}"])]
+    res: dict[str, Any] = {
+        "benchmark": "compile-time memory check against torch's measured peaks, one GPU",
+        "machine": machine(), "device": device_info(dry=args.cpu),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv), "graph": str(GRAPH.relative_to(ROOT)),
+        "overrides": base, "gpu_preset": gpu, "variants": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, extra in VARIANTS.items():
+        spec = load_spec(GRAPH, [*base, *extra])
+        row = {"overrides": extra, "compiler": verdict(spec, gpu)}
+        row["compiler_says"] = "accepted" if row["compiler"]["fits"] else "refused"
+        row["run"] = measured(spec, "cpu" if args.cpu else "cuda")
+        res["variants"][name] = row
+        print(name, json.dumps(row), flush=True)
+        (args.out / "gpu-memory.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(f"\n{'variant':<36}{'compiler':>10}{'need GB':>9}{'outcome':>15}{'peak GB':>9}")
+    for name, row in res["variants"].items():
+        peaks = row["run"]["peak_gb_by_task"].values()
+        peak = max(peaks, default=row["run"].get("peak_gb_before_failure", 0.0))
+        print(f"{name:<36}{row['compiler_says']:>10}{row['compiler']['need_gb']:>9.1f}"
+              f"{row['run']['outcome']:>15}{peak:>9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
