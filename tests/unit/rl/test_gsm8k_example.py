@@ -16,7 +16,7 @@ from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.rl.data import DataSource
 from rlgraph.rl.rewards import gsm8k_score
 
-ROOT = Path(__file__).parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 GRAPH = ROOT / "graphs" / "gsm8k-style.yaml"
 DATA = ROOT / "graphs" / "data" / "gsm8k-style"
 

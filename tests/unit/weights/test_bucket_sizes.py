@@ -14,7 +14,7 @@ from rlgraph.errors import SpecError
 from rlgraph.runtime.weight_sync import Route
 from rlgraph.weights import BucketMiB
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "graphs" / "quickstart.yaml"
 GPU_GRAPH = ROOT / "bench" / "graphs_gpu" / "split-one-step-off.yaml"
 UNEVEN = "nodes.param_update.bucket_mb={produce: 100, consume: 64}"

@@ -30,7 +30,7 @@ from rlgraph.model.tokenizer import CharTokenizer
 from rlgraph.runtime.pipeline import Pipeline
 from rlgraph.runtime.serial import run_serial
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "graphs" / "quickstart.yaml"
 LONGTAIL = ROOT / "graphs" / "longtail.yaml"
 STEPS = 6

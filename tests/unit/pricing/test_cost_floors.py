@@ -1,5 +1,5 @@
 """Cost model terms measured on our own runs: decode floors and sampling, generate's host
-time in rlgraph's runtime, a local process's threads (issue 14, round 3)."""
+time in rlgraph's runtime, a local process's threads."""
 
 from __future__ import annotations
 

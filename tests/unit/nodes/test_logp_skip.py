@@ -13,7 +13,7 @@ from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
 from rlgraph.process.workspace import Workspace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 TASKS = ["generate", "logp", "reward", "train"]
 

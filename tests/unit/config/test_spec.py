@@ -15,7 +15,7 @@ from rlgraph.config.schema import json_schema
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.graph import build_graph
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 
 MINIMAL = """\

@@ -30,7 +30,7 @@ from rlgraph.runtime import run_dir
 from rlgraph.runtime.cluster import existing_cluster_note, join_failure
 from rlgraph.runtime.hf_folder import policy_files
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 QUICKSTART, LONGTAIL = GRAPHS / "quickstart.yaml", GRAPHS / "longtail.yaml"
 MARKER_NAME = "pwned"
 

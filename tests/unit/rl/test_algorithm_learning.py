@@ -4,7 +4,7 @@ per family (one-step-off schedule, the tiny preset warm-started once for all of 
 GRPO is the quickstart's own check (test_rl_learning.py). Here: PPO with its critic node and
 GAE, RLOO, REINFORCE++, DAPO (clip-higher and dynamic sampling) and GSPO (sequence ratios).
 Dr. GRPO differs from GRPO only in the loss aggregation and the std, and ReMax only in the
-baseline: both are pinned by hand-computed figures (test_algorithms.py). Seeded, so each
+baseline: both are pinned by hand-computed figures (nodes/test_algorithms.py). Seeded, so each
 run is deterministic; the gain asked for (+0.05 mean reward, last quarter over the first)
 is about half of what each family measured over its 30 steps (0.09 to 0.22), and a loss
 with the wrong sign or no gradient loses reward or stays within noise of where it began.

@@ -15,7 +15,7 @@ from rlgraph.config.load import load_spec
 from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.tasks import InlineExecutor
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 def quickstart(*overrides: str) -> Plan:

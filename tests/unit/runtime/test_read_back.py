@@ -35,7 +35,7 @@ from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime.metrics import read_rows, replace_text
 from rlgraph.runtime.tracing import load_events
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 QUICKSTART = GRAPHS / "quickstart.yaml"
 
 

@@ -15,7 +15,7 @@ from rlgraph.config.load import load_spec
 from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.errors import SpecError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPU_GRAPH = ROOT / "bench" / "graphs_gpu" / "split-one-step-off.yaml"
 HAS_SGLANG = importlib.util.find_spec("sglang") is not None
 

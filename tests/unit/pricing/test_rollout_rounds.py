@@ -1,6 +1,6 @@
 """The cost model's simulated partial-rollout rounds (`rlgraph.pricing.rollout_rounds`) against
 the runtime's own rollout cache (`engines.partial_rollout.RolloutCache`) driven by a counting
-decoder over the same seeded lengths, and the invariants of a round (issue 15, item 5)."""
+decoder over the same seeded lengths, and the invariants of a round."""
 
 from __future__ import annotations
 

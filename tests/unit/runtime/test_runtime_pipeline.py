@@ -31,7 +31,7 @@ from rlgraph.runtime.state_machine import (
     NodeState,
 )
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 LAYOUTS = {
     "split": [],
     "hybrid": ["groups={all: {share: 1, tasks: [generate, logp, ref_logp, train]}}"],

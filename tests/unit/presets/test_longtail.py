@@ -20,7 +20,7 @@ from rlgraph.presets.tasks import (
 from rlgraph.rl.data import DataSource, task_example
 from rlgraph.rl.rewards import default_compute_score, length_credit
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 
 
 def remaining(ch: str) -> int:

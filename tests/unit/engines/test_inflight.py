@@ -290,7 +290,7 @@ def test_compile_prices_inflight_and_tune_tries_it_off_and_on() -> None:
     from rlgraph.config.load import load_spec
     from rlgraph.tune.search import tune
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     over = ["schedule.partial_rollout=true", "schedule.max_lag=2"]
     on = load_spec(root / "graphs" / "longtail.yaml", [*over, "nodes.generate.inflight=true"])
     plan = compile_plan(on)

@@ -209,7 +209,7 @@ def test_run_refuses_file_env_without_trust_and_unbuildable_env(
         env_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rlgraph.cli.main import main
 
-    graph = (Path(__file__).resolve().parents[2] / "graphs" / "agentic-calculator.yaml")
+    graph = (Path(__file__).resolve().parents[3] / "graphs" / "agentic-calculator.yaml")
     text = graph.read_text().replace("fn: calculator", f"fn: {env_file}:Refuses")
     path = tmp_path / "graph.yaml"
     path.write_text(text)

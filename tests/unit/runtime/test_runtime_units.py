@@ -23,7 +23,7 @@ from rlgraph.runtime.metrics import REQUIRED_KEYS, MetricsWriter, read_rows, ste
 from rlgraph.runtime.tracing import critical_path
 from rlgraph.weights.buckets import digest, from_arrays, to_arrays
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "graphs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 
 
 def test_buckets_survive_the_object_store_format_bit_for_bit():

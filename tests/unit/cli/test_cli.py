@@ -16,7 +16,7 @@ from rlgraph.cli.main import PLAN_FILES, CLIError, _lazy, main, out_dir_for, par
 from rlgraph.errors import MissingDependencyError, SpecError
 from rlgraph.report.summary import device_ranges
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 QUICKSTART = ROOT / "graphs" / "quickstart.yaml"
 PLAN_KEYS = {"name", "spec", "placement", "costs", "lag", "schedule", "channels", "messages"}
@@ -357,7 +357,7 @@ def test_compile_without_png_draws_none_and_says_how(capsys: pytest.CaptureFixtu
 @needs_compiler
 def test_advice_names_idle_gpus_and_a_plan_slower_than_sync(
         capsys: pytest.CaptureFixture[str]) -> None:
-    graph = Path(__file__).parents[2] / "graphs" / "verl-one-step-off.yaml"
+    graph = Path(__file__).parents[3] / "graphs" / "verl-one-step-off.yaml"
     status, out, err = run_cli(capsys, "compile", str(graph), "groups.actor.share=0.25",
                                "--json")
     assert status == 0, err

@@ -35,7 +35,7 @@ from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.hf_folder import policy_files
 
-GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 QUICKSTART = GRAPHS / "quickstart.yaml"
 SMALL = ["model.warm_start.steps=0"]
 STREAM = ["model.warm_start.steps=0", "schedule.stream.mini_batches=4"]
