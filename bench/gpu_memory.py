@@ -19,7 +19,7 @@ the user from. Writes OUT/gpu-memory.json.
 from __future__ import annotations
 
 import argparse
-import gc
+import functools
 import json
 import sys
 import time
@@ -36,7 +36,7 @@ GB = 1e9
 TASKS = ["generate", "reward", "logp", "train"]
 SHAPES = {  # a train pass of micro_tokens without activation checkpointing fits neither
     # an H100 nor an H200; with it, both
-    "1.5b": ["model={preset: qwen2.5-1.5b}", "data.prompts_per_step=32",
+    "1.5b": ["model={preset: qwen2.5-1.5b}", "data.prompts_per_step=16",
              "data.response_len={mean: 512, max: 1024, dist: lognormal, sigma: 1.5}",
              "nodes.train.micro_tokens=65536", "nodes.logp.micro_tokens=32768"],
     "3b": ["model={preset: qwen2.5-3b}", "data.prompts_per_step=32",
@@ -47,8 +47,8 @@ CPU = ["model={preset: tiny}", "data.prompts_per_step=4", "data.samples_per_prom
        "data.response_len={mean: 12, max: 64, dist: lognormal, sigma: 1.5}",
        "nodes.train.micro_tokens=256", "nodes.logp.micro_tokens=256",
        "cluster={local: true, cpus: 2}"]
-VARIANTS = {"without-activation-checkpointing": ["nodes.train.activation_checkpointing=false"],
-            "with-activation-checkpointing": ["nodes.train.activation_checkpointing=true"]}
+VARIANTS = {"with-activation-checkpointing": ["nodes.train.activation_checkpointing=true"],
+            "without-activation-checkpointing": ["nodes.train.activation_checkpointing=false"]}
 
 
 def verdict(spec: Any, gpu: str) -> dict[str, Any]:
@@ -63,47 +63,58 @@ def verdict(spec: Any, gpu: str) -> dict[str, Any]:
     return out
 
 
-def measured(spec: Any, device: str) -> dict[str, Any]:
-    """One step of the group's tasks in the runtime's workspace on `device`, torch's peak
-    allocated bytes after each (or where it ran out of memory)."""
+def _peak(task: str, run: Any, out: dict[str, Any], cuda: bool) -> Any:
+    """Run one task, recording its seconds and torch's peak allocated bytes while it ran."""
     import torch
 
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    result = run()
+    if cuda:
+        torch.cuda.synchronize()
+        out["peak_gb_by_task"][task] = round(torch.cuda.max_memory_allocated() / GB, 3)
+    out[f"{task}_s"] = round(time.time() - t0, 2)
+    return result
+
+
+def measured(spec: Any, device: str) -> dict[str, dict[str, Any]]:
+    """Both variants in one workspace (the runtime actor's, built once, with activation
+    checkpointing): one step of every task with it, then train again on the same inputs
+    with the layers' checkpointing undone. torch's peak allocated bytes per task, or where
+    it ran out of memory."""
+    import torch
+
+    from rlgraph.process.sharding import decoder_layers
     from rlgraph.process.workspace import Workspace
 
-    out: dict[str, Any] = {"peak_gb_by_task": {}}
     cuda = device != "cpu"
-    ws = None
+    runs: dict[str, dict[str, Any]] = {name: {"peak_gb_by_task": {}} for name in VARIANTS}
+    first = runs["with-activation-checkpointing"]
+    t0 = time.time()
+    ws = Workspace(spec, TASKS, seed=0, device=device)
+    first["build_s"] = round(time.time() - t0, 1)
+    if cuda:
+        first["resident_gb_after_build"] = round(torch.cuda.memory_allocated() / GB, 3)
+    done: dict[str, Any] = {}
+    for task, needs in [("generate", ()), ("reward", ("generate",)), ("logp", ("generate",)),
+                        ("train", ("reward", "logp"))]:
+        inputs = {name: done[name] for name in needs}
+        done[task] = _peak(task, functools.partial(ws.worker(task).run, 0, inputs), first, cuda)
+    first["outcome"] = "ran"
+    second = runs["without-activation-checkpointing"]
+    for layer in decoder_layers(ws.policy):  # back to the class's own forward
+        layer.__dict__.pop("forward", None)
     try:
-        t0 = time.time()
-        ws = Workspace(spec, TASKS, seed=0, device=device)
-        out["build_s"] = round(time.time() - t0, 1)
-        if cuda:
-            out["resident_gb_after_build"] = round(torch.cuda.memory_allocated() / GB, 3)
-        done: dict[str, Any] = {}
-        for task, inputs in [("generate", lambda: {}),
-                             ("reward", lambda: {"generate": done["generate"]}),
-                             ("logp", lambda: {"generate": done["generate"]}),
-                             ("train", lambda: {"reward": done["reward"], "logp": done["logp"]})]:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            t0 = time.time()
-            done[task] = ws.worker(task).run(0, inputs())
-            if cuda:
-                torch.cuda.synchronize()
-                out["peak_gb_by_task"][task] = round(torch.cuda.max_memory_allocated() / GB, 3)
-            out[f"{task}_s"] = round(time.time() - t0, 2)
-        out["outcome"] = "ran"
+        _peak("train", lambda: ws.worker("train").run(
+            0, {"reward": done["reward"], "logp": done["logp"]}), second, cuda)
+        second["outcome"] = "ran"
     except torch.OutOfMemoryError as exc:
-        out["outcome"] = "out of memory"
-        out["error"] = str(exc).strip().splitlines()[0][:300]
+        second["outcome"] = "out of memory"
+        second["error"] = str(exc).strip().splitlines()[0][:300]
         if cuda:
-            out["peak_gb_before_failure"] = round(torch.cuda.max_memory_allocated() / GB, 3)
-    finally:
-        del ws
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-    return out
+            second["peak_gb_before_failure"] = round(torch.cuda.max_memory_allocated() / GB, 3)
+    return runs
 
 
 def main() -> int:
@@ -131,14 +142,16 @@ def main() -> int:
         "command": " ".join(sys.argv), "graph": str(GRAPH.relative_to(ROOT)),
         "overrides": base, "gpu_preset": gpu, "variants": {}}
     args.out.mkdir(parents=True, exist_ok=True)
+    specs = {name: load_spec(GRAPH, [*base, *extra]) for name, extra in VARIANTS.items()}
     for name, extra in VARIANTS.items():
-        spec = load_spec(GRAPH, [*base, *extra])
-        row = {"overrides": extra, "compiler": verdict(spec, gpu)}
+        row = {"overrides": extra, "compiler": verdict(specs[name], gpu)}
         row["compiler_says"] = "accepted" if row["compiler"]["fits"] else "refused"
-        row["run"] = measured(spec, "cpu" if args.cpu else "cuda")
         res["variants"][name] = row
-        print(name, json.dumps(row), flush=True)
-        (args.out / "gpu-memory.json").write_text(json.dumps(res, indent=1) + "\n")
+    runs = measured(specs["with-activation-checkpointing"], "cpu" if args.cpu else "cuda")
+    for name, run in runs.items():
+        res["variants"][name]["run"] = run
+        print(name, json.dumps(res["variants"][name]), flush=True)
+    (args.out / "gpu-memory.json").write_text(json.dumps(res, indent=1) + "\n")
     print(f"\n{'variant':<36}{'compiler':>10}{'need GB':>9}{'outcome':>15}{'peak GB':>9}")
     for name, row in res["variants"].items():
         peaks = row["run"]["peak_gb_by_task"].values()

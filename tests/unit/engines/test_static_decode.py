@@ -63,6 +63,33 @@ def test_greedy_matches_generate_with_refill(model, references, sync_every) -> N
         assert dec.stats["prefills"] >= 4
 
 
+def test_lookahead_steps_give_the_same_tokens_and_report_a_look_late(model, references) -> None:
+    """step(lookahead=True) launches the next steps before the host looks at what finished:
+    the same greedy tokens with refills, each completion one look late, the rest from drain."""
+    dec = StaticDecoder(model, max_batch=3, max_len=32, sync_every=2, attn_block=8)
+    lengths = [MAX_NEW, 5, 9, 3, MAX_NEW, 7]
+    dec.submit(Request(p, n, temperature=0.0, request_id=i)
+               for i, (p, n) in enumerate(zip(_prompts(), lengths)))
+    out: dict[int, object] = {}
+    looks = 0
+    while dec.busy:
+        for c in dec.step(lookahead=True):
+            out[c.request.request_id] = c
+        looks += 1
+        if looks == 1:
+            assert out == {} and dec.stats["looks"] == 0, "a first look only admits"
+    assert not dec.drain()
+    assert sorted(out) == list(range(6))
+    for i, (ref, n) in enumerate(zip(references, lengths)):
+        assert out[i].tokens == ref[:n] and out[i].finish_reason == "length", f"request {i}"
+    dec.submit([Request(_prompts()[3], 3, temperature=0.0, request_id="last")])
+    dec.step(lookahead=True)
+    dec.step(lookahead=True)  # its last token is sampled in these launched steps
+    (last,) = dec.drain()
+    assert last.request.request_id == "last" and last.tokens == references[3][:3]
+    assert not dec.busy
+
+
 def test_interrupt_and_resume_reproduce_the_sequence(model, references) -> None:
     dec = StaticDecoder(model, max_batch=4, max_len=32, sync_every=1, attn_block=8)
     dec.submit(Request(p, MAX_NEW, temperature=0.0, request_id=i)
