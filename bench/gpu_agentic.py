@@ -13,6 +13,13 @@ per trajectory. Every task sits on the one GPU (a colocated group). sync: max_la
 trajectory of a batch ends before train; partial: partial rollout, max_lag 2, oversample 2,
 trajectories still running (mid-turn or waiting for the env) carry to the next step.
 
+Every plan but sync-waves decodes on the turn engine (engines/turn_decode.py): a trajectory
+keeps its KV in its slot across turns and only each observation is prefilled; sync-waves is
+the synchronous plan on the dynamic KV cache's waves (every turn re-encodes the trajectory),
+what keeping the KV saves. Before the plans, `kept_kv_check` decodes three turns of a few
+trajectories both ways on the device (kept KV against whole re-encoding) and records whether
+the greedy tokens agree.
+
 The steps run through the serial driver (`rlgraph.runtime.serial.run_serial`, the runtime's
 pipeline without Ray; the env pool runs on threads); the first step of each plan is warm-up.
 Per plan: seconds per step after the first (mean), trajectories a second, turns, env
@@ -127,6 +134,7 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
         # generate's own figures, mean over the steps after the first
         "generate_metrics": {k: mean(k) for k in (
             "env/turns_mean", "env/turns_max", "env/seconds", "env/wait_s", "env/engine_s",
+            "env/extend_s", "env/step_s",
             "env/decode_steps", "env/decode_ms_per_step", "env/decode_waves",
             "env/prefill_tokens", "env/reused_tokens", "env/observation_tokens_mean",
             "env/ended_done", "env/ended_length", "env/ended_timeout", "env/ended_error",
@@ -134,6 +142,42 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
         "in_flight_at_end": (run.node_metrics.get("generate") or [{}])[-1].get("env/in_flight"),
         "setup_s": round(run.setup_s, 2), "wall_s": round(run.wall_s, 2),
     }
+
+
+def kept_kv_check(cpu: bool) -> dict[str, Any]:
+    """Greedy turns on the turn engine (KV kept, observations prefilled alone) against the
+    static decoder re-encoding every turn whole, on the benchmark's device and model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlgraph.engines.static_decode import Request, StaticDecoder
+    from rlgraph.engines.turn_decode import TurnDecoder
+
+    torch.manual_seed(0)
+    shape = dict(MODEL_CPU if cpu else MODEL_GPU)
+    config = AutoConfig.for_model(**shape)
+    device = "cpu" if cpu else "cuda"
+    model = AutoModelForCausalLM.from_config(config).to(device, torch.float32).eval()
+    kw = dict(max_batch=4, max_len=160, eos_token_id=None, sync_every=4)
+    engine, whole = TurnDecoder(model, **kw), StaticDecoder(model, **kw)
+    seqs = {i: [1 + i, 5, 9, 13 + i] for i in range(4)}
+    agree = max_logp_gap = 0.0
+    for _ in range(3):
+        engine.extend([Request(list(x), 6 + i, temperature=0, request_id=i)
+                       for i, x in seqs.items()])
+        kept: dict[int, Any] = {}
+        while engine.decoding:
+            kept.update({c.request.request_id: c for c in engine.step()})
+        again = {c.request.request_id: c for c in whole.run(
+            [Request(list(x), 6 + i, temperature=0, request_id=i) for i, x in seqs.items()])}
+        for i in seqs:
+            agree += kept[i].tokens == again[i].tokens
+            max_logp_gap = max(max_logp_gap, *(abs(a - b) for a, b in
+                                               zip(kept[i].logprobs, again[i].logprobs)))
+            seqs[i] += [*kept[i].tokens, 3, 4, 5]
+    return {"turns_agreeing": agree / (3 * len(seqs)), "max_logp_gap": round(max_logp_gap, 5),
+            "reused_tokens": engine.stats["reused_tokens"],
+            "prefilled_tokens": engine.stats["extend_tokens"]}
 
 
 def main() -> int:
@@ -152,8 +196,21 @@ def main() -> int:
                               "device": device, "graph": graph(args.cpu, "sync", gpu),
                               "modes": {}}
     path = out / ("cpu-agentic-rehearsal.json" if args.cpu else "gpu-agentic.json")
+    try:
+        result["kept_kv_check"] = kept_kv_check(args.cpu)
+    except Exception as err:  # recorded; the plans still run
+        result["kept_kv_check"] = {"error": f"{type(err).__name__}: {err}"}
+    print("kept KV check:", result["kept_kv_check"], flush=True)
     for mode in args.modes.split(","):
-        result["modes"][mode] = run_mode(args.cpu, mode, args.steps, gpu)
+        try:
+            result["modes"][mode] = run_mode(args.cpu, mode, args.steps, gpu)
+        except Exception as err:  # one plan failing still leaves the others' figures
+            import traceback
+
+            traceback.print_exc()
+            result["errors"] = {**result.get("errors", {}), mode: f"{type(err).__name__}: {err}"}
+            path.write_text(json.dumps(result, indent=1))
+            continue
         m = result["modes"][mode]
         print(f"{mode:8s} {m['step_s_steady_mean']:8.3f} s/step  predicted "
               f"{m['predicted_period_s']:8.3f} ({m['predicted_over_measured']:.2f}x)  "

@@ -52,7 +52,7 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
     by_key = {r.trajectory.env_key: r for r in rows}
     stats = {"decode_steps": 0.0, "waves": 0.0, "switches": 0.0, "wait_s": 0.0,
              "carried": float(sum(1 for r in rows if r.trajectory.tokens)),
-             "reused_tokens": 0.0}
+             "reused_tokens": 0.0, "extend_s": 0.0, "step_s": 0.0}
     before, began = dict(engine.stats), time.perf_counter()
     engine.set_policy_version(version)
     if generator is not None:
@@ -119,14 +119,19 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
                                     ignore_eos=forced is not None))
             running.add(key)
         if requests:
+            began_extend = time.perf_counter()
             engine.extend(requests)
+            stats["extend_s"] += time.perf_counter() - began_extend
             stats["waves"] += 1
         if not running:
             start = time.perf_counter()
             agent._collect(by_key, agent.spec.timeout_s + 1.0)
             stats["wait_s"] += time.perf_counter() - start
             continue
-        for c in engine.step():
+        began_step = time.perf_counter()
+        completions = engine.step()
+        stats["step_s"] += time.perf_counter() - began_step
+        for c in completions:
             finished(c)
         if agent.stop and running:
             stops = []

@@ -381,10 +381,12 @@ def agent_round(cache: AgentCache, agent: AgentRollout, step: int, model: torch.
 def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
     """The round's decode figures: env wait, decode calls (waves, or prefill calls on the
     turn engine), decode steps, and on the turn engine the tokens prefilled, those whose
-    KV was kept across turns and the device ms of a decode step (CUDA)."""
+    KV was kept across turns, the seconds of the engine's work (`engine_s`: the round less
+    its waits for the env), of its prefill calls (`extend_s`) and its decode calls
+    (`step_s`), and the device ms of a decode step (CUDA)."""
     out = {"env/wait_s": stats["wait_s"], "env/decode_waves": stats["waves"],
            "env/decode_steps": stats["decode_steps"]}
-    for key in ("prefill_tokens", "reused_tokens", "engine_s"):
+    for key in ("prefill_tokens", "reused_tokens", "engine_s", "extend_s", "step_s"):
         if key in stats:
             out[f"env/{key}"] = stats[key]
     if stats.get("decode_ms") and stats["decode_steps"]:
