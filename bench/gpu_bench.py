@@ -278,8 +278,8 @@ def bench_ours(rl, model, prompts: torch.Tensor, compile: bool | str,
     sd = rl.static_decode
     b = prompts.shape[0]
     dec = sd.StaticDecoder(model, max_batch=b, max_len=PROMPT_LEN + NEW_TOKENS, sync_every=16,
-                           attn_block=None if compile else 32, compile=compile, fuse=fuse,
-                           timing=True)
+                           attn_block=None if compile else 32, compile=compile,
+                           timing=True, bench=sd.EngineKnobs(fuse=fuse))
     reqs = [sd.Request(p, NEW_TOKENS, temperature=0.0) for p in prompts.tolist()]
     t = time.perf_counter()
     dec.run(reqs)

@@ -80,7 +80,7 @@ CPU_MODES = ["cluster.cpus=2"]
 def sync_lengths(spec: Any, prompts: int) -> dict[str, float]:
     """Response lengths a synchronous run trains over `prompts` prompts: data positions
     0..prompts-1 in order, each sample's forced length."""
-    from rlgraph.presets.tasks import forced_length
+    from rlgraph.bench_mode import forced_length
 
     data = spec.data
     return length_stats([forced_length(data.seed, p, k, data.response_len)
@@ -124,7 +124,7 @@ def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
     from rlgraph.engines.cpu_decode import token_logp
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.static_rollout import seed_device
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -205,9 +205,9 @@ def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
     inside the round). Trained lengths against those a synchronous run trains over the same
     number of prompts, after the first `max_lag + 1` rounds (the pipeline's fill) and over
     all rounds, and what is still in flight at the end."""
+    from rlgraph.bench_mode import forced_length
     from rlgraph.config.load import load_spec
     from rlgraph.engines.partial_rollout import RolloutCache
-    from rlgraph.presets.tasks import forced_length
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
     data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag

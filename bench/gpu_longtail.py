@@ -126,7 +126,7 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     """Lengths of the samples trained on (the ledger's positions) against those started (every
     admitted position; synchronous: the trained ones), with the forced length of each."""
-    from rlgraph.presets.tasks import forced_length
+    from rlgraph.bench_mode import forced_length
     from rlgraph.runtime.checkpoint import read_ledger
 
     data = spec.data

@@ -54,22 +54,6 @@ class Row:
     sample: dict[str, Any]  # uid, prompt_uid, sample_index, ground_truth, data_source, extra_info
 
 
-def forced_turn_length(seed: int, key: str, turn: int, response_len: Any, turns: float) -> int:
-    """Benchmarks (`forced_lengths`): the length of turn `turn` of trajectory `key`, drawn
-    from `response_len` divided by the mean turns (seeded by seed, key and turn), so every
-    schedule decodes the same work for a trajectory."""
-    import random
-    from types import SimpleNamespace
-
-    from rlgraph.presets.tasks import draw_length
-
-    per_turn = SimpleNamespace(dist=response_len.dist, sigma=response_len.sigma,
-                               alpha=response_len.alpha,
-                               mean=max(1.0, response_len.mean / turns),
-                               max=max(1, int(response_len.max / turns)))
-    return draw_length(random.Random(f"{seed}:turn:{key}:{turn}"), per_turn, per_turn.max)
-
-
 def sample_dict(example: Any, index: int, key: str) -> dict[str, Any]:
     """What `Env.reset` receives about the trajectory's sample."""
     return {"uid": key, "prompt_uid": example.uid, "sample_index": index,

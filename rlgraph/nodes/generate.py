@@ -11,8 +11,8 @@ from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_
 from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class GenerateSpec(NodeSpec):
@@ -32,7 +32,8 @@ class GenerateSpec(NodeSpec):
         "exceed max_lag is dropped with its group, or restarted from no tokens; finish: a "
         "round does not end while a group that would go stale is open (no length bias)")
     forced_lengths: bool = Field(
-        default=False, description="benchmark mode: each sample's response length is drawn "
+        default=False, description="benchmark mode (rlgraph/bench_mode.py): each sample's "
+        "response length is drawn "
         "from data.response_len (seeded by data position and sample) and eos is ignored "
         "until it, as serving benchmarks do (a random-init model stops anywhere)")
     inflight: bool = Field(
@@ -132,7 +133,8 @@ class GenerateWorker:
         self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
         self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
         if node.env is not None:
-            from rlgraph.envs.rollout import AgentRollout, forced_turn_length
+            from rlgraph.bench_mode import forced_turn_length
+            from rlgraph.envs.rollout import AgentRollout
 
             data = workspace.spec.data
             self.agent = AgentRollout(
@@ -188,7 +190,7 @@ class GenerateWorker:
 
     def _forced(self, position: int, sample: int) -> int:
         """The forced length of sample `sample` of the prompt at data position `position`."""
-        from rlgraph.presets.tasks import forced_length
+        from rlgraph.bench_mode import forced_length
 
         data = self.ws.spec.data
         return forced_length(data.seed, position, sample, data.response_len)

@@ -19,7 +19,7 @@ from rlgraph.pricing.param_update import param_update_cost
 from rlgraph.weights import BucketMiB
 
 if TYPE_CHECKING:
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
 
 class ParamUpdateSpec(NodeSpec):

@@ -38,7 +38,6 @@ from rlgraph import lengths
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.passes import compute_units, efficiency, thread_slowdown
-from rlgraph.pricing.rollout_rounds import draw
 from rlgraph.versions import oldest_trainable
 
 if TYPE_CHECKING:
@@ -143,8 +142,8 @@ def draw_trajectory(rng: random.Random, turns: lengths.LengthModel,
     """One trajectory's model tokens per turn, drawn as the runtime's forced lengths do; it
     stops at `budget` tokens, observations included."""
     out, used = [], 0.0
-    for _ in range(draw(turns, rng.random())):
-        n = min(draw(turn, rng.random()), max(0, int(budget - used)))
+    for _ in range(turns.length_at(rng.random())):
+        n = min(turn.length_at(rng.random()), max(0, int(budget - used)))
         if n <= 0:
             break
         out.append(n)

@@ -19,7 +19,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from statistics import NormalDist
 
 from rlgraph.lengths import LengthModel
 from rlgraph.versions import oldest_trainable
@@ -41,19 +40,6 @@ class RoundProfile:
     carried_groups: float  # groups in flight carried into a round
     decoded_tokens: float  # tokens decoded a round (each sample's tokens once)
     dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
-
-
-def draw(m: LengthModel, u: float) -> int:
-    """The length at quantile u of the clipped distribution (as `rl.data.draw_length`)."""
-    if m.mean >= m.max:
-        return int(m.max)
-    if m.dist == "pareto":
-        low = m.mean * (m.alpha - 1) / m.alpha
-        x = low / max(1e-12, 1.0 - u) ** (1 / m.alpha)
-    else:
-        mu = math.log(m.mean) - m.sigma ** 2 / 2
-        x = math.exp(mu + m.sigma * NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
-    return int(min(m.max, max(1, round(x))))
 
 
 def _targets(t: int, version: int, prompts: int, in_flight: int, max_lag: int,
@@ -147,7 +133,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             # in flight, a group's version is that of its first token (set when it decodes
             # one: a group admitted in a round that decodes nothing starts later)
             return {"version": None if inflight else version,
-                    "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k}
+                    "left": [m.length_at(rng.random()) for _ in range(k)], "done": [0] * k}
 
         while len(groups) < target:
             groups.append(new_group(0))
