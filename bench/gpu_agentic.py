@@ -175,9 +175,60 @@ def kept_kv_check(cpu: bool) -> dict[str, Any]:
             max_logp_gap = max(max_logp_gap, *(abs(a - b) for a, b in
                                                zip(kept[i].logprobs, again[i].logprobs)))
             seqs[i] += [*kept[i].tokens, 3, 4, 5]
-    return {"turns_agreeing": agree / (3 * len(seqs)), "max_logp_gap": round(max_logp_gap, 5),
-            "reused_tokens": engine.stats["reused_tokens"],
-            "prefilled_tokens": engine.stats["extend_tokens"]}
+    out = {"turns_agreeing": agree / (3 * len(seqs)), "max_logp_gap": round(max_logp_gap, 5),
+           "reused_tokens": engine.stats["reused_tokens"],
+           "prefilled_tokens": engine.stats["extend_tokens"]}
+    return {**out, **engine_timings(model.to(torch.bfloat16), device)}
+
+
+def engine_timings(model: Any, device: str, rows: int = 32) -> dict[str, float]:
+    """The turn engine's pieces on this device, timed alone: a decode step over `rows`
+    slots (CUDA graphs on a GPU), one observation's prefill (4 tokens, one row, eager) and
+    the same for all rows in one call."""
+    import torch
+
+    from rlgraph.engines.static_decode import Request
+    from rlgraph.engines.turn_decode import TurnDecoder
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    engine = TurnDecoder(model, max_batch=rows, max_len=264, eos_token_id=None, sync_every=8,
+                         timing=True)
+    engine.warmup(use_top_p=False)
+    seqs = {i: [1 + i % 7] * 8 for i in range(rows)}
+
+    def turn(length: int) -> None:
+        engine.extend([Request(list(x), length, request_id=i, ignore_eos=True)
+                       for i, x in seqs.items()])
+        while engine.decoding:
+            for c in engine.step():
+                seqs[c.request.request_id] += [*c.tokens, 3, 4, 5]
+
+    turn(8)  # warm-up: first prefill, first graph replays
+    steps, ms, start = engine.stats["decode_steps"], engine.stats["decode_ms"], time.perf_counter()
+    turn(64)
+    sync()
+    wall = time.perf_counter() - start
+    steps = engine.stats["decode_steps"] - steps
+    timings = {"decode_steps": steps,
+               "decode_device_ms_per_step": round((engine.stats["decode_ms"] - ms) / steps, 3),
+               "turn_wall_ms_per_step": round(wall * 1e3 / steps, 3)}
+    for label, ids in (("observation_prefill_ms_one_row", [0]),
+                       ("observation_prefill_ms_all_rows", list(seqs))):
+        times = []
+        for _ in range(5):
+            sync()
+            start = time.perf_counter()
+            engine.extend([Request(list(seqs[i]), 2, request_id=i, ignore_eos=True) for i in ids])
+            sync()
+            times.append(time.perf_counter() - start)
+            while engine.decoding:
+                for c in engine.step():
+                    seqs[c.request.request_id] += [*c.tokens, 3, 4, 5]
+        timings[label] = round(sorted(times)[len(times) // 2] * 1e3, 3)
+    return timings
 
 
 def main() -> int:

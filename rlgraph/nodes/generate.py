@@ -49,7 +49,8 @@ class GenerateSpec(NodeSpec):
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
-        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
+        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU); a multi-turn "
+        "node (env) defaults to graphs")
     env: EnvSpec | None = Field(
         default=None, description="multi-turn rollout: an environment the policy acts in "
         "(docs/how-to/agentic-rollouts.md); each trajectory keeps its KV cache across turns "
