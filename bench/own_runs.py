@@ -157,7 +157,7 @@ def scale_plan(found: Found) -> tuple[Path, list[str]] | None:
     if "gpu_scale.py" not in command:
         return None
     runs = found.result.get("runs") or {}
-    if isinstance(runs.get(found.path[-1]), dict):
+    if (runs.get(found.path[-1]) or {}).get("graph"):
         return None  # the run itself is recorded: that row is priced, not this one
     import gpu_scale
 
