@@ -53,9 +53,7 @@ class StaticRollout:
         self.engine = StaticDecoder(model, max_batch=slots, max_len=max_len,
                                     eos_token_id=eos_id, sync_every=sync_every, attn_block=block,
                                     compile=compile, timing=True, compact=not compile)
-        start = time.perf_counter()
         self.graphs = self.engine.warmup(use_top_p=top_p < 1.0)
-        self.warmup_s = time.perf_counter() - start
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, pad_id: int,
                policy_version: int, temperature: float, top_p: float,

@@ -170,13 +170,6 @@ def gradient_scale() -> float:
     return float(dist.get_world_size())
 
 
-def is_sharded(model: Any) -> bool:
-    """Whether `model` is an FSDP2 module."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a shard (a collective: every rank calls it), else itself."""
     gather = getattr(tensor, "full_tensor", None)

@@ -71,7 +71,6 @@ class Workspace:
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.warm_start_losses: list[float] = []
         # bf16 on GPUs, fp32 on the host: what the policy's whole weights travel as
         self.weight_dtype = torch.float32 if device == "cpu" else torch.bfloat16
         self.sharded = {"policy": False, "reference": False}
@@ -82,8 +81,7 @@ class Workspace:
             # (a sharded model then takes fp32 masters of them: `_placed`)
             warm = spec.model.warm_start.steps > 0 and device != "cpu"
             initial = build_model(spec.model, self.tokenizer, seed, "cpu" if warm else device)
-            self.warm_start_losses = warm_start(initial, self.tokenizer, spec, seed,
-                                                self.base_dir)
+            warm_start(initial, self.tokenizer, spec, seed, self.base_dir)
             if warm:
                 initial = initial.to(device=device, dtype=torch.bfloat16)
             initial.eval()

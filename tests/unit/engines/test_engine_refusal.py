@@ -63,8 +63,8 @@ def test_api_check_sees_every_call_the_adapter_makes() -> None:
     calls = check.adapter_calls(check.ADAPTER.read_text())
     assert {"model_path", "tp_size", "random_seed", "skip_tokenizer_init"} <= calls.engine_kwargs
     assert calls.methods["generate"][1] == {"input_ids", "sampling_params", "return_logprob"}
-    assert {"update_weights_from_tensor", "update_weights_from_distributed",
-            "init_weights_update_group"} <= set(calls.methods)
+    assert {"update_weights_from_tensor", "release_memory_occupation",
+            "resume_memory_occupation", "shutdown"} <= set(calls.methods)
     assert {"pause_generation", "continue_generation"} <= calls.optional
     assert {"max_new_tokens", "temperature", "top_p", "stop_token_ids"} == calls.sampling_keys
     assert "output_token_logprobs" in calls.output_keys
