@@ -53,7 +53,7 @@ MODES = {"sync": {"max_lag": 0, "partial_rollout": False},
          # the synchronous plan on the waves of the dynamic KV cache (every turn re-encodes
          # the whole trajectory): what keeping the KV across turns saves
          "sync-waves": {"max_lag": 0, "partial_rollout": False}}
-WAVES_STEPS = 3  # sync-waves runs few steps: each is long
+WAVES_STEPS = 2  # sync-waves runs few steps: each is long
 
 
 def graph(cpu: bool, mode: str, gpu: str = "H100") -> dict[str, Any]:

@@ -164,6 +164,8 @@ class RolloutCache:
             target = self.in_flight + taken if can_carry else self.prompts_per_step
             if taken and not can_carry:
                 return 0
+            if taken:  # no more than the batches this version can still reach take
+                target = min(target, (version + self.max_lag + 1 - step) * self.prompts_per_step)
         added = 0
         while len(self.groups) < target:
             position = self.next_position

@@ -50,8 +50,9 @@ def _targets(t: int, version: int, prompts: int, in_flight: int, max_lag: int,
     if stride > 1:  # streaming: as many as this version's window can still train
         window = max(1, (version + max_lag) * stride + stride - t) * prompts
         return min(in_flight, window), lambda c: min(in_flight + min(c, prompts), window)
-    if version > oldest_trainable(t, max_lag):
-        return in_flight, lambda c: in_flight + min(c, prompts)
+    if version > oldest_trainable(t, max_lag):  # refills: as many as its batches can take
+        window = (version + max_lag + 1 - t) * prompts
+        return in_flight, lambda c: min(in_flight + min(c, prompts), window)
     return prompts, lambda c: 0
 
 
