@@ -223,7 +223,10 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
             "train/device_mallocs", "train/device_frees",
             # in-flight updates (engines/inflight.py) and the per-token lag check
             "rollout/kept", "rollout/refilled", "rollout/reencoded_tokens", "rollout/switches",
-            "generate/pause_s", "generate/prefill_tokens", "lag/stale_tokens")},
+            "generate/pause_s", "generate/prefill_tokens", "lag/stale_tokens",
+            # where a call's wall time goes on the static engine (static_rollout.py)
+            "generate/looks", "generate/prefill_s", "generate/move_s",
+            "generate/device_idle_s")},
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),

@@ -19,7 +19,7 @@ keeps its samples, the simulation its lengths); pure Python, the compiler import
   one call per mini-batch, version = call // K) admits only while the version's window
   (mini-batches through (version + max_lag) * K + K - 1) has room. `taken` > 0: a refill
   inside the round (in-flight updates) for groups the round will emit, only where the
-  version can be carried.
+  version can be carried, and no more than the batches it can still reach take.
 - **must finish** (`must_finish`, `stale: finish`): a round does not end while a group that
   the next call could no longer train (a token as old as the bound allows) is open, at most
   a batch of them in admission order.
@@ -84,9 +84,12 @@ class RolloutRules:
         if self.stride > 1:
             window = (version + self.max_lag) * self.stride + self.stride - step
             return min(self.in_flight + taken, max(1, window) * self.prompts)
-        if self.can_carry(step, version):
-            return self.in_flight + taken
-        return 0 if taken else self.prompts
+        if not self.can_carry(step, version):
+            return 0 if taken else self.prompts
+        if taken:  # no more than the batches this version can still reach take
+            return min(self.in_flight + taken,
+                       (version + self.max_lag + 1 - step) * self.prompts)
+        return self.in_flight
 
     def must_finish(self, oldest: Sequence[int | None], step: int) -> set[int]:
         """`stale: finish`: of groups whose oldest token versions are `oldest` (None: no

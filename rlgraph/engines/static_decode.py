@@ -413,22 +413,37 @@ class StaticDecoder:
             self._phases.append(("prefill_ms", start, self._event()))
         return {b: len(r.prompt) + len(r.tokens) for b, r in take}
 
-    def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
-        """Encode prompt + earlier tokens of new slots from position 0; sample their next token."""
+    def _prefill(self, slots: list[int], reqs: list[Request],
+                 starts: list[int] | None = None) -> None:
+        """Encode prompt + earlier tokens of new slots from position 0; sample their next token.
+        `starts[i]`: positions of slot i's sequence already in its KV (a multi-turn slot kept
+        across turns, `turn_decode.TurnDecoder`): only the rest is encoded, attending to them."""
         dev = self.device
         seqs = [r.prompt + r.tokens for r in reqs]
-        n, t = len(seqs), max(len(s) for s in seqs)
-        ids = self._h2d([s + [0] * (t - len(s)) for s in seqs])
+        starts = starts or [0] * len(seqs)
+        news = [s[a:] for s, a in zip(seqs, starts)]
+        n, t = len(seqs), max(len(s) for s in news)
+        ids = self._h2d([s + [0] * (t - len(s)) for s in news])
         lengths = self._h2d([len(s) for s in seqs])
         rows = self._h2d(slots)
-        self.cache.mode, self.cache.rows = "prefill", rows
+        offset = self._h2d(starts)
+        positions = (offset[:, None] + self.arange_L[:t][None, :]).clamp(max=self.L - 1)
+        mask = None
+        if any(starts):  # each new token attends to the slot's kept positions and itself
+            end = min(self.L, max(a + t for a in starts))
+            mask = (self.arange_L[:end][None, None, :] <= positions[:, :, None])[:, None]
+            self.cache.mode, self.cache.attn_len = "extend", end
+            self.cache.extend_at(starts, [len(s) for s in news])
+        else:
+            self.cache.mode = "prefill"
+        self.cache.rows = rows
         try:
-            hidden = self.base(input_ids=ids, position_ids=self.arange_L[:t].expand(n, t),
+            hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=mask,
                                **with_cache(self.base, self.cache),
                                use_cache=True).last_hidden_state
         finally:
             self.cache.mode, self.cache.rows = "decode", None
-        last = hidden[torch.arange(n, device=dev), lengths - 1]
+        last = hidden[torch.arange(n, device=dev), lengths - offset - 1]
         temp = self._h2d([r.temperature for r in reqs], torch.float)
         top_p = self._h2d([r.top_p for r in reqs], torch.float)
         tok, logp = sample(self.lm_head(last), temp,
@@ -444,7 +459,7 @@ class StaticDecoder:
         self.ngen[rows] = 1
         self.done[rows] = (self._is_eos(tok) & stop_on_eos) | (max_new <= 1)
         self.stats["prefills"] += 1
-        self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
+        self.stats["prefill_tokens"] += int(sum(len(s) for s in news))
 
     def _decode_step(self, attn_len: int, width: int, use_top_p: bool, greedy: bool) -> None:
         """One token for every slot in [0, width); all inputs and outputs are (views of) the

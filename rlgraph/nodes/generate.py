@@ -49,29 +49,27 @@ class GenerateSpec(NodeSpec):
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
-        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
+        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU); a multi-turn "
+        "node (env) defaults to graphs")
     env: EnvSpec | None = Field(
         default=None, description="multi-turn rollout: an environment the policy acts in "
-        "(docs/how-to/agentic-rollouts.md); decodes on the dynamic KV cache")
+        "(docs/how-to/agentic-rollouts.md); each trajectory keeps its KV cache across turns "
+        "(engines/turn_decode.py; cuda_decode: dynamic re-encodes it every turn instead)")
 
     @model_validator(mode="before")
     @classmethod
-    def _env_decodes_dynamic(cls, data: Any) -> Any:
-        """A multi-turn node decodes on the dynamic KV cache: its default `cuda_decode`."""
+    def _env_decodes_on_graphs(cls, data: Any) -> Any:
+        """A multi-turn node decodes on the turn engine with CUDA graphs, uncompiled (each
+        observation's prefill is eager; no compile warm-up): its default `cuda_decode`."""
         if isinstance(data, dict) and data.get("env") is not None and "cuda_decode" not in data:
-            data = {**data, "cuda_decode": "dynamic"}
+            data = {**data, "cuda_decode": "graphs"}
         return data
 
     @model_validator(mode="after")
     def _env_engine(self) -> GenerateSpec:
-        if self.env is None:
-            return self
-        if self.engine != "native":
+        if self.env is not None and self.engine != "native":
             raise ValueError("env: multi-turn rollouts run on engine native (remove "
                              "engine: sglang)")
-        if self.cuda_decode != "dynamic":
-            raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
-                             "by turn; write cuda_decode: dynamic (or leave it out)")
         return self
 
     def model_parallel(self) -> int:
@@ -81,8 +79,8 @@ class GenerateSpec(NodeSpec):
 
 def use_static_engine(node: GenerateSpec, device: str) -> bool:
     """Whether generate decodes with the static decoder: engine native on a CUDA device (the
-    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) decodes
-    on the dynamic cache (validation requires `cuda_decode: dynamic` on GPUs)."""
+    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) has its
+    own engine (`GenerateWorker._turn_engine`)."""
     return (node.engine == "native" and node.cuda_decode != "dynamic" and node.env is None
             and device.split(":")[0] == "cuda")
 
@@ -238,6 +236,28 @@ class GenerateWorker:
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
+
+    def _turn_engine(self) -> Any:
+        """A multi-turn node's engine (engines/turn_decode.TurnDecoder: a trajectory keeps
+        its KV across turns), built once, a slot for every trajectory in flight; on the CPU
+        the same decoder eager. None with `cuda_decode: dynamic` (turns re-encoded in waves
+        on `cpu_decode.Decoder`)."""
+        if self.node.cuda_decode == "dynamic" or self.agent is None:
+            return None
+        if self.agent.engine is None:
+            from rlgraph.engines.turn_decode import TurnDecoder
+
+            data = self.ws.spec.data
+            prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
+            compile = self.node.cuda_decode == "compiled" and self.ws.device != "cpu"
+            engine = TurnDecoder(self.sampling_model, max_batch=prompts * data.samples_per_prompt,
+                                 max_len=data.prompt_len + data.response_len.max,
+                                 eos_token_id=self.ws.tokenizer.eos_id,
+                                 sync_every=self.node.sync_every, compile=compile,
+                                 timing=True, compact=not compile)
+            engine.warmup(use_top_p=self.node.top_p < 1.0)
+            self.agent.engine = engine
+        return self.agent.engine
 
     def _inflight(self) -> Any:
         """The rows decoding across calls (engines/inflight.py), on the static engine, also
@@ -402,6 +422,7 @@ class GenerateWorker:
                     sample_dict(ex, k, f"{ex.uid}#{k}"))
                 for ex, p in zip(examples, ids) for k in range(n)]
         with self.ws.lock, torch.no_grad():
+            self._turn_engine()
             self._swap()
             version = self.sampling_version()
             stats = self.agent.run_round(
@@ -476,6 +497,7 @@ class GenerateWorker:
                        sample_dict(example, k, trajectory.key))
 
         with self.ws.lock, torch.no_grad():
+            self._turn_engine()
             self._swap()
             version = self.sampling_version()
             swap = self._swap if self.cache.mix_versions and self.snapshot is None \

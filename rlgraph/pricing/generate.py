@@ -128,19 +128,6 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
-def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
-                      model: lengths.LengthModel) -> tuple[float, float, float]:
-    """(seconds, steps, width) of `rows` samples per replica decoded by continuous batching
-    (streaming): a finished row is refilled with a new prompt, so the engine runs at its
-    steady width (what the KV cache holds, at most the batch's rows) and the batch costs its
-    tokens at that width, rows * E[L] / width steps, not its longest tail."""
-    mean, second = lengths.moments(model)
-    width = max(1.0, min(rows, held))
-    steps = rows * mean / width
-    context = ctx.spec.data.prompt_len + second / (2 * mean)
-    return steps * decode_step_seconds(width, context, node, ctx), steps, width
-
-
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                    model: lengths.LengthModel) -> tuple[float, float, float, float]:
     """(decode seconds, decode steps, mean live rows, re-encoded tokens) of one steady-state
@@ -159,10 +146,14 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     prompts = max(1, math.ceil(per_replica / k / stride))
     check = node.sync_every if static_engine(node, ctx) else 1
     inflight = bool(getattr(node, "inflight", False))
-    profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
+    mix = bool(schedule.partial_rollout or inflight)  # else a sample never spans versions
+    profile = rollout_rounds.simulate(model, prompts, k,
+                                      float(node.oversample) if schedule.partial_rollout
+                                      else 1.0,
                                       int(schedule.max_lag), str(node.stale), check,
                                       int(data.prompt_len), stride=stride, inflight=inflight,
-                                      reencode=getattr(node, "kv", "keep") == "recompute")
+                                      reencode=getattr(node, "kv", "keep") == "recompute",
+                                      mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
                   for steps, rows, context, longest in profile.segments)
     busy = sum(steps for steps, *_ in profile.segments)
@@ -225,13 +216,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"{reencode:.3g} tokens re-encoded; the swap's pause is switch_cost")
         prefill_tokens += reencode * replicas
     if (ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout
-            and not inflight):
-        cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
-                                                   model)
-        if cont < decode:
-            decode, steps = cont, cont_steps
-            how = (f"streaming: continuous batching at {live:.0f} rows, finished rows refilled "
-                   f"with new prompts")
+            and not inflight):  # the cache's mini-batch calls, a sample within one version
+        decode, steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        how = (f"streaming: {ctx.spec.schedule.mini_batches} calls a version, finished groups "
+               f"refilled while the version can train them, {live:.0f} rows decoding on "
+               f"average (rounds simulated, `rollout_rounds`)")
     prefill = (2 * shape.matmul_active * prefill_tokens
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
                * thread_slowdown(ctx))

@@ -72,11 +72,29 @@ def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: li
     return stop
 
 
+def _restart_older(groups: list[dict], version: int, rules: RolloutRules) -> None:
+    """Without `mix_versions` (`rules.restarts_unmixed`): restart every unfinished sample of
+    a group begun under another version than `version` (its decoded tokens go back to its
+    length). A group's unfinished samples all began under
+    one version: its own, or the one they last restarted under (`restarted`); a group with
+    no finished sample takes the new version."""
+    for g in groups:
+        began = g.get("restarted", g["version"])
+        if began is None or not rules.restarts_unmixed(began, version):
+            continue
+        rows = list(zip(g["left"], g["done"], strict=True))
+        g["left"] = [r + d if r > 0 else 0 for r, d in rows]  # unfinished: from its prompt
+        g["done"] = [0 if r > 0 else d for r, d in rows]
+        g["restarted"] = version
+        if not any(r == 0 and d > 0 for r, d in rows):
+            g["version"] = version
+
+
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
              seed: int = 0, stride: int = 1, inflight: bool = False,
-             reencode: bool = True) -> RoundProfile:
+             reencode: bool = True, mix_versions: bool = True) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group). `stride` K > 1:
@@ -84,10 +102,14 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     batch's K x oversample x prompts groups in flight, admitted only while their version can
     still be trained (`RolloutCache.refill`). `inflight` (`engines.inflight`): a completed
     group's place is refilled inside the round (`_inflight_stop`), and carried rows keep
-    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version)."""
+    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version).
+    Without `mix_versions` (streaming without partial rollout) a sample never spans versions:
+    an unfinished one begun under an older version restarts from its prompt (as
+    `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
+    the cache restarts only its samples older than the bound)."""
     rng = random.Random(seed)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
-                            stale=stale, stride=stride)
+                            stale=stale, stride=stride, mix_versions=mix_versions)
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
               "dropped": 0.0}
@@ -108,6 +130,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                     g["version"] = version
                 kept.append(g)
             groups = kept
+        _restart_older(groups, version, rules)
         carried = len(groups)
         target = rules.target(t, version)
 

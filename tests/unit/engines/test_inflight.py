@@ -324,3 +324,32 @@ def test_learning_with_inflight_updates_stays_within_the_synchronous_spread(
     assert verdict["within_spread"], verdict
     inflight = runs["partial-lag2-inflight@0"]
     assert inflight["kept_rows"] > 0 and inflight["lag_max"] == 2  # rows kept across versions
+
+
+def test_inflight_refills_never_outgrow_the_batches_their_version_reaches() -> None:
+    """Generate two versions behind (a split plan whose rollout runs ahead): groups refilled
+    inside a round under version t - 2 can only be trained by batch t + 1, so no more of them
+    are admitted than batches t and t + 1 take; otherwise the surplus goes stale and is
+    dropped, long answers first (a bias towards short ones)."""
+    prompts, k, lag = 4, 2, 3
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k, oversample=1.5,
+                         max_lag=lag, stale="finish", max_new_tokens=64,
+                         prompt_of=lambda p: [1],
+                         length_of=lambda p, s: random.Random(p * 7 + s).choice([2, 3, 40]))
+    for t in range(16):
+        version = max(0, t - 2)
+        cache.evict(t, version)
+        cache.refill(t, version)
+        must = cache.must_finish(t)
+        done: set[int] = set()
+        while not (len(done) >= prompts and must <= done):
+            cache.refill(t, version, taken=min(len(done), prompts))
+            for s in (s for g in cache.groups for s in g.samples if not s.finished):
+                s.tokens.append(0)
+                s.versions.append(version)
+                s.finished = len(s.tokens) >= s.budget
+            done = {i for i, g in enumerate(cache.groups) if g.complete}
+        cache.take()
+        window = (version + lag + 1 - t) * prompts
+        assert len(cache.groups) <= max(window, cache.in_flight)
+    assert cache.totals["dropped"] == 0 and cache.totals["admitted"] > 16 * prompts * k

@@ -18,7 +18,14 @@ from rl_support import MICRO, make_spec
 
 from rlgraph.envs.calculator import CalculatorEnv, CalculatorError, evaluate
 from rlgraph.envs.guess_number import GuessNumberEnv
-from rlgraph.envs.rollout import AgentCache, AgentRollout, Row, agent_round, sample_dict
+from rlgraph.envs.rollout import (
+    AgentCache,
+    AgentRollout,
+    Row,
+    agent_round,
+    round_metrics,
+    sample_dict,
+)
 from rlgraph.envs.spec import EnvSpec
 from rlgraph.envs.trajectory import Trajectory, pack_trajectories
 from rlgraph.errors import SpecError
@@ -124,6 +131,23 @@ BAD_ENVS = textwrap.dedent('''
         def step(self, action):
             return "ok\\n", self.reward, False
 
+    class Digits:  # turns end at a digit: a few tokens each, of varied lengths
+        stop = tuple("0123456789")
+        def reset(self, prompt, sample):
+            return ""
+        def step(self, action):
+            return "ok\\n", 0.0, False
+
+    class Tool:  # two turns: a successful tool call, then a failed one
+        stop = ANY
+        def reset(self, prompt, sample):
+            self.n = 0
+            return ""
+        def step(self, action):
+            time.sleep(0.02)
+            self.n += 1
+            return "ok\\n", 0.0, self.n >= 2, {"tool_call": self.n == 1}
+
     class Async:
         stop = ANY
         async def reset(self, prompt, sample):
@@ -165,14 +189,27 @@ def rows_of(n: int, key: str = "calc") -> list[Row]:
                 sample_dict(ex, 0, f"{ex.uid}#0")) for ex in examples]
 
 
-def run_rows(spec: EnvSpec, rows: list[Row], max_new: int = 12) -> AgentRollout:
+def turn_engine(rows: int, max_len: int) -> object:
+    """The turn engine (KV kept across turns) for `rows` trajectories, eager on the CPU."""
+    from rlgraph.bench_mode import EngineKnobs
+    from rlgraph.engines.turn_decode import TurnDecoder
+
+    return TurnDecoder(micro_policy(), max_batch=rows, max_len=max_len, eos_token_id=TOK.eos_id,
+                       sync_every=4, bench=EngineKnobs(min_width=1))
+
+
+def run_rows(spec: EnvSpec, rows: list[Row], max_new: int = 12,
+             engine: bool = False) -> AgentRollout:
     agent = AgentRollout(spec, TOK, max_new)
+    if engine:
+        agent.engine = turn_engine(len(rows), max(len(r.prompt) for r in rows) + max_new + 1)
     with torch.no_grad():
         agent.run_round(rows, micro_policy(), 3, 0, lambda: None, None, eos_id=TOK.eos_id,
                         pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(0))
     return agent
 
 
+@pytest.mark.parametrize("engine", [False, True], ids=["waves", "turn_engine"])
 @pytest.mark.parametrize("cls,reason,text", [
     ("Raises", "error", "step raised RuntimeError: tool crashed"),
     ("Hangs", "timeout", "step took longer than timeout_s 0.3"),
@@ -180,11 +217,11 @@ def run_rows(spec: EnvSpec, rows: list[Row], max_new: int = 12) -> AgentRollout:
     ("Huge", "observation_too_long", "5000 tokens, more than max_observation_tokens 256"),
 ])
 def test_bad_env_ends_each_trajectory_with_one_line(env_file: Path, cls: str, reason: str,
-                                                    text: str,
+                                                    text: str, engine: bool,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     rows = rows_of(3)
     spec = EnvSpec(fn=f"{env_file}:{cls}", timeout_s=0.3, max_turns=3)
-    agent = run_rows(spec, rows)
+    agent = run_rows(spec, rows, engine=engine)
     ended = [r.trajectory for r in rows]
     assert all(t.finished for t in ended)
     failed = [t for t in ended if t.reason == reason]
@@ -193,6 +230,23 @@ def test_bad_env_ends_each_trajectory_with_one_line(env_file: Path, cls: str, re
     assert failed and all(t.reason in (reason, "length") for t in ended)
     assert len(lines) == len(failed) == len(agent.failures)
     assert all(text in line and "trajectory calc:train:" in line for line in lines), lines
+    metrics, _ = round_metrics(agent, ended)
+    assert metrics[f"env/ended_{reason}"] == len(failed)
+
+
+def test_round_metrics_count_turns_env_time_and_tool_success(env_file: Path) -> None:
+    rows = rows_of(3)
+    agent = run_rows(EnvSpec(fn=f"{env_file}:Tool", max_turns=4), rows, max_new=30,
+                     engine=True)
+    trajectories = [r.trajectory for r in rows]
+    assert [t.reason for t in trajectories] == ["done"] * 3
+    metrics, spans = round_metrics(agent, trajectories, {"wait_s": 0.0, "waves": 1.0,
+                                                         "decode_steps": 8.0})
+    assert metrics["env/turns_mean"] == metrics["env/turns_max"] == 2
+    assert metrics["env/tool_calls"] == 6 and metrics["env/tool_success_rate"] == 0.5
+    assert metrics["env/seconds"] >= 6 * 0.02 and len(spans) >= 1
+    assert metrics["env/ended_timeout"] == metrics["env/ended_error"] == 0
+    assert metrics["env/in_flight"] == 0 and metrics["env/decode_steps"] == 8
 
 
 def test_async_env_is_awaited(env_file: Path) -> None:
@@ -238,10 +292,11 @@ def test_env_that_cannot_be_built_is_one_line_before_the_run(env_file: Path) -> 
 # ---------------------------------------------------------------- the batch
 
 
-def test_observations_are_masked_and_rewards_summed(env_file: Path) -> None:
+@pytest.mark.parametrize("engine", [False, True], ids=["waves", "turn_engine"])
+def test_observations_are_masked_and_rewards_summed(env_file: Path, engine: bool) -> None:
     rows = rows_of(4)
     spec = EnvSpec(fn=f"{env_file}:Echo", max_turns=2, reward=0.5)
-    run_rows(spec, rows, max_new=30)
+    run_rows(spec, rows, max_new=30, engine=engine)
     trajectories = [r.trajectory for r in rows]
     rollout = pack_trajectories([r.prompt for r in rows], trajectories, TOK.pad_id)
     P = rollout.prompt_len
@@ -271,8 +326,16 @@ def test_length_batches_hold_a_row_with_observation_holes() -> None:
 # ---------------------------------------------------------------- partial rollout
 
 
-def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path) -> None:
-    spec = EnvSpec(fn=f"{env_file}:Echo", max_turns=3)
+@pytest.mark.parametrize("engine", [False, True], ids=["waves", "turn_engine"])
+def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path,
+                                                                  engine: bool) -> None:
+    spec = EnvSpec(fn=f"{env_file}:Digits", max_turns=3)
+
+    def new_agent() -> AgentRollout:
+        agent = AgentRollout(spec, TOK, 24)
+        if engine:  # the cache's 4 groups of 2 in flight
+            agent.engine = turn_engine(8, 40)
+        return agent
 
     def new_cache() -> AgentCache:
         return AgentCache(prompts_per_step=2, samples_per_prompt=2, oversample=2.0, max_lag=1,
@@ -294,15 +357,19 @@ def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path
                                     generator=torch.Generator().manual_seed(step))
         return groups
 
-    cache, agent = new_cache(), AgentRollout(spec, TOK, 24)
-    first = round_(cache, agent, 0)
+    cache, agent = new_cache(), new_agent()
+    with torch.no_grad():
+        first, metrics = agent_round(cache, agent, 0, policy, 0, lambda: None, row_of,
+                                     eos_id=TOK.eos_id, pad_id=TOK.pad_id,
+                                     generator=torch.Generator().manual_seed(0))
     assert len(first) == 2 and all(g.complete for g in first)
     state = copy.deepcopy(cache.state_dict())
     open_ = [s for g in cache.groups for s in g.samples if not s.finished]
     carried = [s for s in open_ if s.tokens]
     assert carried, "some trajectory should be carried into the next step"
+    assert metrics["env/in_flight"] == len(open_)
     # resume: a fresh cache and env pool from the checkpoint go on as the live ones do
-    resumed_cache, resumed_agent = new_cache(), AgentRollout(spec, TOK, 24)
+    resumed_cache, resumed_agent = new_cache(), new_agent()
     resumed_cache.load_state_dict(state)
     live = round_(cache, agent, 1)
     again = round_(resumed_cache, resumed_agent, 1)
@@ -321,8 +388,10 @@ def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path
 def test_compiler_prices_turns_and_env_latency() -> None:
     from rl_support import cost_spec, costs_of
 
-    def generate(env: dict, **schedule: object) -> tuple[float, str]:
-        spec = cost_spec(nodes={"generate": {"env": env}, "reward": {}, "logp": {},
+    def generate(env: dict, cuda_decode: str = "graphs", **schedule: object
+                 ) -> tuple[float, str]:
+        spec = cost_spec(nodes={"generate": {"env": env, "cuda_decode": cuda_decode},
+                                "reward": {}, "logp": {},
                                 "train": {"activation_checkpointing": True},
                                 "param_update": {}},
                          schedule={"max_lag": 1, **schedule})
@@ -338,6 +407,11 @@ def test_compiler_prices_turns_and_env_latency() -> None:
                                partial_rollout=True)
     sync, _ = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0})
     assert "partial rollout" in detail and partial < sync  # the long tail of turns carried
+    # the turn engine keeps each trajectory's KV: cheaper than waves that re-encode it
+    assert "KV kept across turns" in detail
+    waves, detail = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0},
+                             cuda_decode="dynamic")
+    assert "waves" in detail and waves > sync
 
 
 def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:

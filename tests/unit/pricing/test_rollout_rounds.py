@@ -16,20 +16,22 @@ from rlgraph.pricing.rollout_rounds import ROUNDS, WARMUP, simulate
 
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
-                 stale: str, check: int, prompt_len: int, stride: int = 1
-                 ) -> tuple[float, float]:
+                 stale: str, check: int, prompt_len: int, stride: int = 1,
+                 mix_versions: bool = True) -> tuple[float, float]:
     """(mean decode steps, mean re-encoded tokens) of the steady rounds of the runtime's
     cache, each round decoded one token a step for every unfinished sample (version = step,
     as in one colocated group) until `prompts` groups and the must-finish ones are complete,
     checked every `check` steps; lengths drawn in admission order with simulate's seed.
     `stride` K > 1: streaming, a call per mini-batch, version = call // K (as the worker
-    builds the cache: oversample x K, prompts a mini-batch's)."""
+    builds the cache: oversample x K, prompts a mini-batch's; `mix_versions` False: streaming
+    without partial rollout)."""
     rng = random.Random(0)
     cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
                          oversample=oversample * stride, stride=stride,
                          max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
                          prompt_of=lambda position: [1] * prompt_len,
-                         length_of=lambda position, sample: m.length_at(rng.random()))
+                         length_of=lambda position, sample: m.length_at(rng.random()),
+                         mix_versions=mix_versions)
     steps_total = reencoded_total = 0.0
     for t in range(ROUNDS * stride):
         version = t // stride
@@ -64,20 +66,26 @@ def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_la
     return steps_total / rounds, reencoded_total / rounds
 
 
-@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check", "stride"), [
-    (1.5, 1.5, 3, "finish", 8, 1), (1.0, 1.5, 1, "finish", 1, 1), (1.0, 2.0, 2, "drop", 4, 1),
-    (1.5, 1.5, 2, "restart", 8, 1), (1.0, 1.0, 0, "finish", 8, 1),
-    (1.5, 1.5, 3, "finish", 8, 4), (1.0, 1.0, 1, "finish", 1, 2)])
+@pytest.mark.parametrize(
+    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "mix"), [
+        (1.5, 1.5, 3, "finish", 8, 1, True), (1.0, 1.5, 1, "finish", 1, 1, True),
+        (1.0, 2.0, 2, "drop", 4, 1, True), (1.5, 1.5, 2, "restart", 8, 1, True),
+        (1.0, 1.0, 0, "finish", 8, 1, True), (1.5, 1.5, 3, "finish", 8, 4, True),
+        (1.0, 1.0, 1, "finish", 1, 2, True),
+        # streaming without partial rollout: a sample never spans versions
+        (1.5, 1.0, 0, "finish", 8, 4, False), (1.0, 1.0, 1, "finish", 1, 2, False),
+        (1.5, 1.0, 2, "drop", 8, 4, False)])
 def test_simulated_rounds_decode_what_the_rollout_cache_decodes(
         sigma: float, oversample: float, max_lag: int, stale: str, check: int,
-        stride: int) -> None:
+        stride: int, mix: bool) -> None:
     # the same lengths through the runtime's cache and the model's simulation: the same
     # decode steps and the same carried tokens re-encoded, round for round (streaming too)
     m = LengthModel(256, 2048, "lognormal", sigma)
     per_call = 16 // stride
-    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride)
+    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                       mix_versions=mix)
     steps, reencoded = cache_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8,
-                                    stride)
+                                    stride, mix)
     assert profile.steps == pytest.approx(steps)
     assert profile.reencoded_tokens == pytest.approx(reencoded)
 

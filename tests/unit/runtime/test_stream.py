@@ -94,14 +94,18 @@ def test_a_colocated_group_streams_time_sliced_from_a_snapshot() -> None:
     assert plan.schedule.period_s == pytest.approx(busy, rel=0.05)
 
 
-def test_streaming_prices_generate_at_its_steady_width() -> None:
-    """Continuous batching: the batch's tokens at the engine's width, not its longest tail."""
+def test_a_version_streamed_at_max_lag_0_still_decodes_its_tail() -> None:
+    """Without partial rollout a sample never spans versions, and at max_lag 0 every group of
+    a version ends inside it: the version's calls decode its longest tail as the plain batch
+    does (measured on 2 GPUs, split: 37 s a version streamed, 39 s unstreamed), and the
+    period gains only train's overlap with the tail."""
     plain = compile_plan(load_spec(LONGTAIL, ["schedule.max_lag=0"]))
     stream = compile_plan(load_spec(LONGTAIL, ["schedule.max_lag=0",
                                                "schedule.stream.mini_batches=4"]))
-    assert stream.costs["generate"].seconds < 0.8 * plain.costs["generate"].seconds
-    assert "continuous batching" in stream.costs["generate"].detail
-    assert stream.schedule.period_s < plain.schedule.period_s
+    assert stream.costs["generate"].seconds == pytest.approx(
+        plain.costs["generate"].seconds, rel=0.2)
+    assert "rounds simulated" in stream.costs["generate"].detail
+    assert stream.schedule.period_s <= plain.schedule.period_s * 1.05
 
 
 # ---------------------------------------------------------------- pipeline vs simulator
