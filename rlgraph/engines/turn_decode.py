@@ -118,6 +118,13 @@ class TurnDecoder(StaticDecoder):
         return bool(self.queue) or any(r is not None and b not in self.parked
                                        for b, r in enumerate(self.slots))
 
+    @property
+    def can_step(self) -> bool:
+        """Whether `step` would decode: a sequence is running, or one is queued and a slot
+        is free (with every slot parked, queued turns wait for a trajectory to end)."""
+        return any(r is not None and b not in self.parked for b, r in enumerate(self.slots)) \
+            or (bool(self.queue) and any(r is None for r in self.slots))
+
     def cancel(self, request_ids: Iterable[Any]) -> int:
         """StaticDecoder.cancel, parked slots included."""
         ids = set(request_ids)

@@ -123,7 +123,7 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
             engine.extend(requests)
             stats["extend_s"] += time.perf_counter() - began_extend
             stats["waves"] += 1
-        if not running:
+        if not running or not engine.can_step:  # nothing to decode until an env answers
             start = time.perf_counter()
             agent._collect(by_key, agent.spec.timeout_s + 1.0)
             stats["wait_s"] += time.perf_counter() - start
