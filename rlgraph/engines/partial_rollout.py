@@ -54,7 +54,7 @@ Why no trained token exceeds the lag: batch t's tokens are either sampled in rou
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlgraph.rollout_rules import RolloutRules, Stale
@@ -84,6 +84,10 @@ class Sample:
         self.tokens, self.logps, self.versions = [], [], []
         self.finished, self.first_step = False, -1
 
+    def state(self) -> dict[str, Any]:
+        """Plain lists and numbers (a copy), for checkpoints."""
+        return asdict(self)
+
 
 @dataclass
 class PromptGroup:
@@ -101,6 +105,8 @@ class PromptGroup:
 
 class RolloutCache:
     """The prompt groups in flight between generate calls (see the module docstring)."""
+
+    sample_type: type[Sample] = Sample  # what a group holds (a multi-turn cache: trajectories)
 
     def __init__(self, *, prompts_per_step: int, samples_per_prompt: int, oversample: float,
                  max_lag: int, stale: Stale, max_new_tokens: int,
@@ -208,11 +214,7 @@ class RolloutCache:
         return {
             "next_position": self.next_position,
             "totals": dict(self.totals),
-            "groups": [{"position": g.position,
-                        "samples": [{"tokens": list(s.tokens), "logps": list(s.logps),
-                                     "versions": list(s.versions), "finished": s.finished,
-                                     "first_step": s.first_step, "budget": s.budget}
-                                    for s in g.samples]}
+            "groups": [{"position": g.position, "samples": [s.state() for s in g.samples]}
                        for g in self.groups],
         }
 
@@ -221,7 +223,7 @@ class RolloutCache:
         self.next_position = state["next_position"]
         self.totals = dict(state["totals"])
         self.groups = [PromptGroup(g["position"], list(self.prompt_of(g["position"])),
-                                   [Sample(**s) for s in g["samples"]])
+                                   [self.sample_type(**s) for s in g["samples"]])
                        for g in state["groups"]]
 
 
