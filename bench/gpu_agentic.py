@@ -144,7 +144,7 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
         "generate_metrics": {k: mean(k) for k in (
             "env/turns_mean", "env/turns_max", "env/seconds", "env/wait_s", "env/engine_s",
             "env/extend_s", "env/step_s",
-            "env/decode_steps", "env/decode_ms_per_step", "env/decode_waves",
+            "env/decode_steps", "env/decode_ms_per_step", "env/prefill_ms", "env/decode_waves",
             "env/prefill_tokens", "env/reused_tokens", "env/observation_tokens_mean",
             "env/ended_done", "env/ended_length", "env/ended_timeout", "env/ended_error",
             "env/trajectories", "rollout/carried")},
