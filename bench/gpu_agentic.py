@@ -84,6 +84,14 @@ def graph(cpu: bool, mode: str, gpu: str = "H100") -> dict[str, Any]:
     }
 
 
+def overrides_of(mode: str) -> list[str]:
+    """The plan `mode` as overrides of the recorded graph (the sync plan's)."""
+    out = [f"schedule.{k}={json.dumps(v)}" for k, v in MODES[mode].items()]
+    if mode == "sync-waves":
+        out.append('nodes.generate.cuda_decode="dynamic"')
+    return out
+
+
 def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
     """One plan: compile (predicted period), run `steps` steps, the figures."""
     import torch
@@ -120,6 +128,7 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
 
     return {
         "mode": mode, "schedule": MODES[mode], "steps": steps,
+        "overrides": overrides_of(mode),
         "cuda_decode": spec.nodes["generate"].cuda_decode,
         "step_s": [round(s, 3) for s in step_s],
         "step_s_steady_mean": round(measured, 3),

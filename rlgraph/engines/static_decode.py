@@ -54,7 +54,7 @@ from rlgraph.bench_mode import EngineKnobs
 from rlgraph.engines import varlen_attention
 from rlgraph.engines.compaction import SlotWidths
 from rlgraph.engines.slot_cache import SlotKVCache
-from rlgraph.engines.static_ops import attention, attention_matmul, sample
+from rlgraph.engines.static_ops import attention, attention_matmul, sample, sdpa_without_cudnn
 from rlgraph.model.build import with_cache
 
 ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul",
@@ -438,9 +438,10 @@ class StaticDecoder:
             self.cache.mode = "prefill"
         self.cache.rows = rows
         try:
-            hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=mask,
-                               **with_cache(self.base, self.cache),
-                               use_cache=True).last_hidden_state
+            with sdpa_without_cudnn():  # prefills come in ever new shapes
+                hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                   **with_cache(self.base, self.cache),
+                                   use_cache=True).last_hidden_state
         finally:
             self.cache.mode, self.cache.rows = "decode", None
         last = hidden[torch.arange(n, device=dev), lengths - offset - 1]
