@@ -7,6 +7,8 @@ between a kept and a recomputed KV cache after a version change.
   python bench/gpu_inflight.py --kv-gap [--name NAME] [--out DIR] [--cpu] [key=value ...]
   python bench/gpu_inflight.py --merge PART.json [PART.json ...] --out DIR
       [--name gpu-inflight]
+  python bench/gpu_inflight.py --length-bias-engine ROUNDS [--length-scale 8] [key=value ...]
+  python bench/gpu_inflight.py --host-idle ROUNDS [--length-scale 8] [key=value ...]
 
 Modes (bench/graphs_gpu/longtail-1gpu.yaml in BENCHMARK MODE: generate.forced_lengths draws
 each sample's length from data.response_len and ignores eos until it; see gpu_longtail.py):
@@ -27,8 +29,14 @@ Reported per lr: |kept - recomputed| for the tokens after the change (mean, p99,
 same for the tokens before it (the engine's own noise floor: same weights, recomputed) and
 |v1 - v0| on the tokens after the change (how far the version change itself moves them).
 
---merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s,
-over_without_inflight (the same plan without in-flight updates, same call),
+--length-bias-engine: the trained-length bias over a long run of the runtime's own decode on
+the CPU (`length_bias_engine`). --host-idle: the host's time per look that a GPU would idle
+on, measured on the CPU (`host_idle`).
+
+--merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s (after the
+warm-up version, over `window_rate`'s window; samples_per_s_after_fill from version
+max_lag + 1 on, when the run has it), over_without_inflight (the same plan without
+in-flight updates, same call),
 trained_mean_over_sync / trained_p99_over_sync (trained response lengths against those a
 synchronous run trains over the same steps: data positions 0.. in order, forced lengths
 known per position), predicted_over_measured (the compiler's samples/s over the measured),
