@@ -68,6 +68,7 @@ class TurnDecoder(StaticDecoder):
             self.submit(fresh)
         if not starts:
             return
+        start = self._event()  # device time of the prefills (stats prefill_ms, CUDA)
         with torch.no_grad(), self._attn_impl():
             chunk: list[tuple[int, Request, int]] = []
             longest = 0
@@ -79,6 +80,8 @@ class TurnDecoder(StaticDecoder):
                 chunk.append(item)
                 longest = max(longest, n)
             self._prefill(*map(list, zip(*chunk)))
+        if start is not None:
+            self._phases.append(("prefill_ms", start, self._event()))
         self.stats["reused_tokens"] += sum(k for _, _, k in starts)
         self.stats["extend_tokens"] += sum(len(r.prompt) + len(r.tokens) - k
                                            for _, r, k in starts)
@@ -117,6 +120,13 @@ class TurnDecoder(StaticDecoder):
         """Whether a sequence is running or queued (parked slots aside)."""
         return bool(self.queue) or any(r is not None and b not in self.parked
                                        for b, r in enumerate(self.slots))
+
+    @property
+    def can_step(self) -> bool:
+        """Whether `step` would decode: a sequence is running, or one is queued and a slot
+        is free (with every slot parked, queued turns wait for a trajectory to end)."""
+        return any(r is not None and b not in self.parked for b, r in enumerate(self.slots)) \
+            or (bool(self.queue) and any(r is None for r in self.slots))
 
     def cancel(self, request_ids: Iterable[Any]) -> int:
         """StaticDecoder.cancel, parked slots included."""

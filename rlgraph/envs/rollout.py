@@ -303,6 +303,8 @@ class AgentCache(RolloutCache):
     `Trajectory` per sample (keyed by prompt uid and sample index), checkpoints keep every
     trajectory's turns, and a restored trajectory's environment is replayed."""
 
+    sample_type = Trajectory
+
     def __init__(self, *, key_of: Callable[[int], str], **kwargs: Any):
         super().__init__(**kwargs)
         self.key_of = key_of  # data position -> prompt uid
@@ -316,20 +318,6 @@ class AgentCache(RolloutCache):
             group.samples = [Trajectory(key=f"{uid}#{k}", budget=s.budget)
                              for k, s in enumerate(group.samples)]
         return added
-
-    def state_dict(self) -> dict[str, Any]:
-        """The cache as plain lists and numbers, every trajectory whole."""
-        return {"next_position": self.next_position, "totals": dict(self.totals),
-                "groups": [{"position": g.position, "samples": [s.state() for s in g.samples]}
-                           for g in self.groups]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (prompts re-read from their positions)."""
-        self.next_position = state["next_position"]
-        self.totals = dict(state["totals"])
-        self.groups = [PromptGroup(g["position"], list(self.prompt_of(g["position"])),
-                                   [Trajectory(**s) for s in g["samples"]])
-                       for g in state["groups"]]
 
 
 def agent_round(cache: AgentCache, agent: AgentRollout, step: int, model: torch.nn.Module,
@@ -367,7 +355,7 @@ def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
     turn engine), decode steps, and on the turn engine the tokens prefilled, those whose
     KV was kept across turns, the seconds of the engine's work (`engine_s`: the round less
     its waits for the env), of its prefill calls (`extend_s`) and its decode calls
-    (`step_s`), and the device ms of a decode step (CUDA)."""
+    (`step_s`), and the device ms of a decode step and of the prefills (CUDA)."""
     out = {"env/wait_s": stats["wait_s"], "env/decode_waves": stats["waves"],
            "env/decode_steps": stats["decode_steps"]}
     for key in ("prefill_tokens", "reused_tokens", "engine_s", "extend_s", "step_s"):
@@ -375,6 +363,8 @@ def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
             out[f"env/{key}"] = stats[key]
     if stats.get("decode_ms") and stats["decode_steps"]:
         out["env/decode_ms_per_step"] = stats["decode_ms"] / stats["decode_steps"]
+    if stats.get("prefill_ms"):  # device ms of the round's prefills (CUDA)
+        out["env/prefill_ms"] = stats["prefill_ms"]
     return out
 
 

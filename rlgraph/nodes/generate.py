@@ -239,9 +239,9 @@ class GenerateWorker:
 
     def _turn_engine(self) -> Any:
         """A multi-turn node's engine (engines/turn_decode.TurnDecoder: a trajectory keeps
-        its KV across turns), built once, a slot for every trajectory in flight; on the CPU
-        the same decoder eager. None with `cuda_decode: dynamic` (turns re-encoded in waves
-        on `cpu_decode.Decoder`)."""
+        its KV across turns), built once, a slot for every trajectory in flight (at most what
+        the memory pass holds); on the CPU the same decoder eager. None with
+        `cuda_decode: dynamic` (turns re-encoded in waves on `cpu_decode.Decoder`)."""
         if self.node.cuda_decode == "dynamic" or self.agent is None:
             return None
         if self.agent.engine is None:
@@ -249,8 +249,15 @@ class GenerateWorker:
 
             data = self.ws.spec.data
             prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
+            slots = prompts * data.samples_per_prompt
+            if not self.ws.spec.cluster.local:  # as many as the compiler's memory pass holds:
+                from rlgraph.compiler.memory import native_engine_slots
+
+                # the others wait for a trajectory to end and free its slot
+                slots = min(slots, native_engine_slots(self.ws.spec, self.name,
+                                                       self.ws.replicas.world))
             compile = self.node.cuda_decode == "compiled" and self.ws.device != "cpu"
-            engine = TurnDecoder(self.sampling_model, max_batch=prompts * data.samples_per_prompt,
+            engine = TurnDecoder(self.sampling_model, max_batch=slots,
                                  max_len=data.prompt_len + data.response_len.max,
                                  eos_token_id=self.ws.tokenizer.eos_id,
                                  sync_every=self.node.sync_every, compile=compile,

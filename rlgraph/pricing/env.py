@@ -38,7 +38,7 @@ from rlgraph import lengths
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.passes import compute_units, efficiency, thread_slowdown
-from rlgraph.versions import oldest_trainable
+from rlgraph.rollout_rules import RolloutRules
 
 if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
@@ -238,14 +238,17 @@ def _partial_rounds(drawn: list[list[int]], prompts: int, k: int, oversample: fl
     """(seconds, decode steps, observation prefills, carried trajectories) of a steady
     round of partial rollout on the turn engine: the rollout cache's rounds, each
     trajectory its remaining seconds on the engine (`_trajectory_seconds`)."""
-    prompts = max(1, prompts)
-    in_flight = max(prompts, math.ceil(oversample * prompts))
+    rules = RolloutRules.of(prompts=max(1, prompts), oversample=oversample, max_lag=max_lag,
+                            stale=stale)  # the rollout cache's (rlgraph.rollout_rules)
+    prompts, in_flight = rules.prompts, rules.in_flight
     supply = iter(drawn * (1 + (ROUNDS * in_flight * k) // max(1, len(drawn))))
     groups: list[dict] = []
     totals = [0.0, 0.0, 0.0, 0.0]
     for t in range(ROUNDS):
+        if rules.drops_stale:  # evict: a group begun under a version too old for batch t
+            groups = [g for g in groups if not rules.is_stale(g["version"], t)]
         carried = sum(1 for g in groups for r in g["left"] if r > 0)
-        while len(groups) < in_flight:
+        while len(groups) < rules.target(t, t):  # colocated: round t runs version t
             samples = [next(supply) for _ in range(k)]
             groups.append({"version": t, "turns": [len(s) for s in samples],
                            "full": [_trajectory_seconds(s, chunk, step_s, env_s)
@@ -253,10 +256,8 @@ def _partial_rounds(drawn: list[list[int]], prompts: int, k: int, oversample: fl
             groups[-1]["left"] = list(groups[-1]["full"])
         need = [max(g["left"]) for g in groups]
         end = sorted(need)[prompts - 1]
-        if stale == "finish":
-            must = [n for g, n in zip(groups, need)
-                    if g["version"] < oldest_trainable(t + 1, max_lag)]
-            end = max([end, *must[:prompts]])
+        must = rules.must_finish([g["version"] for g in groups], t)
+        end = max([end, *(need[i] for i in must)])
         end = math.ceil(end / (chunk * step_s)) * chunk * step_s  # the host looks per chunk
         turns_done = 0.0
         for g in groups:

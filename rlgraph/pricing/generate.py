@@ -83,7 +83,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
     least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
     context) and the host spends COSTS.static_decode_host_seconds_per_step between its
-    steps. A local CPU cluster: max(compute at
+    steps (COSTS.inflight_decode_host_seconds_per_step with in-flight updates, whose looks
+    overlap the launched steps). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
@@ -102,7 +103,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
         return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
+    host = 0.0
+    if static_engine(node, ctx):  # in flight, the host's looks overlap the launched steps
+        host = (COSTS.inflight_decode_host_seconds_per_step if getattr(node, "inflight", False)
+                else COSTS.static_decode_host_seconds_per_step)
     return gemms + kv + sampling + fixed + host
 
 

@@ -1,5 +1,6 @@
 """What partial rollout's rounds decode in steady state, by a seeded simulation of the rollout
-cache's rules (`engines.partial_rollout`) over the response-length distribution.
+cache's rounds (`engines.partial_rollout`) over the response-length distribution, under the
+cache's own admission, eviction and must-finish rules (`rlgraph.rollout_rules`).
 
 A round holds `ceil(oversample * P)` prompt groups of k samples (the carried ones first, then
 new ones in data order), decodes every unfinished sample one token a step, and stops at the
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rlgraph.lengths import LengthModel
-from rlgraph.versions import oldest_trainable
+from rlgraph.rollout_rules import RolloutRules
 
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
 ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out
@@ -46,20 +47,6 @@ class RoundProfile:
     dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
     # padding the engine's prefill chunks add to a round's re-encoded and new rows
     padding_tokens: float = 0.0
-
-
-def _targets(t: int, version: int, prompts: int, in_flight: int, max_lag: int,
-             stride: int) -> tuple[int, Callable[[int], int]]:
-    """`RolloutCache.refill`'s rule: the groups a round holds before it decodes, and how many
-    it may hold once `c` of them are complete (in-flight updates refill inside the round,
-    only for later batches: none where the round's version cannot reach them)."""
-    if stride > 1:  # streaming: as many as this version's window can still train
-        window = max(1, (version + max_lag) * stride + stride - t) * prompts
-        return min(in_flight, window), lambda c: min(in_flight + min(c, prompts), window)
-    if version > oldest_trainable(t, max_lag):  # refills: as many as its batches can take
-        window = (version + max_lag + 1 - t) * prompts
-        return in_flight, lambda c: min(in_flight + min(c, prompts), window)
-    return prompts, lambda c: 0
 
 
 def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: list[int],
@@ -91,14 +78,15 @@ def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: li
     return stop
 
 
-def _restart_older(groups: list[dict], version: int) -> None:
-    """Restart every unfinished sample of a group begun under another version than `version`
-    (its decoded tokens go back to its length). A group's unfinished samples all began under
+def _restart_older(groups: list[dict], version: int, rules: RolloutRules) -> None:
+    """Without `mix_versions` (`rules.restarts_unmixed`): restart every unfinished sample of
+    a group begun under another version than `version` (its decoded tokens go back to its
+    length). A group's unfinished samples all began under
     one version: its own, or the one they last restarted under (`restarted`); a group with
     no finished sample takes the new version."""
     for g in groups:
         began = g.get("restarted", g["version"])
-        if began is None or began == version:
+        if began is None or not rules.restarts_unmixed(began, version):
             continue
         rows = list(zip(g["left"], g["done"], strict=True))
         g["left"] = [r + d if r > 0 else 0 for r, d in rows]  # unfinished: from its prompt
@@ -126,7 +114,8 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
     the cache restarts only its samples older than the bound)."""
     rng = random.Random(seed)
-    in_flight = max(prompts, math.ceil(oversample * stride * prompts))
+    rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
+                            stale=stale, stride=stride, mix_versions=mix_versions)
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
               "dropped": 0.0, "pad": 0.0}
@@ -135,12 +124,11 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     warm = WARMUP * stride
     for t in range(ROUNDS * stride):
         version = t // stride - generate_lag
-        floor = oldest_trainable(t, max_lag, stride)  # oldest version batch t may train
-        if groups:  # evict: a group holding a token older than the floor (finish: the
+        if groups:  # evict: a group holding a token too old for batch t (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
-                if any(d and g["version"] < floor for d in g["done"]):
-                    if stale != "restart":
+                if any(g["done"]) and rules.is_stale(g["version"], t):
+                    if rules.drops_stale:
                         totals["dropped"] += k if t >= warm else 0
                         continue
                     g["left"] = [r + d for r, d in zip(g["left"], g["done"], strict=True)]
@@ -148,10 +136,14 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                     g["version"] = version
                 kept.append(g)
             groups = kept
-        if not mix_versions:
-            _restart_older(groups, version)
+        _restart_older(groups, version, rules)
         carried = len(groups)
-        target, room = _targets(t, version, prompts, in_flight, max_lag, stride)
+        target = rules.target(t, version)
+
+        def room(complete: int, t: int = t, version: int = version) -> int:
+            # in-flight updates refill inside the round, for the groups it will emit
+            return rules.target(t, version, min(complete, prompts))
+
         re_tokens = re_square = 0.0
         queue = []  # rows the round prefills, in queue order: carried, then new
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
@@ -173,9 +165,8 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
         queue += [prompt_len] * (k * (len(groups) - admitted))
         padding = chunk_padding(queue) if queue and queue[0] > prompt_len else 0
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
-        must = [i for i, g in enumerate(groups)
-                if any(g["done"]) and g["version"] < oldest_trainable(t + 1, max_lag, stride)]
-        must = must[:prompts] if stale == "finish" else []
+        must = sorted(rules.must_finish([g["version"] if any(g["done"]) else None
+                                         for g in groups], t))
         starts = [0] * len(groups)
         if inflight:
             stop = _inflight_stop(groups, starts, prompts, must, check_every, room, new_group)

@@ -198,11 +198,12 @@ def turn_engine(rows: int, max_len: int) -> object:
                        sync_every=4, bench=EngineKnobs(min_width=1))
 
 
-def run_rows(spec: EnvSpec, rows: list[Row], max_new: int = 12,
-             engine: bool = False) -> AgentRollout:
+def run_rows(spec: EnvSpec, rows: list[Row], max_new: int = 12, engine: bool = False,
+             slots: int | None = None) -> AgentRollout:
     agent = AgentRollout(spec, TOK, max_new)
     if engine:
-        agent.engine = turn_engine(len(rows), max(len(r.prompt) for r in rows) + max_new + 1)
+        agent.engine = turn_engine(slots or len(rows),
+                                   max(len(r.prompt) for r in rows) + max_new + 1)
     with torch.no_grad():
         agent.run_round(rows, micro_policy(), 3, 0, lambda: None, None, eos_id=TOK.eos_id,
                         pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(0))
@@ -235,9 +236,9 @@ def test_bad_env_ends_each_trajectory_with_one_line(env_file: Path, cls: str, re
 
 
 def test_round_metrics_count_turns_env_time_and_tool_success(env_file: Path) -> None:
-    rows = rows_of(3)
+    rows = rows_of(3)  # on 2 slots: the third trajectory waits for one to end
     agent = run_rows(EnvSpec(fn=f"{env_file}:Tool", max_turns=4), rows, max_new=30,
-                     engine=True)
+                     engine=True, slots=2)
     trajectories = [r.trajectory for r in rows]
     assert [t.reason for t in trajectories] == ["done"] * 3
     metrics, spans = round_metrics(agent, trajectories, {"wait_s": 0.0, "waves": 1.0,
