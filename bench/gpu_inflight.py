@@ -7,6 +7,8 @@ between a kept and a recomputed KV cache after a version change.
   python bench/gpu_inflight.py --kv-gap [--name NAME] [--out DIR] [--cpu] [key=value ...]
   python bench/gpu_inflight.py --merge PART.json [PART.json ...] --out DIR
       [--name gpu-inflight]
+  python bench/gpu_inflight.py --length-bias-engine ROUNDS [--length-scale 8] [key=value ...]
+  python bench/gpu_inflight.py --host-idle ROUNDS [--length-scale 8] [key=value ...]
 
 Modes (bench/graphs_gpu/longtail-1gpu.yaml in BENCHMARK MODE: generate.forced_lengths draws
 each sample's length from data.response_len and ignores eos until it; see gpu_longtail.py):
@@ -27,8 +29,14 @@ Reported per lr: |kept - recomputed| for the tokens after the change (mean, p99,
 same for the tokens before it (the engine's own noise floor: same weights, recomputed) and
 |v1 - v0| on the tokens after the change (how far the version change itself moves them).
 
---merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s,
-over_without_inflight (the same plan without in-flight updates, same call),
+--length-bias-engine: the trained-length bias over a long run of the runtime's own decode on
+the CPU (`length_bias_engine`). --host-idle: the host's time per look that a GPU would idle
+on, measured on the CPU (`host_idle`).
+
+--merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s (after the
+warm-up version, over `window_rate`'s window; samples_per_s_after_fill from version
+max_lag + 1 on, when the run has it), over_without_inflight (the same plan without
+in-flight updates, same call),
 trained_mean_over_sync / trained_p99_over_sync (trained response lengths against those a
 synchronous run trains over the same steps: data positions 0.. in order, forced lengths
 known per position), predicted_over_measured (the compiler's samples/s over the measured),
@@ -341,24 +349,112 @@ def length_bias_engine(overrides: list[str], rounds: int, scale: int) -> dict[st
     return out
 
 
-def window_rate(r: dict[str, Any]) -> float | None:
-    """Samples a second after the warm-up version, from the node events. A plan whose tasks
-    share one GPU group runs them one after another, and partial rollout may run step 1's
-    generate before step 0's train: the window between train ends (`samples_per_s_steady`)
-    then holds one generate fewer than trains. Here the window runs from the start of the
-    first steady generate to the end of the last event, less the warm-up version's events
-    inside it. A plan of several groups overlaps them, so its window stays the train ends'."""
-    if len(r.get("groups", {})) != 1 or not r.get("events"):
-        return r.get("samples_per_s_steady")
-    k = r["mini_batches"]
-    steady = [e for e in r["events"] if e["step"] >= k]
-    gens = [e["start"] for e in steady if e["node"] == "generate"]
-    if not gens:
-        return None
-    start, end = min(gens), max(e["end"] for e in r["events"])
-    warm = sum(e["end"] - e["start"] for e in r["events"] if e["step"] < k and e["start"] >= start)
+def host_idle(overrides: list[str], rounds: int, scale: int) -> dict[str, Any]:
+    """The host's time per look that a GPU would idle on, measured on the CPU: from the
+    slot read that waits for a look's decode steps to the launch of the next look's steps,
+    less the prefill computed in between (device work), over `rounds` rounds of the
+    throughput graph's forced lengths divided by `scale` (the micro model of
+    `length_bias_engine`, the GPU run's slots), partial rollout with and without in-flight
+    updates. The first two rounds are left out."""
+    import torch
+
+    from rlgraph.bench_mode import forced_length
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines import static_decode
+    from rlgraph.engines.inflight import InflightDecode
+    from rlgraph.engines.partial_rollout import RolloutCache, generate_round
+    from rlgraph.engines.static_rollout import StaticRollout
+    from rlgraph.model.build import build_model
+    from rlgraph.model.tokenizer import CharTokenizer
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
+    data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag
+    k, prompts, longest = data.samples_per_prompt, data.prompts_per_step, \
+        data.response_len.max // scale
+    tok = CharTokenizer()
+    micro = load_spec(GRAPHS / "longtail-1gpu.yaml", [
+        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
+        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
+        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+    torch.set_num_threads(1)
+    cls = static_decode.StaticDecoder
+    read, run, prefill = cls._read_slots, cls._run, cls._prefill
+    state = {"since": None, "launched": False, "prefill": 0.0, "idle": 0.0, "looks": 0}
+
+    def timed_read(self: Any) -> Any:
+        out = read(self)
+        if state["launched"]:  # the read that waits for a look's launched steps
+            state.update(since=time.perf_counter(), launched=False, prefill=0.0)
+        return out
+
+    def timed_run(self: Any, *key: Any) -> None:
+        if not state["launched"] and state["since"] is not None:
+            state["idle"] += time.perf_counter() - state["since"] - state["prefill"]
+            state["looks"] += 1
+        state["launched"] = True
+        run(self, *key)
+
+    def timed_prefill(self: Any, *args: Any) -> None:
+        began = time.perf_counter()
+        prefill(self, *args)
+        if not state["launched"]:
+            state["prefill"] += time.perf_counter() - began
+
+    out: dict[str, Any] = {"rounds": rounds, "scale": scale, "sync_every": node.sync_every,
+                           "prompts_per_step": prompts}
+    cls._read_slots, cls._run, cls._prefill = timed_read, timed_run, timed_prefill
+    try:
+        for inflight in (False, True):
+            model = build_model(micro, tok, seed=0).eval()
+            cache = RolloutCache(
+                prompts_per_step=prompts, samples_per_prompt=k, oversample=node.oversample,
+                max_lag=lag, stale=node.stale, max_new_tokens=longest,
+                prompt_of=lambda position: [1, 2, 3],
+                length_of=lambda p, s: max(1, forced_length(data.seed, p, s,
+                                                            data.response_len) // scale))
+            engine = StaticRollout(model, slots=cache.in_flight * k, max_len=longest + 8,
+                                   eos_id=tok.eos_id, compile=False, top_p=1.0,
+                                   sync_every=node.sync_every)
+            decode = InflightDecode(engine) if inflight else None
+            for t in range(rounds):
+                if t == 2:
+                    state.update(idle=0.0, looks=0)
+                with torch.no_grad():
+                    generate_round(cache, t, model, max(0, t - 2), lambda: None,
+                                   engine=None if inflight else engine, inflight=decode,
+                                   eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=1.0,
+                                   generator=torch.Generator().manual_seed(t))
+            key = "inflight" if inflight else "partial"
+            out[key] = {"looks": state["looks"],
+                        "host_idle_ms_per_look": round(state["idle"] / state["looks"] * 1e3, 3)}
+            print("host_idle", key, json.dumps(out[key]), flush=True)
+    finally:
+        cls._read_slots, cls._run, cls._prefill = read, run, prefill
+    return out
+
+
+def window_rate(r: dict[str, Any], first: int = 1) -> float | None:
+    """Samples a second from version `first` on (1: after the warm-up version), from the
+    node events. A plan whose tasks share one GPU group runs them one after another, and
+    partial rollout may run step 1's generate before step 0's train: the window between
+    train ends (`samples_per_s_steady`) then holds one generate fewer than trains. Here the
+    window runs from the start of the first generate of version `first` to the end of the
+    last event, less the earlier versions' events inside it. A plan of several groups
+    overlaps them: its window runs from the train end before version `first` to the last."""
+    events, k = r.get("events") or [], r.get("mini_batches", 1)
+    steady = [e for e in events if e["step"] >= first * k]
     trained = len({e["step"] for e in steady if e["node"] == "train"})
-    return round(r["samples_per_step"] * trained / (end - start - warm), 3)
+    if not trained:
+        return None if first > 1 else r.get("samples_per_s_steady")
+    end = max(e["end"] for e in events)
+    if len(r.get("groups", {})) == 1:
+        start = min(e["start"] for e in steady if e["node"] == "generate")
+        end -= sum(e["end"] - e["start"] for e in events
+                   if e["step"] < first * k and e["start"] >= start)
+    else:
+        start = max(e["end"] for e in events if e["node"] == "train"
+                    and e["step"] == first * k - 1)
+    return round(r["samples_per_step"] * trained / (end - start), 3)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -393,6 +489,9 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
         base = res["modes"].get(without) if without else None
         rate = window_rate(r)
         base_rate = window_rate(base) if base and "error" not in base else None
+        fill = r["max_lag"] + 1  # versions until the cache holds its steady mix
+        after = window_rate(r, fill)
+        base_after = window_rate(base, fill) if base and "error" not in base else None
         lengths = r["lengths"]
         sync = lengths["sync_same_steps"]
         trained = lengths["trained"]
@@ -400,6 +499,8 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             "name": name, "mode": mode, "gpus": gpus,
             "samples_per_s": rate,
             "samples_per_s_between_train_ends": r["samples_per_s_steady"],
+            "samples_per_s_after_fill": after,
+            "over_without_inflight_after_fill": ratio(after, base_after),
             "over_without_inflight": ratio(rate, base_rate),
             "without_inflight_samples_per_s": base_rate,
             "trained_mean_over_sync": ratio(trained["mean"], sync["mean"]),
@@ -445,6 +546,8 @@ def main() -> int:
                              "decode (micro model, CPU)")
     parser.add_argument("--length-scale", type=int, default=8,
                         help="--length-bias-engine: lengths (and look interval) divided by this")
+    parser.add_argument("--host-idle", type=int, metavar="ROUNDS",
+                        help="the host's time per look a GPU would idle on (CPU, micro model)")
     parser.add_argument("--merge", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-inflight")
@@ -463,6 +566,9 @@ def main() -> int:
                "length_bias_engine": length_bias_engine(args.overrides, args.length_bias_engine,
                                                         args.length_scale)}
         path.write_text(json.dumps(res, indent=1) + "\n")
+        return 0
+    if args.host_idle:
+        print(json.dumps(host_idle(args.overrides, args.host_idle, args.length_scale)))
         return 0
     if args.merge:
         res = merge(args.merge)

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The device call of bench/gpu_inflight.py, every part side by side where the GPUs allow,
 # then the merge into OUT/gpu-inflight.json.
-#   OUT=DIR [STEPS=3] [PHASE_S=150] [PARTS=...] bash bench/gpu_inflight.sh [key=value ...]
+#   OUT=DIR [STEPS=8] [PHASE_S=240] [PARTS=...] bash bench/gpu_inflight.sh [key=value ...]
 # 4 GPUs or more: the one-GPU plans (colocated streamed with and without in-flight updates,
 # the unstreamed partial rollout) and the kv gap one GPU each, then the two-GPU split plan
 # with and without in-flight updates on two GPU pairs. 2 GPUs: the split plan with, then
 # without in-flight updates on both, and (PARTS=all) first the colocated streamed plan with
 # in-flight updates beside the unstreamed partial rollout. Each phase is cut at PHASE_S
-# seconds (a mode cut short leaves its metrics mirrored in OUT).
+# seconds (a mode cut short leaves its metrics mirrored in OUT). STEPS=8: the rounds after the
+# fill (max_lag + 1 versions) are rated apart (samples_per_s_after_fill); 3 fit a small budget.
 set -u
 OUT=${OUT:?OUT=DIR}
-STEPS=${STEPS:-3}
-PHASE_S=${PHASE_S:-150}
+STEPS=${STEPS:-8}
+PHASE_S=${PHASE_S:-240}
 PARTS=${PARTS:-split}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]0' || echo H100)

@@ -199,11 +199,43 @@ def gpu_rows() -> list[dict[str, Any]]:
 
 
 def measured_step(run: dict[str, Any]) -> float:
-    """The run's measured period: the steady mean of its steps where it recorded them (see
+    """The run's measured period: over the steps whose window holds one generate each where
+    the run recorded its spans (`steady_window`), else the steady mean of its steps (see
     `steady_step`), else its recorded mean or median step."""
+    window = steady_window(run)
+    if window is not None:
+        return window
     if "step_s_steady_mean" in run or "step_s" in run:
         return steady_step(run)
     return float(run.get("step_s_mean") or run["step_s_median"])
+
+
+def steady_window(run: dict[str, Any]) -> float | None:
+    """Mean step over the last steps whose window (from one train's end to the last's) holds
+    as many generate calls as steps, where the run recorded its node spans (`events`) and
+    the steps after the first train's end hold fewer: within the lag, step 1's generate may
+    run before train 0 (the pipeline fills), and the steps after train 0 then hold one
+    generate less than their count, a window no steady state has. Whole pairs of steps
+    where partial rollout alternates short and long rounds and a pair fits; None where the
+    first window already holds a generate a step (steady_step's figure is then the same)."""
+    events = run.get("events")
+    if not isinstance(events, list) or run.get("mini_batches", 1) > 1:
+        return None
+    trains = sorted(e["end"] for e in events if e.get("node") == "train")
+    gens = [e["end"] for e in events if e.get("node") == "generate"]
+    last = len(trains) - 1
+
+    def holds(first: int) -> bool:
+        return sum(trains[first] < g <= trains[last] for g in gens) == last - first
+
+    if last < 1 or holds(0):
+        return None
+    fits = [a for a in range(1, last) if holds(a)]
+    if run.get("partial_rollout"):
+        fits = [a for a in fits if (last - a) % 2 == 0] or fits
+    if not fits:
+        return None
+    return (trains[last] - trains[fits[0]]) / (last - fits[0])
 
 
 def per_step_nodes(run: dict[str, Any]) -> dict[str, float]:

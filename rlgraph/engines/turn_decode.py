@@ -68,6 +68,7 @@ class TurnDecoder(StaticDecoder):
             self.submit(fresh)
         if not starts:
             return
+        start = self._event()  # device time of the prefills (stats prefill_ms, CUDA)
         with torch.no_grad(), self._attn_impl():
             chunk: list[tuple[int, Request, int]] = []
             longest = 0
@@ -79,6 +80,8 @@ class TurnDecoder(StaticDecoder):
                 chunk.append(item)
                 longest = max(longest, n)
             self._prefill(*map(list, zip(*chunk)))
+        if start is not None:
+            self._phases.append(("prefill_ms", start, self._event()))
         self.stats["reused_tokens"] += sum(k for _, _, k in starts)
         self.stats["extend_tokens"] += sum(len(r.prompt) + len(r.tokens) - k
                                            for _, r, k in starts)

@@ -159,7 +159,7 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
         running.discard(engine.queue.popleft().request_id)
     engine.release_all()
     engine._read_slots()  # collects the device times of the last decode calls
-    for key in ("decode_steps", "reused_tokens", "prefill_tokens", "decode_ms"):
+    for key in ("decode_steps", "reused_tokens", "prefill_tokens", "decode_ms", "prefill_ms"):
         stats[key] = engine.stats[key] - before[key]
     stats["engine_s"] = time.perf_counter() - began - stats["wait_s"]
     return stats

@@ -355,7 +355,7 @@ def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
     turn engine), decode steps, and on the turn engine the tokens prefilled, those whose
     KV was kept across turns, the seconds of the engine's work (`engine_s`: the round less
     its waits for the env), of its prefill calls (`extend_s`) and its decode calls
-    (`step_s`), and the device ms of a decode step (CUDA)."""
+    (`step_s`), and the device ms of a decode step and of the prefills (CUDA)."""
     out = {"env/wait_s": stats["wait_s"], "env/decode_waves": stats["waves"],
            "env/decode_steps": stats["decode_steps"]}
     for key in ("prefill_tokens", "reused_tokens", "engine_s", "extend_s", "step_s"):
@@ -363,6 +363,8 @@ def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
             out[f"env/{key}"] = stats[key]
     if stats.get("decode_ms") and stats["decode_steps"]:
         out["env/decode_ms_per_step"] = stats["decode_ms"] / stats["decode_steps"]
+    if stats.get("prefill_ms"):  # device ms of the round's prefills (CUDA)
+        out["env/prefill_ms"] = stats["prefill_ms"]
     return out
 
 

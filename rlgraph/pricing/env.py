@@ -245,8 +245,10 @@ def _partial_rounds(drawn: list[list[int]], prompts: int, k: int, oversample: fl
     groups: list[dict] = []
     totals = [0.0, 0.0, 0.0, 0.0]
     for t in range(ROUNDS):
+        if rules.drops_stale:  # evict: a group begun under a version too old for batch t
+            groups = [g for g in groups if not rules.is_stale(g["version"], t)]
         carried = sum(1 for g in groups for r in g["left"] if r > 0)
-        while len(groups) < in_flight:
+        while len(groups) < rules.target(t, t):  # colocated: round t runs version t
             samples = [next(supply) for _ in range(k)]
             groups.append({"version": t, "turns": [len(s) for s in samples],
                            "full": [_trajectory_seconds(s, chunk, step_s, env_s)

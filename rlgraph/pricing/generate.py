@@ -134,7 +134,8 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
 
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                    model: lengths.LengthModel) -> tuple[float, float, float, float]:
-    """(decode seconds, decode steps, mean live rows, re-encoded tokens) of one steady-state
+    """(decode seconds, decode steps, mean live rows, re-encoded tokens with the padding of
+    the engine's prefill chunks, `rollout_rounds.chunk_padding`) of one steady-state
     partial-rollout round of a replica: the simulated round's stretches (live rows, their
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
@@ -163,7 +164,7 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     busy = sum(steps for steps, *_ in profile.segments)
     live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
     return (seconds * stride, profile.steps * stride, live,
-            profile.reencoded_tokens * stride)
+            (profile.reencoded_tokens + profile.padding_tokens) * stride)
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -213,7 +214,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         decode, steps = partial, partial_steps
         how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
-               f"{reencode:.3g} tokens re-encoded")
+               f"{reencode:.3g} tokens re-encoded in padded prefill chunks")
         if inflight:
             how = (f"in-flight updates (kv {node.kv}): rows never stop, finished groups "
                    f"refilled inside the call, {live:.0f} rows decoding on average; "

@@ -27,6 +27,10 @@ from rlgraph.rollout_rules import RolloutRules
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
 ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out
 WARMUP = 6
+# padded tokens of one prefill call of the static engine (engines/static_decode.py
+# PREFILL_TOKENS, whose `_admit` prefills the queue in order, each chunk padded to its
+# longest row); tests/unit/pricing/test_rollout_rounds.py checks the two agree
+PREFILL_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class RoundProfile:
     carried_groups: float  # groups in flight carried into a round
     decoded_tokens: float  # tokens decoded a round (each sample's tokens once)
     dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
+    # padding the engine's prefill chunks add to a round's re-encoded and new rows
+    padding_tokens: float = 0.0
 
 
 def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: list[int],
@@ -112,7 +118,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                             stale=stale, stride=stride, mix_versions=mix_versions)
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
-              "dropped": 0.0}
+              "dropped": 0.0, "pad": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
     warm = WARMUP * stride
@@ -139,11 +145,14 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             return rules.target(t, version, min(complete, prompts))
 
         re_tokens = re_square = 0.0
+        queue = []  # rows the round prefills, in queue order: carried, then new
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
             for r, d in zip(g["left"], g["done"], strict=True):
                 if r > 0 and d > 0 and (reencode or not inflight):
                     re_tokens += prompt_len + d
                     re_square += (prompt_len + d) ** 2
+                    queue.append(prompt_len + d)
+        admitted = len(groups)
 
         def new_group(_: int, version: int = version) -> dict:
             # in flight, a group's version is that of its first token (set when it decodes
@@ -153,6 +162,8 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
 
         while len(groups) < target:
             groups.append(new_group(0))
+        queue += [prompt_len] * (k * (len(groups) - admitted))
+        padding = chunk_padding(queue) if queue and queue[0] > prompt_len else 0
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
         must = sorted(rules.must_finish([g["version"] if any(g["done"]) else None
                                          for g in groups], t))
@@ -174,6 +185,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             totals["re"] += re_tokens
             totals["re2"] += re_square
             totals["carried"] += carried
+            totals["pad"] += padding
             totals["tokens"] += sum(r for _, r, _ in runs)
             width = stop / SEGMENTS
             for j in range(SEGMENTS):
@@ -193,7 +205,22 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     n = max(1, counted)
     merged = _merge(segments, n)
     return RoundProfile(totals["steps"] / n, merged, totals["re"] / n, totals["re2"] / n,
-                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n)
+                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n,
+                        totals["pad"] / n)
+
+
+def chunk_padding(rows: list[int], budget: int = PREFILL_TOKENS) -> int:
+    """Padding tokens the static engine's prefill adds to `rows` (lengths in queue order):
+    `StaticDecoder._admit` closes a chunk before a row that would take it past `budget`
+    padded tokens and pads every row of a chunk to its longest."""
+    padded = longest = count = 0
+    for n in rows:
+        if count and (count + 1) * max(longest, n) > budget:
+            padded += count * longest
+            longest = count = 0
+        count += 1
+        longest = max(longest, n)
+    return padded + count * longest - sum(rows)
 
 
 def _merge(segments: list[tuple[float, float, float, float]], rounds: int

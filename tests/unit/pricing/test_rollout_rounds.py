@@ -4,7 +4,9 @@ decoder over the same seeded lengths, and the invariants of a round."""
 
 from __future__ import annotations
 
+import ast
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +14,13 @@ from hypothesis import strategies as st
 
 from rlgraph.engines.partial_rollout import RolloutCache
 from rlgraph.lengths import LengthModel, expected_max, moments
-from rlgraph.pricing.rollout_rounds import ROUNDS, WARMUP, simulate
+from rlgraph.pricing.rollout_rounds import (
+    PREFILL_TOKENS,
+    ROUNDS,
+    WARMUP,
+    chunk_padding,
+    simulate,
+)
 
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
@@ -184,3 +192,25 @@ def test_inflight_rounds_decode_what_the_runtime_decodes(
     again = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
                      inflight=True, reencode=True)  # kv: recompute re-encodes carried rows
     assert again.steps == profile.steps and (again.reencoded_tokens > 0 or max_lag == 0)
+
+
+def test_prefill_chunk_padding_follows_the_static_engine() -> None:
+    # the engine's chunk budget, read from its source (no torch import here)
+    source = (Path(__file__).resolve().parents[3] / "rlgraph" / "engines"
+              / "static_decode.py").read_text()
+    (value,) = [node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "") == "PREFILL_TOKENS" for t in node.targets)]
+    assert ast.literal_eval(value) == PREFILL_TOKENS
+    # StaticDecoder._admit: a chunk closes before a row that takes it past the budget, and
+    # every row of a chunk is padded to its longest
+    assert chunk_padding([8, 8, 8]) == 0
+    assert chunk_padding([4000, 8, 8, 8]) == 3 * 3992  # 4 rows x 4000 fit 16384
+    assert chunk_padding([4000, 8, 8, 8, 8]) == 3 * 3992  # the fifth opens a new chunk
+    assert chunk_padding([10, 20], budget=30) == 0  # 2 x 20 > 30: two chunks
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.integers(1, 9000), min_size=1, max_size=40))
+def test_chunk_padding_is_never_negative_and_never_exceeds_the_chunks(rows: list[int]) -> None:
+    padding = chunk_padding(rows)
+    assert 0 <= padding <= len(rows) * max(rows) - sum(rows)
