@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_SECONDS, MAX_TOKENS
+from rlgraph.limits import MAX_COUNT, MAX_PARALLEL, MAX_SECONDS, MAX_TOKENS
 
 MAX_TURNS = 10_000
 
