@@ -9,7 +9,7 @@ GRPO on this machine's CPU cores) in each mode below, the same steps and so the 
   decode and train barely parallelise, and a thread that waits for a preempted partner
   stalls the step);
 - sync_replicas: the colocated plan as two data-parallel replicas of one core (and one torch
-  thread) each, `replicas: 2` (rlgraph.worker.replicas): each generates and trains on half of every
+  thread) each, `replicas: 2` (rlgraph.process.replicas): each generates and trains on half of every
   step's prompts, gloo sums the gradients;
 - one_step_off: trainer | rollout groups of one core each, max_lag 1 (verl's one-step-off);
 - max_lag_2: the same groups, max_lag 2;

@@ -2,7 +2,7 @@
 
     python bench/compile_bench.py            # writes bench/results/compile.json
 
-Targets (issue 2): every seed graph compiles in under 20 ms in process (placement, costs,
+Targets: every seed graph compiles in under 20 ms in process (placement, costs,
 lag, bound, the simulation, the max_lag sweep and the synchronous baseline included); a
 1000-node graph in under 2 s; `rlgraph compile graph.yaml --json` as a process in under 1 s
 (the compile path imports neither torch nor ray). Wall and CPU time are both recorded:

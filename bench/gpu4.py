@@ -7,9 +7,9 @@ run one after another by `rlgraph run`'s Runner on one 4-GPU machine (one script
 Plans (bench/graphs_gpu4/): `separation` (Example 1: logp, ref_logp, train, generate on one
 GPU each; a second param_update keeps logp's policy current), `hybrid` (Example 2: [logp,
 train] on 2 GPUs, ref_logp on 1, generate on 1) and `colocated-sync` (every task in one group
-on all 4 GPUs, max_lag 0). A group runs one data-parallel replica per GPU (rlgraph.worker.replicas),
-so every allocated GPU is driven (session 2's results, one actor per group, drove only the
-first GPU of each group); each plan also reports samples/s per GPU.
+on all 4 GPUs, max_lag 0). A group runs one data-parallel replica per GPU
+(rlgraph.process.replicas), so every allocated GPU is driven (an earlier runtime, one actor per
+group, drove only the first GPU of each group); each plan also reports samples/s per GPU.
 
 Per plan: median step time and samples/s (step 0, with CUDA warm-up, left out), the compiler's
 period before and after calibration with the run's own node times (`rlgraph compile

@@ -128,7 +128,7 @@ def rollout_workspace(device: str, overrides: list[str], what: str) -> tuple[Any
     and `what` of it, build time)."""
     from rlgraph.config.load import load_spec
     from rlgraph.nodes import generate as generate_mod
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     if device == "cpu":
         generate_mod.use_static_engine = lambda *args: True

@@ -7,6 +7,8 @@ between a kept and a recomputed KV cache after a version change.
   python bench/gpu_inflight.py --kv-gap [--name NAME] [--out DIR] [--cpu] [key=value ...]
   python bench/gpu_inflight.py --merge PART.json [PART.json ...] --out DIR
       [--name gpu-inflight]
+  python bench/gpu_inflight.py --length-bias-engine ROUNDS [--length-scale 8] [key=value ...]
+  python bench/gpu_inflight.py --host-idle ROUNDS [--length-scale 8] [key=value ...]
 
 Modes (bench/graphs_gpu/longtail-1gpu.yaml in BENCHMARK MODE: generate.forced_lengths draws
 each sample's length from data.response_len and ignores eos until it; see gpu_longtail.py):
@@ -27,8 +29,14 @@ Reported per lr: |kept - recomputed| for the tokens after the change (mean, p99,
 same for the tokens before it (the engine's own noise floor: same weights, recomputed) and
 |v1 - v0| on the tokens after the change (how far the version change itself moves them).
 
---merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s,
-over_without_inflight (the same plan without in-flight updates, same call),
+--length-bias-engine: the trained-length bias over a long run of the runtime's own decode on
+the CPU (`length_bias_engine`). --host-idle: the host's time per look that a GPU would idle
+on, measured on the CPU (`host_idle`).
+
+--merge writes NAME.json: the parts, and `plans`: name, gpus, samples_per_s (after the
+warm-up version, over `window_rate`'s window; samples_per_s_after_fill from version
+max_lag + 1 on, when the run has it), over_without_inflight (the same plan without
+in-flight updates, same call),
 trained_mean_over_sync / trained_p99_over_sync (trained response lengths against those a
 synchronous run trains over the same steps: data positions 0.. in order, forced lengths
 known per position), predicted_over_measured (the compiler's samples/s over the measured),
@@ -80,7 +88,7 @@ CPU_MODES = ["cluster.cpus=2"]
 def sync_lengths(spec: Any, prompts: int) -> dict[str, float]:
     """Response lengths a synchronous run trains over `prompts` prompts: data positions
     0..prompts-1 in order, each sample's forced length."""
-    from rlgraph.presets.tasks import forced_length
+    from rlgraph.bench_mode import forced_length
 
     data = spec.data
     return length_stats([forced_length(data.seed, p, k, data.response_len)
@@ -124,7 +132,7 @@ def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
     from rlgraph.engines.cpu_decode import token_logp
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.static_rollout import seed_device
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -205,9 +213,9 @@ def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
     inside the round). Trained lengths against those a synchronous run trains over the same
     number of prompts, after the first `max_lag + 1` rounds (the pipeline's fill) and over
     all rounds, and what is still in flight at the end."""
+    from rlgraph.bench_mode import forced_length
     from rlgraph.config.load import load_spec
     from rlgraph.engines.partial_rollout import RolloutCache
-    from rlgraph.presets.tasks import forced_length
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
     data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag
@@ -265,6 +273,190 @@ def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
     return out
 
 
+def length_bias_engine(overrides: list[str], rounds: int, scale: int) -> dict[str, Any]:
+    """The trained-length bias over a long run on the CPU with the runtime's own decode: the
+    rollout cache (`RolloutCache`), `generate_round` and, with in-flight updates,
+    `InflightDecode` on the static engine (run eagerly; a micro random-init model, slots as
+    the GPU run's). Lengths are the throughput graph's forced lengths divided by `scale`
+    and the engine looks every `sync_every / scale` steps (at least 1), so a round decodes
+    the same share of each answer between looks as on the GPU. Round t runs under version
+    t - 2 (the split plan's measured lag). Trained lengths against those a synchronous run
+    trains over as many prompts, after the first `max_lag + 1` rounds and over all."""
+    import torch
+
+    from rlgraph.bench_mode import forced_length
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines.inflight import InflightDecode
+    from rlgraph.engines.partial_rollout import RolloutCache, generate_round
+    from rlgraph.engines.static_rollout import StaticRollout
+    from rlgraph.model.build import build_model
+    from rlgraph.model.tokenizer import CharTokenizer
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
+    data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag
+    k, prompts = data.samples_per_prompt, data.prompts_per_step
+    longest = data.response_len.max // scale
+    tok = CharTokenizer()
+    micro = load_spec(GRAPHS / "longtail-1gpu.yaml", [
+        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
+        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
+        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+    torch.set_num_threads(1)
+
+    def length_of(position: int, sample: int) -> int:
+        return max(1, forced_length(data.seed, position, sample, data.response_len) // scale)
+
+    out: dict[str, Any] = {"rounds": rounds, "prompts_per_step": prompts, "samples": k,
+                           "response_len": data.response_len.model_dump(), "scale": scale,
+                           "max_lag": lag, "oversample": node.oversample, "stale": node.stale,
+                           "sync_every": max(1, node.sync_every // scale)}
+    for inflight in (False, True):
+        model = build_model(micro, tok, seed=0).eval()
+        cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                             oversample=node.oversample, max_lag=lag, stale=node.stale,
+                             max_new_tokens=longest, prompt_of=lambda position: [1, 2, 3],
+                             length_of=length_of)
+        engine = StaticRollout(model, slots=cache.in_flight * k, max_len=longest + 8,
+                               eos_id=tok.eos_id, compile=False, top_p=1.0,
+                               sync_every=max(1, node.sync_every // scale))
+        decode = InflightDecode(engine) if inflight else None
+        trained: list[list[int]] = []
+        started = time.perf_counter()
+        for t in range(rounds):
+            with torch.no_grad():
+                groups, _ = generate_round(
+                    cache, t, model, max(0, t - 2), lambda: None,
+                    engine=None if inflight else engine, inflight=decode, eos_id=tok.eos_id,
+                    pad_id=tok.pad_id, temperature=1.0,
+                    generator=torch.Generator().manual_seed(t))
+            trained.append([len(s.tokens) for g in groups for s in g.samples])
+        key = "inflight" if inflight else "partial"
+        steady = [n for r in trained[lag + 1:] for n in r]
+        every = [n for r in trained for n in r]
+        sync_steady = [length_of(p, s) for p in range(len(steady) // k) for s in range(k)]
+        sync_all = [length_of(p, s) for p in range(len(every) // k) for s in range(k)]
+        st, ss = length_stats(steady), length_stats(sync_steady)
+        at, sa = length_stats(every), length_stats(sync_all)
+        out[key] = {"trained_after_fill": st, "sync_same_count": ss,
+                    "mean_over_sync_after_fill": ratio(st["mean"], ss["mean"]),
+                    "p99_over_sync_after_fill": ratio(st["p99"], ss["p99"]),
+                    "mean_over_sync_all_rounds": ratio(at["mean"], sa["mean"]),
+                    "p99_over_sync_all_rounds": ratio(at["p99"], sa["p99"]),
+                    "in_flight_at_end_samples": cache.samples(),
+                    "dropped": cache.totals["dropped"],
+                    "cpu_s": round(time.perf_counter() - started, 1)}
+        print("length_bias_engine", key, json.dumps(out[key]), flush=True)
+    return out
+
+
+def host_idle(overrides: list[str], rounds: int, scale: int) -> dict[str, Any]:
+    """The host's time per look that a GPU would idle on, measured on the CPU: from the
+    slot read that waits for a look's decode steps to the launch of the next look's steps,
+    less the prefill computed in between (device work), over `rounds` rounds of the
+    throughput graph's forced lengths divided by `scale` (the micro model of
+    `length_bias_engine`, the GPU run's slots), partial rollout with and without in-flight
+    updates. The first two rounds are left out."""
+    import torch
+
+    from rlgraph.bench_mode import forced_length
+    from rlgraph.config.load import load_spec
+    from rlgraph.engines import static_decode
+    from rlgraph.engines.inflight import InflightDecode
+    from rlgraph.engines.partial_rollout import RolloutCache, generate_round
+    from rlgraph.engines.static_rollout import StaticRollout
+    from rlgraph.model.build import build_model
+    from rlgraph.model.tokenizer import CharTokenizer
+
+    spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [*MODES["split-partial-lag3"], *overrides])
+    data, node, lag = spec.data, spec.nodes["generate"], spec.schedule.max_lag
+    k, prompts, longest = data.samples_per_prompt, data.prompts_per_step, \
+        data.response_len.max // scale
+    tok = CharTokenizer()
+    micro = load_spec(GRAPHS / "longtail-1gpu.yaml", [
+        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
+        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
+        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+    torch.set_num_threads(1)
+    cls = static_decode.StaticDecoder
+    read, run, prefill = cls._read_slots, cls._run, cls._prefill
+    state = {"since": None, "launched": False, "prefill": 0.0, "idle": 0.0, "looks": 0}
+
+    def timed_read(self: Any) -> Any:
+        out = read(self)
+        if state["launched"]:  # the read that waits for a look's launched steps
+            state.update(since=time.perf_counter(), launched=False, prefill=0.0)
+        return out
+
+    def timed_run(self: Any, *key: Any) -> None:
+        if not state["launched"] and state["since"] is not None:
+            state["idle"] += time.perf_counter() - state["since"] - state["prefill"]
+            state["looks"] += 1
+        state["launched"] = True
+        run(self, *key)
+
+    def timed_prefill(self: Any, *args: Any) -> None:
+        began = time.perf_counter()
+        prefill(self, *args)
+        if not state["launched"]:
+            state["prefill"] += time.perf_counter() - began
+
+    out: dict[str, Any] = {"rounds": rounds, "scale": scale, "sync_every": node.sync_every,
+                           "prompts_per_step": prompts}
+    cls._read_slots, cls._run, cls._prefill = timed_read, timed_run, timed_prefill
+    try:
+        for inflight in (False, True):
+            model = build_model(micro, tok, seed=0).eval()
+            cache = RolloutCache(
+                prompts_per_step=prompts, samples_per_prompt=k, oversample=node.oversample,
+                max_lag=lag, stale=node.stale, max_new_tokens=longest,
+                prompt_of=lambda position: [1, 2, 3],
+                length_of=lambda p, s: max(1, forced_length(data.seed, p, s,
+                                                            data.response_len) // scale))
+            engine = StaticRollout(model, slots=cache.in_flight * k, max_len=longest + 8,
+                                   eos_id=tok.eos_id, compile=False, top_p=1.0,
+                                   sync_every=node.sync_every)
+            decode = InflightDecode(engine) if inflight else None
+            for t in range(rounds):
+                if t == 2:
+                    state.update(idle=0.0, looks=0)
+                with torch.no_grad():
+                    generate_round(cache, t, model, max(0, t - 2), lambda: None,
+                                   engine=None if inflight else engine, inflight=decode,
+                                   eos_id=tok.eos_id, pad_id=tok.pad_id, temperature=1.0,
+                                   generator=torch.Generator().manual_seed(t))
+            key = "inflight" if inflight else "partial"
+            out[key] = {"looks": state["looks"],
+                        "host_idle_ms_per_look": round(state["idle"] / state["looks"] * 1e3, 3)}
+            print("host_idle", key, json.dumps(out[key]), flush=True)
+    finally:
+        cls._read_slots, cls._run, cls._prefill = read, run, prefill
+    return out
+
+
+def window_rate(r: dict[str, Any], first: int = 1) -> float | None:
+    """Samples a second from version `first` on (1: after the warm-up version), from the
+    node events. A plan whose tasks share one GPU group runs them one after another, and
+    partial rollout may run step 1's generate before step 0's train: the window between
+    train ends (`samples_per_s_steady`) then holds one generate fewer than trains. Here the
+    window runs from the start of the first generate of version `first` to the end of the
+    last event, less the earlier versions' events inside it. A plan of several groups
+    overlaps them: its window runs from the train end before version `first` to the last."""
+    events, k = r.get("events") or [], r.get("mini_batches", 1)
+    steady = [e for e in events if e["step"] >= first * k]
+    trained = len({e["step"] for e in steady if e["node"] == "train"})
+    if not trained:
+        return None if first > 1 else r.get("samples_per_s_steady")
+    end = max(e["end"] for e in events)
+    if len(r.get("groups", {})) == 1:
+        start = min(e["start"] for e in steady if e["node"] == "generate")
+        end -= sum(e["end"] - e["start"] for e in events
+                   if e["step"] < first * k and e["start"] >= start)
+    else:
+        start = max(e["end"] for e in events if e["node"] == "train"
+                    and e["step"] == first * k - 1)
+    return round(r["samples_per_step"] * trained / (end - start), 3)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b rounded, None when either is missing."""
     return round(a / b, 3) if a and b else None
@@ -278,35 +470,45 @@ def merge(parts: list[Path]) -> dict[str, Any]:
         res["parts"][path.stem] = {k: part.get(k) for k in ("command", "machine", "device",
                                                             "date", "overrides")}
         res["modes"].update(part.get("modes", {}))
-        for key in ("kv_gap", "length_bias_long_run"):
+        for key in ("kv_gap", "length_bias_long_run", "length_bias_engine"):
             if key in part:
                 res[key] = part[key]
     first = next(json.loads(p.read_text()) for p in parts
                  if "device" in json.loads(p.read_text()))
     res.update(machine=first["machine"], device=first["device"], workload=first["workload"])
+    return plan_table(res)
+
+
+def plan_table(res: dict[str, Any]) -> dict[str, Any]:
+    """`plans` and `targets` from the measured modes (rates over `window_rate`'s window)."""
     plans = []
     for name, gpus, mode, without in PLANS:
         r = res["modes"].get(mode)
         if not r or "error" in r:
             continue
         base = res["modes"].get(without) if without else None
+        rate = window_rate(r)
+        base_rate = window_rate(base) if base and "error" not in base else None
+        fill = r["max_lag"] + 1  # versions until the cache holds its steady mix
+        after = window_rate(r, fill)
+        base_after = window_rate(base, fill) if base and "error" not in base else None
         lengths = r["lengths"]
         sync = lengths["sync_same_steps"]
         trained = lengths["trained"]
         plans.append({
             "name": name, "mode": mode, "gpus": gpus,
-            "samples_per_s": r["samples_per_s_steady"],
-            "samples_per_s_even_steps": r.get("samples_per_s_even_steps"),
-            "over_without_inflight": ratio(r["samples_per_s_steady"],
-                                           base and base.get("samples_per_s_steady")),
-            "without_inflight_samples_per_s": base and base.get("samples_per_s_steady"),
+            "samples_per_s": rate,
+            "samples_per_s_between_train_ends": r["samples_per_s_steady"],
+            "samples_per_s_after_fill": after,
+            "over_without_inflight_after_fill": ratio(after, base_after),
+            "over_without_inflight": ratio(rate, base_rate),
+            "without_inflight_samples_per_s": base_rate,
             "trained_mean_over_sync": ratio(trained["mean"], sync["mean"]),
             "trained_p99_over_sync": ratio(trained["p99"], sync["p99"]),
             "trained_mean_over_started": ratio(trained["mean"], lengths["started"]["mean"]),
             "in_flight_at_end_samples": lengths["started_not_trained_in_flight_at_end"],
             "predicted_samples_per_s": r["predicted_samples_per_s"],
-            "predicted_over_measured": ratio(r["predicted_samples_per_s"],
-                                             r["samples_per_s_steady"]),
+            "predicted_over_measured": ratio(r["predicted_samples_per_s"], rate),
             "lag_max": r["lag_max"], "lag_violations": r["lag_violations"],
             "stale_tokens": sum(x or 0 for x in r["per_step"].get("lag/stale_tokens", [])),
             "steps": r["steps"]})
@@ -339,6 +541,13 @@ def main() -> int:
     parser.add_argument("--kv-gap-lr", default="1e-4,1e-3")
     parser.add_argument("--length-bias", type=int, metavar="ROUNDS",
                         help="the trained-length bias over ROUNDS rounds (no model, CPU)")
+    parser.add_argument("--length-bias-engine", type=int, metavar="ROUNDS",
+                        help="the trained-length bias over ROUNDS rounds of the runtime's "
+                             "decode (micro model, CPU)")
+    parser.add_argument("--length-scale", type=int, default=8,
+                        help="--length-bias-engine: lengths (and look interval) divided by this")
+    parser.add_argument("--host-idle", type=int, metavar="ROUNDS",
+                        help="the host's time per look a GPU would idle on (CPU, micro model)")
     parser.add_argument("--merge", nargs="*", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-inflight")
@@ -351,6 +560,15 @@ def main() -> int:
         res = {"machine": machine(), "command": " ".join(sys.argv),
                "length_bias_long_run": length_bias(args.overrides, args.length_bias)}
         path.write_text(json.dumps(res, indent=1) + "\n")
+        return 0
+    if args.length_bias_engine:
+        res = {"machine": machine(), "command": " ".join(sys.argv),
+               "length_bias_engine": length_bias_engine(args.overrides, args.length_bias_engine,
+                                                        args.length_scale)}
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        return 0
+    if args.host_idle:
+        print(json.dumps(host_idle(args.overrides, args.host_idle, args.length_scale)))
         return 0
     if args.merge:
         res = merge(args.merge)

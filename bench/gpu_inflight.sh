@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The device call of bench/gpu_inflight.py on one 4-GPU machine, every part side by side:
-# first the one-GPU plans (colocated streamed with and without in-flight updates, the
-# unstreamed partial rollout) and the kv gap, one GPU each; then the two-GPU split plan with
-# and without in-flight updates on two GPU pairs; then the merge into OUT/gpu-inflight.json.
-#   OUT=DIR [STEPS=3] [PHASE_S=150] bash bench/gpu_inflight.sh [key=value ...]
-# Each phase is cut at PHASE_S seconds (a mode cut short leaves its metrics mirrored in OUT).
+# The device call of bench/gpu_inflight.py, every part side by side where the GPUs allow,
+# then the merge into OUT/gpu-inflight.json.
+#   OUT=DIR [STEPS=8] [PHASE_S=240] [PARTS=...] bash bench/gpu_inflight.sh [key=value ...]
+# 4 GPUs or more: the one-GPU plans (colocated streamed with and without in-flight updates,
+# the unstreamed partial rollout) and the kv gap one GPU each, then the two-GPU split plan
+# with and without in-flight updates on two GPU pairs. 2 GPUs: the split plan with, then
+# without in-flight updates on both, and (PARTS=all) first the colocated streamed plan with
+# in-flight updates beside the unstreamed partial rollout. Each phase is cut at PHASE_S
+# seconds (a mode cut short leaves its metrics mirrored in OUT). STEPS=8: the rounds after the
+# fill (max_lag + 1 versions) are rated apart (samples_per_s_after_fill); 3 fit a small budget.
 set -u
 OUT=${OUT:?OUT=DIR}
-STEPS=${STEPS:-3}
-PHASE_S=${PHASE_S:-150}
+STEPS=${STEPS:-8}
+PHASE_S=${PHASE_S:-240}
+PARTS=${PARTS:-split}
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]0' || echo H100)
 WORKLOAD=("cluster.gpu=$GPU" "$@")
 
@@ -17,16 +23,26 @@ part() {  # part NAME GPUS ARGS...
   shift 2
   CUDA_VISIBLE_DEVICES=$gpus PYTHONUNBUFFERED=1 timeout "$PHASE_S" python3 bench/gpu_inflight.py \
     --steps "$STEPS" --out "$OUT" --name "$name" "$@" "${WORKLOAD[@]}" > "$OUT/$name.log" 2>&1
-  echo "$name exit $?"
+  echo "$name exit $? at $SECONDS s"
 }
 
-part part-stream-inflight 0 --modes stream4-colocated-lag3-inflight &
-part part-stream 1 --modes stream4-colocated-lag3 &
-part part-partial 2 --modes partial-lag3 &
-part part-kv 3 --kv-gap &
-wait
-part part-split-inflight 0,1 --modes split-partial-lag3-inflight &
-part part-split 2,3 --modes split-partial-lag3 &
-wait
+if [ "$GPUS" -ge 4 ]; then
+  part part-stream-inflight 0 --modes stream4-colocated-lag3-inflight &
+  part part-stream 1 --modes stream4-colocated-lag3 &
+  part part-partial 2 --modes partial-lag3 &
+  part part-kv 3 --kv-gap &
+  wait
+  part part-split-inflight 0,1 --modes split-partial-lag3-inflight &
+  part part-split 2,3 --modes split-partial-lag3 &
+  wait
+else
+  if [ "$PARTS" = all ]; then
+    part part-stream-inflight 0 --modes stream4-colocated-lag3-inflight &
+    part part-partial 1 --modes partial-lag3 &
+    wait
+  fi
+  part part-split-inflight 0,1 --modes split-partial-lag3-inflight
+  part part-split 0,1 --modes split-partial-lag3
+fi
 python3 bench/gpu_inflight.py --merge "$OUT"/part-*.json --out "$OUT" --name gpu-inflight
 tail -n 4 "$OUT"/part-*.log

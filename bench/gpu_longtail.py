@@ -126,7 +126,7 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     """Lengths of the samples trained on (the ledger's positions) against those started (every
     admitted position; synchronous: the trained ones), with the forced length of each."""
-    from rlgraph.presets.tasks import forced_length
+    from rlgraph.bench_mode import forced_length
     from rlgraph.runtime.checkpoint import read_ledger
 
     data = spec.data
@@ -223,7 +223,10 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
             "train/device_mallocs", "train/device_frees",
             # in-flight updates (engines/inflight.py) and the per-token lag check
             "rollout/kept", "rollout/refilled", "rollout/reencoded_tokens", "rollout/switches",
-            "generate/pause_s", "generate/prefill_tokens", "lag/stale_tokens")},
+            "generate/pause_s", "generate/prefill_tokens", "lag/stale_tokens",
+            # where a call's wall time goes on the static engine (static_rollout.py)
+            "generate/looks", "generate/prefill_s", "generate/move_s",
+            "generate/device_idle_s")},
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),

@@ -203,6 +203,11 @@ def main() -> int:
         try:
             if name == "tune-top":
                 graph, res["tune"] = tuned_graph(base, GRAPH.with_name(".tuned.yaml"))
+                if res["tune"]["origin"] == "input" and "colocated-sync" in res["runs"]:
+                    res["tune"]["same_plan_as"] = "colocated-sync"  # the graph as given
+                    print("tune-top: tune keeps the graph as given (colocated sync), "
+                          "measured above", flush=True)
+                    continue
                 overrides = ["groups.all.replicas=2"] if args.cpu and any(
                     g["name"] == "all" for g in res["tune"]["groups"]) else []
             r = run_mode(name, graph, overrides, args.steps, runs, forced=True,

@@ -1,7 +1,7 @@
 """Does the quickstart learn, and in how long? Runs `rlgraph run graphs/quickstart.yaml`
 exactly as a user would (a subprocess, default steps), times it, and records the reward curve.
 
-Targets (issue 3): the whole command finishes in under 5 minutes on a 2-core machine, and
+Targets: the whole command finishes in under 5 minutes on a 2-core machine, and
 mean reward/mean over the last 10 steps is at least 0.3 above the first 10.
 
     python bench/learning.py [--run-dir DIR] [--graph graphs/quickstart.yaml]

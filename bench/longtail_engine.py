@@ -45,10 +45,10 @@ def _mixes(rng, spec, rows: int, longest: int, cpu: bool) -> dict[str, list[tupl
     synchronous batch of forced lognormal lengths (clipped at `longest`); `partial`, a partial
     round: the same fresh rows but 1/16 of them replaced by carried rows resuming a prefix of
     1/4..3/4 of max_len with 1/16..1/4 of max_len still to generate (long next to short)."""
-    from rlgraph.presets.tasks import draw_length
+    from rlgraph.lengths import of
 
-    lengths_spec = spec.data.response_len.model_copy(update={"max": longest})
-    fresh = [draw_length(rng, lengths_spec, limit=10**9) for _ in range(rows)]
+    lengths = of(spec.data.response_len.model_copy(update={"max": longest}))
+    fresh = [lengths.draw(rng) for _ in range(rows)]
     top = 48 if cpu else spec.data.response_len.max
     carried = []
     for _ in range(rows // 16):
@@ -104,10 +104,11 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.bench_mode import EngineKnobs
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import Request, StaticDecoder
     from rlgraph.engines.varlen_attention import padded_len
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -138,8 +139,9 @@ def decode_part(cpu: bool, overrides: list[str], rows: int | None = None,
     for mix, kind in (("sync", "sdpa"), ("sync", "varlen"), ("partial", "sdpa"),
                       ("partial", "varlen")):
         dec = StaticDecoder(model, max_batch=rows, max_len=max_len, timing=not cpu,
-                            attn_block=128, compact=True, trace=True,
-                            sync_every=spec.nodes["generate"].sync_every, attention_kind=kind)
+                            attn_block=128, compact=True,
+                            sync_every=spec.nodes["generate"].sync_every,
+                            bench=EngineKnobs(attention_kind=kind, trace=True))
         t = time.perf_counter()
         graphs = dec.warmup(use_top_p=False)
         capture_s = time.perf_counter() - t
@@ -203,9 +205,10 @@ def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> 
     import torch
 
     from bench.gpu_bench import copy_bandwidth
+    from rlgraph.bench_mode import EngineKnobs
     from rlgraph.config.load import load_spec
     from rlgraph.engines.static_decode import StaticDecoder
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"
@@ -227,8 +230,8 @@ def step_sweep_part(cpu: bool, overrides: list[str], compiled: bool = False) -> 
     for kind, comp in variants:
         began = time.perf_counter()
         dec = StaticDecoder(model, max_batch=max(widths), max_len=max_len, timing=True,
-                            attn_block=128, attention_kind=kind, min_width=min(widths),
-                            compile=comp)
+                            attn_block=128, compile=comp,
+                            bench=EngineKnobs(attention_kind=kind, min_width=min(widths)))
         if compiled:
             tokens[comp] = _greedy_tokens(dec, cfg.vocab_size)
             out[f"greedy_s_compiled_{comp}"] = round(time.perf_counter() - began, 1)
@@ -311,7 +314,7 @@ def train_shapes_part(cpu: bool, overrides: list[str]) -> dict[str, Any]:
 
     from rlgraph.config.load import load_spec
     from rlgraph.engines.cpu_decode import token_logp
-    from rlgraph.worker.workspace import Workspace
+    from rlgraph.process.workspace import Workspace
 
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", overrides)
     device = "cpu" if cpu else "cuda"

@@ -70,8 +70,8 @@ def main() -> int:
     import torch
 
     from rlgraph.config.load import load_spec
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import take_rows
-    from rlgraph.worker.workspace import Workspace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")

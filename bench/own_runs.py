@@ -1,24 +1,28 @@
-"""Does the uncalibrated compiler price our own runs? For every committed GPU run
-(`bench/results/gpu-*.json`, `gpu4-*.json`: graph, overrides, measured median step) and every
-CPU mode of `bench/results/async_vs_sync*.json` (the long-tail graph, and the quickstart's
-`--graph graphs/quickstart.yaml` run), compiles the graph as it ran, without calibration, and
-sets the predicted period beside the measured step. Target: within +-25%, and the
-verdict (split vs colocated) of each CPU graph as measured. Runs of an older runtime, and a
-streamed run that stopped while its pipeline filled (no steady state), are listed but not
-counted.
+"""Does the uncalibrated compiler price our own runs? For every committed GPU run (every
+mapping, at any depth of `bench/results/gpu*.json`, with a graph, its overrides and a
+measured step: `find_runs`) and every CPU mode of `bench/results/async_vs_sync*.json` (the
+long-tail graph, and the quickstart's `--graph graphs/quickstart.yaml` run), compiles the
+graph as it ran, without calibration, and sets the predicted period beside the measured one
+(`measured_step`: over the steps after the warm-up whose window holds one generate each).
+Target: within +-25%, and the verdict (split vs colocated) of each CPU graph as measured.
+Runs of an older runtime, and a streamed run that stopped while its pipeline filled (no
+steady state), are listed but not counted. Then, per machine, calibrated on its colocated
+synchronous run, every other plan of it (target +-10%).
 
     python bench/own_runs.py
 
-Writes bench/results/own_runs.json and prints a markdown table for the README.
+Writes bench/results/own_runs.json and prints the markdown tables of docs/results/own_runs.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import re
 import shlex
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +33,8 @@ from common import RESULTS, ROOT, machine, write_result
 from rlgraph import lengths
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.calibrate import carried_scale, carry
-from rlgraph.config.load import load_spec
+from rlgraph.config.load import apply_overrides, load_spec, validate_spec
+from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import logp as logp_kind
 
 TARGET = 0.25
@@ -58,31 +63,204 @@ def overrides_of(command: str | None) -> list[str]:
     return [w for w in words if re.match(r"^[a-z_]+(\.[a-z_0-9]+)+=", w)]
 
 
+CONTAINERS = {"runs", "modes", "plans"}  # keys that only hold runs: left out of a run's name
+# Sections of a result file made by an older runtime than the one the model prices (file,
+# section): what differed.
+SUPERSEDED_SECTIONS = {
+    ("gpu-longtail-1gpu.json", "throughput"): "sdpa decode attention, before the varlen "
+                                              "decode kernel (its table keeps them)",
+    ("gpu-longtail-1gpu.json", "throughput_sigma_1.5"): "sdpa decode attention, before the "
+                                                        "varlen decode kernel",
+}
+# Runs a result file keeps that are no measurement of their own: (file, name) -> why.
+SKIPPED = {
+    ("gpu-stream-1gpu.json", "throughput/sync"): "the same sync as gpu-longtail-1gpu's, one "
+                                                 "call earlier",
+}
+STEP_KEYS = ("step_s_steady_mean", "step_s", "step_s_mean", "step_s_median")
+
+
+@dataclasses.dataclass
+class Found:
+    """One measured run found in a result file: its name there, the run's dict, the graph it
+    ran (a path or an inline mapping) and the nearest command above it."""
+
+    file: str
+    path: tuple[str, ...]
+    run: dict[str, Any]
+    graph: Any
+    command: str | None
+    result: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The run's name within its file: its keys, the containers (runs, modes) left out."""
+        return "/".join(k for k in self.path if k not in CONTAINERS)
+
+    @property
+    def section(self) -> str:
+        """The run's section of its file (its name less the last part), '' at the top."""
+        return self.name.rpartition("/")[0]
+
+
+def find_runs(file: str, data: Any) -> list[Found]:
+    """Every measured run of a result file: a mapping with a measured step (one of
+    STEP_KEYS) and a graph (its own `graph`, else its nearest ancestor's), at any depth."""
+    out: list[Found] = []
+
+    def walk(node: Any, path: tuple[str, ...], graph: Any, command: str | None) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                key = str(item.get("name", i)) if isinstance(item, dict) else str(i)
+                walk(item, (*path, key), graph, command)
+            return
+        if not isinstance(node, dict):
+            return
+        graph = node.get("graph", graph)
+        command = node["command"] if isinstance(node.get("command"), str) else command
+        if any(k in node for k in STEP_KEYS) and graph is not None and path:
+            out.append(Found(file, path, node, graph, command, data))
+            return
+        for key, value in node.items():
+            if key != "graph":
+                walk(value, (*path, str(key)), graph, command)
+
+    walk(data, (), None, None)
+    return out
+
+
+def graph_of(found: Found) -> tuple[Path | dict[str, Any], list[str]] | None:
+    """The graph a run ran and its overrides as recorded, or None where the file does not
+    say (a summary row whose run is recorded elsewhere in the file, or none)."""
+    run, graph = found.run, found.graph
+    if isinstance(graph, str):
+        graph = ROOT / graph.split(" ")[0]
+        if not graph.is_file():
+            return None
+    if "overrides" in run:
+        return graph, list(run["overrides"] or [])
+    if "schedule" in run and isinstance(run["schedule"], dict):  # a plan of an inline graph
+        return graph, [f"schedule.{k}={json.dumps(v)}" for k, v in run["schedule"].items()]
+    if "graph" not in run:  # a summary row (gpu_scale.py's `plans`): its script's overrides
+        return scale_plan(found)
+    overrides = overrides_of(found.command)
+    if run.get("partial_rollout") or found.name.endswith(PARTIAL):
+        overrides.append("schedule.partial_rollout=true")
+    if run.get("transport") in ("nccl", "object_store") and found.file.startswith("gpu4"):
+        overrides.append(f"nodes.param_update.transport={run['transport']}")
+    return graph, overrides
+
+
+def scale_plan(found: Found) -> tuple[Path, list[str]] | None:
+    """A plan of bench/gpu_scale.py recorded only as its summary row (the file's first
+    form, before it kept each run's graph and overrides): the overrides the script gave that
+    plan, from its `--shape` and `--gpus` as the recorded command states them."""
+    command = found.command or ""
+    if "gpu_scale.py" not in command:
+        return None
+    runs = found.result.get("runs") or {}
+    if (runs.get(found.path[-1]) or {}).get("graph"):
+        return None  # the run itself is recorded: that row is priced, not this one
+    import gpu_scale
+
+    shape = re.search(r"--shape\s+(\S+)", command)
+    gpus = re.search(r"--gpus\s+(\d+)", command)
+    name = str(found.result.get("device", {}).get("name", ""))
+    base = [*gpu_scale.SHAPES[shape.group(1) if shape else "3b"],
+            f"cluster.gpus_per_node={gpus.group(1) if gpus else 4}",
+            f"cluster.gpu={'H200' if 'H200' in name else 'H100'}"]
+    overrides = gpu_scale.plans(False, base).get(found.path[-1])
+    return (gpu_scale.GRAPH, overrides) if overrides is not None else None
+
+
 def gpu_rows() -> list[dict[str, Any]]:
-    """One row per committed GPU run."""
+    """One row per measured run of every committed GPU result file (`gpu*.json`)."""
     rows = []
-    files = sorted(RESULTS.glob("gpu-*.json")) + sorted(RESULTS.glob("gpu4-*.json"))
-    for file in files:
-        result = json.loads(file.read_text())
-        runs = result.get("runs")
-        if not isinstance(runs, dict):
-            continue
-        for name, run in runs.items():
-            if not isinstance(run, dict) or "graph" not in run or "step_s_median" not in run:
+    for file in sorted(RESULTS.glob("gpu*.json")):
+        for found in find_runs(file.name, json.loads(file.read_text())):
+            if "invalid" in found.name or (file.name, found.name) in SKIPPED:
                 continue
-            overrides = overrides_of(result.get("command"))
-            if run.get("partial_rollout") or name.endswith(PARTIAL):
-                overrides.append("schedule.partial_rollout=true")
-            if run.get("transport") in ("nccl", "object_store") and file.name.startswith("gpu4"):
-                overrides.append(f"nodes.param_update.transport={run['transport']}")
-            overrides += one_gpu_driven(run)
-            ran_logp = float(run.get("node_s_median", {}).get("logp", 0.0)) > 0
-            rows.append(price(f"{file.name}: {name}", ROOT / run["graph"], overrides,
-                              float(run["step_s_median"]), SUPERSEDED.get(file.name),
-                              logp_ran=ran_logp, length=(run.get("rollout_metrics_median")
-                                                         or {}).get("response/length_mean"),
-                              nodes=run.get("node_s_median"), machine=file.name))
+            ran = graph_of(found)
+            if ran is None:
+                continue
+            graph, overrides = ran
+            run = found.run
+            cluster = spec_of(graph, overrides).cluster
+            overrides = overrides + one_gpu_driven(run)
+            nodes = run.get("node_s_median") or per_step_nodes(run)
+            superseded = SUPERSEDED.get(file.name) or SUPERSEDED_SECTIONS.get(
+                (file.name, found.section))
+            rows.append(price(f"{file.name}: {found.name}", graph, overrides,
+                              measured_step(run), superseded,
+                              logp_ran=float((nodes or {}).get("logp", 0.0)) > 0,
+                              length=measured_length(run), unsteady=only_filled(run),
+                              nodes=nodes, machine=f"{file.name}: {found.section}"
+                              if found.section else file.name)
+                        | {"cluster_gpus": cluster.nodes * cluster.gpus_per_node})
     return rows
+
+
+def measured_step(run: dict[str, Any]) -> float:
+    """The run's measured period: over the steps whose window holds one generate each where
+    the run recorded its spans (`steady_window`), else the steady mean of its steps (see
+    `steady_step`), else its recorded mean or median step."""
+    window = steady_window(run)
+    if window is not None:
+        return window
+    if "step_s_steady_mean" in run or "step_s" in run:
+        return steady_step(run)
+    return float(run.get("step_s_mean") or run["step_s_median"])
+
+
+def steady_window(run: dict[str, Any]) -> float | None:
+    """Mean step over the last steps whose window (from one train's end to the last's) holds
+    as many generate calls as steps, where the run recorded its node spans (`events`) and
+    the steps after the first train's end hold fewer: within the lag, step 1's generate may
+    run before train 0 (the pipeline fills), and the steps after train 0 then hold one
+    generate less than their count, a window no steady state has. Whole pairs of steps
+    where partial rollout alternates short and long rounds and a pair fits; None where the
+    first window already holds a generate a step (steady_step's figure is then the same)."""
+    events = run.get("events")
+    if not isinstance(events, list) or run.get("mini_batches", 1) > 1:
+        return None
+    trains = sorted(e["end"] for e in events if e.get("node") == "train")
+    gens = [e["end"] for e in events if e.get("node") == "generate"]
+    last = len(trains) - 1
+
+    def holds(first: int) -> bool:
+        return sum(trains[first] < g <= trains[last] for g in gens) == last - first
+
+    if last < 1 or holds(0):
+        return None
+    fits = [a for a in range(1, last) if holds(a)]
+    if run.get("partial_rollout"):
+        fits = [a for a in fits if (last - a) % 2 == 0] or fits
+    if not fits:
+        return None
+    return (trains[last] - trains[fits[0]]) / (last - fits[0])
+
+
+def per_step_nodes(run: dict[str, Any]) -> dict[str, float]:
+    """Median seconds per step of each node from `<node>_s_per_step` lists (the first step,
+    warm-up, left out where there are three or more), where a run recorded those."""
+    out = {}
+    for key, values in run.items():
+        if key.endswith("_s_per_step") and isinstance(values, list) and values:
+            kept = values[1:] if len(values) >= 3 else values
+            out[key.removesuffix("_s_per_step")] = statistics.median(kept)
+    return out
+
+
+def measured_length(run: dict[str, Any]) -> float | None:
+    """Mean trained response length of the steps the period counts, where recorded."""
+    steady = steady_length(run)
+    if steady is not None:
+        return steady
+    for key in ("trained_response_length_mean_per_step", "response_tokens_mean"):
+        means = run.get(key) or []
+        if len(means) > 1:
+            return sum(means[1:]) / len(means[1:])
+    return (run.get("rollout_metrics_median") or {}).get("response/length_mean")
 
 
 def one_gpu_driven(run: dict[str, Any]) -> list[str]:
@@ -98,41 +276,6 @@ def one_gpu_driven(run: dict[str, Any]) -> list[str]:
     return ["cluster.gpus_per_node=1"]
 
 
-# gpu-longtail-1gpu.json's throughput sections on the current runtime (the earlier ones ran
-# the sdpa decode attention, before round 4's varlen kernel; their `table` keeps them)
-LONGTAIL = {"throughput_sigma_1.5_varlen": None, "throughput_sigma_1.5_rolloutlogp": None,
-            "throughput_sigma_1.5_lag6_rolloutlogp": None}
-STREAM_SECTIONS = {"throughput": None}  # gpu-stream-1gpu.json (a version per step)
-
-
-def longtail_rows() -> list[dict[str, Any]]:
-    """One row per mode of the one-GPU long-tail runs (`bench/gpu_longtail.py`: the sync and
-    partial-rollout steps, and the streamed plan's versions), measured as the benchmark's
-    throughput basis (`step_s_steady_mean`: a partial rollout's short and long rounds
-    alternate, so a median of steps misstates the period)."""
-    rows = []
-    for name, sections in (("gpu-longtail-1gpu.json", LONGTAIL),
-                           ("gpu-stream-1gpu.json", STREAM_SECTIONS),
-                           ("gpu-stream-1gpu-long.json", STREAM_SECTIONS)):
-        file = RESULTS / name
-        if not file.is_file():
-            continue
-        result = json.loads(file.read_text())
-        for section, superseded in sections.items():
-            for mode, run in (result.get(section) or {}).items():
-                if not isinstance(run, dict) or "graph" not in run:
-                    continue
-                if name == "gpu-stream-1gpu.json" and mode == "sync":
-                    continue  # the same sync as gpu-longtail-1gpu's, one call earlier
-                measured = steady_step(run)
-                rows.append(price(f"{name}: {section}/{mode}", ROOT / run["graph"],
-                                  list(run.get("overrides", [])), float(measured), superseded,
-                                  length=steady_length(run), unsteady=only_filled(run),
-                                  nodes=run.get("node_s_median"),
-                                  machine=f"{name}: {section}"))
-    return rows
-
-
 def steady_step(run: dict[str, Any]) -> float:
     """Mean step after the warm-up step 0 (a streamed run: its version's, after the
     max_lag + 1 versions that fill its pipeline, where it recorded them); a partial rollout's
@@ -145,8 +288,9 @@ def steady_step(run: dict[str, Any]) -> float:
         if versions:
             return sum(versions) / len(versions)
         return float(run["step_s_steady_mean"])
-    after = (run.get("step_s_all") or [])[1:]
-    if run.get("partial_rollout") and len(after) % 2:
+    after = (run.get("step_s_all") or run.get("step_s") or [])[1:]
+    partial = run.get("partial_rollout") or (run.get("schedule") or {}).get("partial_rollout")
+    if partial and len(after) % 2:
         after = after[:-1]
     if not after:
         return float(run.get("step_s_steady_mean") or run["step_s_median"])
@@ -198,6 +342,29 @@ def logp_forward_priced(ran: bool) -> Iterator[None]:
         logp_kind.skip_reason = skip
 
 
+@contextlib.contextmanager
+def memory_measured_only() -> Iterator[None]:
+    """Compile with the memory check measuring but not refusing: a run that ran fit its
+    GPUs, whatever the check says (where it refuses one, the row says so)."""
+    from rlgraph.compiler import placement
+
+    check = placement.check_memory
+    placement.check_memory = lambda *args, refuse=True, **kw: check(*args, refuse=False, **kw)
+    try:
+        yield
+    finally:
+        placement.check_memory = check
+
+
+def memory_refusal(spec: Any) -> str | None:
+    """The memory check's refusal of a plan that ran, or None where it accepts it."""
+    try:
+        compile_plan(spec)
+    except SpecError as err:
+        return str(err).split(": ", 1)[-1] if "per GPU" in str(err) else None
+    return None
+
+
 def cpu_rows() -> list[dict[str, Any]]:
     """One row per CPU mode of every bench/results/async_vs_sync*.json."""
     rows = []
@@ -221,15 +388,17 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
     the run recorded its mean trained response `length`, the prediction again at that mean
     (the graph's other length terms kept): the cost model's error with the workload the
     policy actually produced, a diagnostic beside the figure, not the figure."""
-    spec = load_spec(graph, overrides)
+    spec = spec_of(graph, overrides)
     with logp_forward_priced(logp_ran):
+        refused = memory_refusal(spec)
+    with logp_forward_priced(logp_ran), memory_measured_only():
         plan = compile_plan(spec)
         at_length = None
         stated = spec.data.response_len
         if length and stated.mean < stated.max:  # a fixed length has no distribution to move
             mean = stated_mean(stated, float(length))
-            at_length = compile_plan(load_spec(graph, [*overrides,
-                                                       f"data.response_len.mean={mean:.4g}"]))
+            at_length = compile_plan(spec_of(graph, [*overrides,
+                                                     f"data.response_len.mean={mean:.4g}"]))
     predicted = plan["schedule"]["period_s"]
     measured_length = {}
     if at_length is not None:
@@ -238,7 +407,8 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
                            "graph_length_mean": stated.mean,
                            "predicted_at_measured_length_s": round(again, 4),
                            "ratio_at_measured_length": round(again / measured, 3)}
-    return {"run": name, "graph": str(graph.relative_to(ROOT)), "overrides": overrides,
+    return {"run": name, "graph": graph_name(graph), "graph_data": graph_data(graph),
+            "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
             "within_target": within(predicted / measured),
@@ -247,8 +417,35 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
             "bottleneck": plan["schedule"]["bottleneck"], **measured_length,
             "measured_nodes_s": nodes or {}, "machine_key": machine, "logp_ran": logp_ran,
+            "memory_check_refused": refused,
             "gpus": sum(g["gpus"] for g in plan["placement"]["groups"]),
             "colocated_sync": is_colocated_sync(spec)}
+
+
+def spec_of(graph: Path | dict[str, Any], overrides: list[str]) -> Any:
+    """The validated spec of a graph file or an inline graph (a result file's `graph`
+    mapping), with `overrides`."""
+    if isinstance(graph, Path):
+        return load_spec(graph, overrides)
+    data, source = copy.deepcopy(graph), SourceMap()
+    apply_overrides(data, overrides, source)
+    return validate_spec(data, source)
+
+
+def graph_name(graph: Path | dict[str, Any]) -> str:
+    """A graph file relative to the repository, or an inline graph's name."""
+    return str(graph.relative_to(ROOT)) if isinstance(graph, Path) else (
+        f"inline graph {graph.get('name', '')}".strip())
+
+
+def graph_data(graph: Path | dict[str, Any]) -> dict[str, Any] | None:
+    """An inline graph's mapping (None for a file), so the row can be priced again."""
+    return None if isinstance(graph, Path) else graph
+
+
+def row_graph(row: dict[str, Any]) -> Path | dict[str, Any]:
+    """The graph a priced row ran: its inline mapping or its file."""
+    return row["graph_data"] if row.get("graph_data") is not None else ROOT / row["graph"]
 
 
 def is_colocated_sync(spec: Any) -> bool:
@@ -267,19 +464,19 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]
                and r["machine_key"] and r["measured_nodes_s"]]
-    for key in dict.fromkeys(r["machine_key"] for r in current):
-        same = [r for r in current if r["machine_key"] == key]
+    for key, size in dict.fromkeys((r["machine_key"], r["cluster_gpus"]) for r in current):
+        same = [r for r in current if (r["machine_key"], r["cluster_gpus"]) == (key, size)]
         anchor = next((r for r in same if r["colocated_sync"]), None)
         if anchor is None or len(same) < 2:
             continue
         with logp_forward_priced(anchor["logp_ran"]):
             scale = carried_scale(anchor["measured_nodes_s"],
-                                  load_spec(ROOT / anchor["graph"], anchor["overrides"]))
+                                  spec_of(row_graph(anchor), anchor["overrides"]))
         for r in same:
             if r is anchor:
                 continue
-            spec = load_spec(ROOT / r["graph"], r["overrides"])
-            with logp_forward_priced(r["logp_ran"]):
+            spec = spec_of(row_graph(r), r["overrides"])
+            with logp_forward_priced(r["logp_ran"]), memory_measured_only():
                 plan = compile_plan(spec, calibration=carry(scale, spec))
             period = plan["schedule"]["period_s"]
             out.append({"machine": key, "gpus": r["gpus"], "calibrated_on": anchor["run"],
@@ -367,7 +564,7 @@ def cross_markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     """Price every run, write the JSON, print the table."""
-    gpu, cpu = gpu_rows() + longtail_rows(), cpu_rows()
+    gpu, cpu = gpu_rows(), cpu_rows()
     rows = gpu + cpu
     crossed = cross_plan(gpu)
     current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]]

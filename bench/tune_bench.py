@@ -7,7 +7,7 @@ tuned period and the improvement (user / tuned, both predicted by the same compi
 this run), the colocated synchronous period, the chosen groups, lag and bottleneck, and the
 search time (wall and CPU: other jobs share this machine). Each GPU graph is searched again
 on 8 nodes x 8 GPUs (`cluster.nodes=8`), and so are the synthetic 64-GPU spaces of
-tests/unit/compiler/graphs_tune/ (every group size accepted; six GPU tasks). Target: a 64-GPU
+tests/unit/tune/graphs_tune/ (every group size accepted; six GPU tasks). Target: a 64-GPU
 space in under 10 s. Side by side in this run, on the seed graphs at their own size: the
 bound-pruned search against simulating every candidate of the same space (same best plan,
 how many times faster); and on eight GPU tasks (4140 partitions) the seeded local search
@@ -32,8 +32,10 @@ from common import machine  # noqa: E402
 
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.config.schema import Spec  # noqa: E402
-from rlgraph.tune.search import Leaderboard, _plan_of, _Search, tune  # noqa: E402
-from rlgraph.tune.space import Evaluator, SearchSpace  # noqa: E402
+from rlgraph.tune.evaluate import Evaluator  # noqa: E402
+from rlgraph.tune.ranking import Leaderboard  # noqa: E402
+from rlgraph.tune.search import _plan_of, _Search, tune  # noqa: E402
+from rlgraph.tune.space import SearchSpace  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "tune.json"
 TARGET_64_S = 10.0
@@ -108,7 +110,7 @@ def main() -> None:
                         "times_faster": brute_s / max(r["search_wall_s"], 1e-9)})
     big = [(p, ["cluster.nodes=8", "cluster.gpus_per_node=8"]) for p in seeds
            if not load_spec(p).cluster.local]
-    tests = ROOT / "tests" / "unit" / "compiler" / "graphs_tune"
+    tests = ROOT / "tests" / "unit" / "tune" / "graphs_tune"
     big += [(tests / "wide-64.yaml", []), (tests / "six-tasks-64.yaml", []),
             (tests / "six-tasks-64.yaml", EIGHT_TASKS)]
     for path, overrides in big:

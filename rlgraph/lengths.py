@@ -1,16 +1,27 @@
-"""Statistics of the response-length distribution (`data.response_len`) the cost models read:
-the clipped mean, E[L^2] (KV reads), the survival curve and the expected longest of n samples.
+"""The response-length distribution (`data.response_len`), one type for every reader: the
+built-in tasks and the benchmarks draw lengths from it, the cost models read its statistics
+(the clipped mean, E[L^2] for KV reads, the survival curve, the expected longest of n samples).
 
-The distribution is the one `rlgraph.rl.data.draw_length` samples: lognormal (mean `mean`, std
-of log length `sigma`) or pareto (tail index `alpha`), clipped at `max`, whose mass above
-max sits on max as max_response_length truncates it. Pure math (no numpy), cached.
+`LengthModel` is lognormal (mean `mean`, std of log length `sigma`) or pareto (tail index
+`alpha`), clipped at `max`, whose mass above max sits on max as max_response_length truncates
+it. It is sampled two ways, each written once:
+
+- `LengthModel.draw(rng)`: one random length from a `random.Random` (the longtail task's
+  targets, generate's forced lengths, the delay environment's turns, the benchmarks);
+- `LengthModel.length_at(u)`: the length at quantile `u` (the cost model's rollout
+  simulation draws `u` itself; `quantile` is the same curve unrounded, which the moments
+  integrate).
+
+Pure math (no numpy), cached.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from statistics import NormalDist
 
 GRID = 400  # quantile points of the moments and survival integrals
 
@@ -41,25 +52,45 @@ class LengthModel:
         """P(L > x): the fraction of a batch's rows still decoding after x tokens."""
         return 1.0 - self.cdf(x)
 
+    def per_turn(self, turns: float) -> LengthModel:
+        """The length of one turn of a multi-turn trajectory whose whole response follows
+        this model over `turns` turns on average: mean and max divided by them (at least 1)."""
+        return replace(self, mean=max(1.0, self.mean / turns), max=max(1.0, self.max / turns))
+
+    def quantile(self, u: float) -> float:
+        """The x with P(L <= x) = u, unrounded, clipped at max (u is kept inside (0, 1))."""
+        if self.dist == "pareto":
+            low = self.mean * (self.alpha - 1) / self.alpha
+            x = low / max(1e-12, 1.0 - u) ** (1 / self.alpha)
+        else:
+            mu = math.log(self.mean) - self.sigma ** 2 / 2
+            x = math.exp(mu + self.sigma * NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
+        return min(self.max, x)
+
+    def length_at(self, u: float) -> int:
+        """The whole length at quantile u: `quantile(u)` rounded, at least 1 (max where the
+        mean is max: a fixed length)."""
+        if self.mean >= self.max:
+            return int(self.max)
+        return int(min(self.max, max(1, round(self.quantile(u)))))
+
+    def draw(self, rng: random.Random, limit: float = math.inf) -> int:
+        """One random length drawn with `rng`, rounded and clipped to [1, max] and to `limit`
+        (the longtail task's notation spells at most `presets.tasks.LONGTAIL_MAX`)."""
+        if self.dist == "pareto":
+            low = self.mean * (self.alpha - 1) / self.alpha
+            value = low / (1.0 - rng.random()) ** (1 / self.alpha)
+        else:
+            mu = math.log(self.mean) - self.sigma ** 2 / 2
+            value = rng.lognormvariate(mu, self.sigma)
+        return int(max(1, min(round(value), self.max, limit)))
+
 
 def of(response_len: object) -> LengthModel:
-    """The LengthModel of a spec's `data.response_len`."""
+    """The LengthModel of a spec's `data.response_len` (`config.schema.ResponseLength`)."""
     r = response_len
     return LengthModel(float(r.mean), float(r.max), str(getattr(r, "dist", "lognormal")),
                        float(getattr(r, "sigma", 1.0)), float(getattr(r, "alpha", 1.5)))
-
-
-def _quantile(m: LengthModel, u: float) -> float:
-    lo, hi = 0.0, m.max
-    if m.cdf(hi - 1e-9) < u:
-        return m.max
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if m.cdf(mid) < u:
-            lo = mid
-        else:
-            hi = mid
-    return hi
 
 
 @lru_cache(maxsize=4096)
@@ -67,7 +98,7 @@ def moments(m: LengthModel) -> tuple[float, float]:
     """(E[L], E[L^2]) of the clipped distribution."""
     if m.mean >= m.max:  # a fixed length
         return m.max, m.max ** 2
-    values = [max(1.0, _quantile(m, (i + 0.5) / GRID)) for i in range(GRID)]
+    values = [max(1.0, m.quantile((i + 0.5) / GRID)) for i in range(GRID)]
     return sum(values) / GRID, sum(v * v for v in values) / GRID
 
 
@@ -93,7 +124,7 @@ def sorted_pass_tokens(m: LengthModel, rows: int, prompt: int, budget: int, bloc
     GRID points, each standing for rows / points of them)."""
     points = min(rows, GRID)
     weight = rows / points
-    xs = sorted((m.max if m.mean >= m.max else max(1.0, _quantile(m, (i + 0.5) / points))
+    xs = sorted((m.max if m.mean >= m.max else max(1.0, m.quantile((i + 0.5) / points))
                  for i in range(points)), reverse=True)
     tokens = square = 0.0
     i = 0

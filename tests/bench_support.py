@@ -17,5 +17,6 @@ def bench_module(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module

@@ -58,9 +58,9 @@ def memory_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The placement pass measures memory but refuses no plan for it: for tests of the cost
     model on shapes chosen for their arithmetic, not to fit a GPU (the memory check has its
     own tests, tests/unit/compiler/test_memory.py)."""
-    from rlgraph.compiler import memory, placement
+    from rlgraph.compiler import memory_check, placement
 
     def measure_only(*args: object, **kwargs: object) -> object:
-        return memory.check_memory(*args, **{**kwargs, "refuse": False})
+        return memory_check.check_memory(*args, **{**kwargs, "refuse": False})
 
     monkeypatch.setattr(placement, "check_memory", measure_only)

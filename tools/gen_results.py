@@ -185,7 +185,7 @@ def table(rows: list[dict], label: str | None = None) -> list[str]:
 def tables(data: dict) -> list[str]:
     """The file's tables: lists of records, records by name, or a printed table."""
     out: list[str] = []
-    for key in ("table", "summary", "cases", "runs", "modes"):
+    for key in ("table", "plans", "summary", "cases", "variants", "runs", "modes"):
         value = data.get(key)
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             out += [f"`{key}`:", "", "```", *value, "```", ""]

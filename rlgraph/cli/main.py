@@ -71,12 +71,15 @@ def compile_spec(spec: Any, calibration: Path | None = None, baseline: str | Non
     """Run the compiler on a loaded spec; its SpecErrors point into the spec's file.
 
     `calibration`: a run dir or its trace.json: the run's measured / modelled node times
-    scale this plan's (`rlgraph.compiler.calibrate.carried_calibration`). `baseline`: the
+    scale this plan's (`rlgraph.compiler.calibrate.carried_calibration`), and a multi-turn
+    run's env step prices its env where the graph gives no latency. `baseline`: the
     system whose colocated synchronous step the speedup compares with.
     """
     compile_plan = _lazy("rlgraph.compiler", "compile_plan", "compile")
     carried = _lazy("rlgraph.compiler.calibrate", "carried_calibration", "compile")
+    env_latency = _lazy("rlgraph.compiler.calibrate", "with_env_latency", "compile")
     try:
+        spec = env_latency(spec, calibration)  # a multi-turn run's measured env step
         measured = carried(calibration, spec) if calibration is not None else None
         return compile_plan(spec, calibration=measured, baseline=baseline)
     except SpecError as err:

@@ -22,7 +22,8 @@ from rlgraph.config.load import apply_overrides, load_spec
 from rlgraph.config.safe_yaml import read_graph
 from rlgraph.errors import RLGraphError, SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.tune.search import Plan, TuneResult, tune
+from rlgraph.tune.ranking import RankedPlan, TuneResult
+from rlgraph.tune.search import tune
 
 
 def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneResult
@@ -114,7 +115,7 @@ def anchor_paths(data: dict[str, Any], graph_dir: Path) -> None:
                 node["env"]["fn"] = anchored_ref(node["env"]["fn"])
 
 
-def _groups_text(plan: Plan) -> str:
+def _groups_text(plan: RankedPlan) -> str:
     """One line per group: `name ×GPUs`, with the tasks when the name does not list them."""
     lines = []
     for g in plan.groups:

@@ -6,7 +6,7 @@ and what the passes before it returned:
 0. `references.check_references`  reward functions and data files exist (parsed, not run);
 1. `graph.build_graph`       dataflow of one step + the param_update back edge;
 2. `placement.place`         shares -> GPUs -> devices, every divisibility rule, and
-                             `memory.check_memory`: bytes per GPU of every group;
+                             `memory_check.check_memory`: bytes per GPU of every group;
 3. `cost.node_costs`         seconds per step per node (model, override or calibrated);
 4. `lag.prove_lag`           the off-policy bound, per pair and per edge;
 5. `bound.schedule_bound`    max(cycle ratio, group load), exact;

@@ -111,21 +111,87 @@ def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str
 
 def carry(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
     """Seconds of each node of `spec` with `scale` (measured / modelled, `carried_scale`)
-    applied to its modelled cost under its own plan, as `compile_plan` takes a calibration."""
+    applied to its modelled cost under its own plan, as `compile_plan` takes a calibration.
+    A node of whole-sequence passes the run did not measure (logp skipped on its on-policy
+    batches, say) takes the ratio of the run's train passes: the same model's forward and
+    backward kernels over the same sequences (`pass_ratios`)."""
     from rlgraph.compiler.costs import node_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
     costs, _ = node_costs(spec, build_graph(spec), place(spec, strict=False),
-                          scale=dict(scale))
+                          scale=pass_ratios(scale, spec))
     return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
+
+
+def measured_env_latency(path: str | Path) -> float | None:
+    """Seconds of one env step measured by a run (a run dir's metrics.jsonl): per step,
+    env/seconds over env/trajectories x env/turns_mean (a reset counts with its first
+    step), the median over the steps after the first; None without multi-turn rows."""
+    import json
+
+    file = Path(path)
+    file = (file if file.is_dir() else file.parent) / "metrics.jsonl"
+    if not file.is_file():
+        return None
+    per_step = []
+    for line in file.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        row = row.get("metrics", row) if isinstance(row, dict) else {}
+        if not isinstance(row, dict):
+            continue
+        try:
+            seconds, rows, turns = (float(row[k]) for k in
+                                    ("env/seconds", "env/trajectories", "env/turns_mean"))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if rows > 0 and turns > 0 and 0 <= seconds <= MAX_SECONDS:
+            per_step.append(seconds / (rows * turns))
+    if len(per_step) >= WARMUP_MIN_STEPS:
+        per_step = per_step[1:]
+    return statistics.median(per_step) if per_step else None
+
+
+def with_env_latency(spec: Any, path: str | Path | None) -> Any:
+    """`spec` with the env latency a run measured (`measured_env_latency`) in every
+    multi-turn generate whose env block leaves `latency_s` at 0 (the env block's figure
+    wins); `spec` itself where there is nothing to set."""
+    latency = None if path is None else measured_env_latency(path)
+    names = [n for n, node in spec.nodes.items()
+             if getattr(node, "env", None) is not None and node.env.latency_s == 0]
+    if latency is None or not names:
+        return spec
+    spec = spec.model_copy(deep=True)
+    for name in names:
+        spec.nodes[name].env.latency_s = latency
+    return spec
+
+
+def pass_ratios(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
+    """`scale` with the train passes' measured ratio given to every node of `spec` whose
+    kind runs whole-sequence passes (logp, ref_logp, critic) and that `scale` lacks."""
+    from rlgraph.nodes import KINDS
+
+    out = dict(scale)
+    trained = [out[n] for n, node in spec.nodes.items()
+               if n in out and KINDS[node.kind].sequence_passes
+               and KINDS[node.kind].advances_policy]
+    if trained:
+        for name, node in spec.nodes.items():
+            if name not in out and KINDS[node.kind].sequence_passes:
+                out[name] = trained[0]
+    return out
 
 
 def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
     """The calibration `rlgraph compile --calibrate PATH` applies to `spec`: from a run
     directory holding plan.json, each node's measured / modelled ratio under the run's own
     plan, applied to this plan's modelled cost (so a run of one plan calibrates another of
-    the same machine: cross-plan); from a bare trace.json, the measured times themselves."""
+    the same machine: cross-plan; a multi-turn generate prices both with the env latency the
+    run measured, `with_env_latency`); from a bare trace.json, the measured times themselves."""
     from rlgraph.compiler.plan import Plan, PlanError
 
     measured = load_calibration(path)
@@ -136,4 +202,5 @@ def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
         run = Plan.from_json(plan_file.read_text(), str(plan_file))
     except (OSError, PlanError) as exc:
         raise CalibrationError(f"{plan_file}: cannot read the run's plan: {exc}") from None
-    return carry(carried_scale(measured, run.spec), spec)
+    return carry(carried_scale(measured, with_env_latency(run.spec, path)),
+                 with_env_latency(spec, path))

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgraph.compiler.memory import GroupMemory, check_memory, check_sharding
+from rlgraph.compiler.memory import GroupMemory
+from rlgraph.compiler.memory_check import check_memory, check_sharding
 from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS

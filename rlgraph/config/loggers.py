@@ -17,7 +17,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlgraph.nodes.base import MAX_COUNT, MAX_STEPS, StrictModel
+from rlgraph.limits import MAX_COUNT, MAX_STEPS
+from rlgraph.nodes.base import StrictModel
 
 
 class WandbSpec(StrictModel):

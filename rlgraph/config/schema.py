@@ -19,15 +19,9 @@ from pydantic import (
 from rlgraph.config.algorithm import AlgorithmSpec
 from rlgraph.config.loggers import LoggingSpec
 from rlgraph.errors import SourceMap, did_you_mean
+from rlgraph.limits import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_STEPS, MAX_TOKENS
 from rlgraph.nodes import KINDS, NodeKind
-from rlgraph.nodes.base import (
-    MAX_COUNT,
-    MAX_PARALLEL,
-    MAX_SEED,
-    MAX_STEPS,
-    MAX_TOKENS,
-    StrictModel,
-)
+from rlgraph.nodes.base import StrictModel
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS
 

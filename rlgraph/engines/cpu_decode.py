@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlgraph.engines.static_ops import sdpa_without_cudnn
 from rlgraph.model.build import with_cache
 from rlgraph.presets.models import PASS_WIDTH_BLOCK
 
@@ -107,9 +108,10 @@ class Decoder:
         else:
             ids = torch.cat([self.prompt_ids, *[t[:, None] for t in self.tokens]], dim=1)
             pos = position_ids(mask)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         **with_cache(self.model, self.cache if self.use_cache else None),
-                         use_cache=self.use_cache, logits_to_keep=1)
+        with sdpa_without_cudnn():  # every step's key length is new
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                             **with_cache(self.model, self.cache if self.use_cache else None),
+                             use_cache=self.use_cache, logits_to_keep=1)
         if self.use_cache:
             self.cache = out.past_key_values
         return out.logits[:, -1].float()
@@ -201,16 +203,10 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], *, max_new_tokens: 
 def token_logp(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
                prompt_len: int, temperature: float = 1.0) -> torch.Tensor:
     """[B, R] log-probs of the response tokens under `model` (with gradient if enabled)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     response = sequences[:, prompt_len:]
     width = response.shape[1]
-    # not cuDNN's SDPA: it builds a plan for every new (rows, width) pass shape, measured on
-    # an H200 at +130-175 ms a first forward+backward against +15 ms for flash / efficient
-    # attention (bench/results/gpu-longtail-1gpu.json, train_shapes), and a long-tailed
-    # batch brings new pass widths for many steps
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH]):
+    # a long-tailed batch brings new pass widths for many steps (static_ops.sdpa_without_cudnn)
+    with sdpa_without_cudnn():
         out = model(input_ids=sequences, attention_mask=attention_mask,
                     position_ids=position_ids(attention_mask), use_cache=False,
                     logits_to_keep=width + 1)

@@ -12,6 +12,10 @@ same code eagerly on the CPU) instead:
   cache's checkpoint state); only the rows the cache evicts are cancelled;
 - finished rows are refilled from the data queue inside the call (`RolloutCache.refill` with
   `taken`): new prompt groups take the free slots at once and go to later batches;
+- the host looks at the slots every `sync_every` steps while the next `sync_every` run
+  (`StaticDecoder.step(lookahead=True)`): recording, refilling and checking groups do not
+  idle the GPU, and a call ends one look after its batch is complete (the rows go on
+  anyway);
 - a version staged between decode steps is swapped in (`swap()`: the dual buffer's in-place
   copy, the only pause) and decoding goes on. `kv: keep` keeps every row's KV cache (computed
   under the versions that sampled its earlier tokens: PipelineRL's in-flight updates);
@@ -142,7 +146,7 @@ class InflightDecode:
                 refilled += added
             if not eng.busy:
                 break
-            finished = eng.step()
+            finished = eng.step(lookahead=True)  # the next steps run while we look
             self._record(finished, finished=True)
             if finished:
                 done = complete()
@@ -154,6 +158,7 @@ class InflightDecode:
                 if self.kv == "recompute":
                     reencoded += self._reencode()
                 eng.set_policy_version(new)
+        self._record(eng.drain(), finished=True)  # the rows the last steps finished
         self._record(eng.peek(), finished=False)  # the running rows' tokens so far
         return {**self.rollout.metrics_since(before, start), "carried": carried,
                 "kept": kept, "switches": float(switches), "refilled": float(refilled),

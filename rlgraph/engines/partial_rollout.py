@@ -44,23 +44,23 @@ while the version window it can still be trained in (through mini-batch
 (version + max_lag) * K + K - 1) has room for it. Without `mix_versions` (partial rollout off)
 a sample never spans versions: one started under an older version restarts at the next call.
 
+Steps 1, 2 and the round's end ask `rlgraph.rollout_rules.RolloutRules` (`RolloutCache.rules`),
+the same rules the cost model's simulation of these rounds follows.
+
 Why no trained token exceeds the lag: batch t's tokens are either sampled in round t (version
 >= t - max_lag) or survived step 1 of round t. With max_lag 0 nothing sampled earlier survives.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from rlgraph.versions import oldest_trainable
+from rlgraph.rollout_rules import RolloutRules, Stale
 
 if TYPE_CHECKING:
     import torch
-
-Stale = Literal["drop", "restart", "finish"]
 
 
 @dataclass
@@ -84,6 +84,10 @@ class Sample:
         self.tokens, self.logps, self.versions = [], [], []
         self.finished, self.first_step = False, -1
 
+    def state(self) -> dict[str, Any]:
+        """Plain lists and numbers (a copy), for checkpoints."""
+        return asdict(self)
+
 
 @dataclass
 class PromptGroup:
@@ -102,20 +106,35 @@ class PromptGroup:
 class RolloutCache:
     """The prompt groups in flight between generate calls (see the module docstring)."""
 
+    sample_type: type[Sample] = Sample  # what a group holds (a multi-turn cache: trajectories)
+
     def __init__(self, *, prompts_per_step: int, samples_per_prompt: int, oversample: float,
                  max_lag: int, stale: Stale, max_new_tokens: int,
                  prompt_of: Callable[[int], list[int]],
                  length_of: Callable[[int, int], int] | None = None,
                  stride: int = 1, mix_versions: bool = True) -> None:
         self.prompts_per_step, self.samples_per_prompt = prompts_per_step, samples_per_prompt
-        self.in_flight = max(prompts_per_step, math.ceil(oversample * prompts_per_step))
-        self.max_lag, self.stale, self.max_new_tokens = max_lag, stale, max_new_tokens
+        # admission, eviction and must-finish (rlgraph.rollout_rules; the cost model's
+        # simulation of these rounds asks the same rules)
+        self.rules = RolloutRules.of(prompts=prompts_per_step, oversample=oversample,
+                                     max_lag=max_lag, stale=stale, stride=stride,
+                                     mix_versions=mix_versions)
+        self.max_new_tokens = max_new_tokens
         self.prompt_of = prompt_of  # data position -> prompt token ids
         self.length_of = length_of  # (data position, sample) -> forced length, or None
-        self.stride, self.mix_versions = stride, mix_versions  # streaming (module docstring)
         self.groups: list[PromptGroup] = []
         self.next_position: int | None = None  # set by the first round (or a checkpoint)
         self.totals = {"admitted": 0, "emitted": 0, "dropped": 0, "restarted": 0}  # samples
+
+    @property
+    def in_flight(self) -> int:
+        """Prompt groups the cache holds after admitting."""
+        return self.rules.in_flight
+
+    @property
+    def mix_versions(self) -> bool:
+        """Whether a sample may span policy versions."""
+        return self.rules.mix_versions
 
     def samples(self) -> int:
         """Samples in the cache."""
@@ -124,18 +143,18 @@ class RolloutCache:
     def evict(self, step: int, version: int | None = None) -> tuple[int, int]:
         """Drop or restart every sample too old to be trained at `step`: (dropped, restarted).
         Without `mix_versions`, a sample begun under a version other than `version` restarts."""
-        floor = oldest_trainable(step, self.max_lag, self.stride)
+        rules = self.rules
         dropped = restarted = 0
         keep = []
         for group in self.groups:
-            stale = [s for s in group.samples if s.versions and s.oldest() < floor]
-            if not self.mix_versions and version is not None and not stale:
-                mixed = [s for s in group.samples if s.versions and s.oldest() != version
-                         and not s.finished]
+            stale = [s for s in group.samples if s.versions and rules.is_stale(s.oldest(), step)]
+            if version is not None and not stale:
+                mixed = [s for s in group.samples if s.versions and not s.finished
+                         and rules.restarts_unmixed(s.oldest(), version)]
                 for sample in mixed:
                     sample.restart()
                 restarted += len(mixed)
-            if stale and self.stale in ("drop", "finish"):
+            if stale and rules.drops_stale:
                 dropped += len(group.samples)
                 continue
             for sample in stale:
@@ -156,14 +175,7 @@ class RolloutCache:
         can be carried there."""
         if self.next_position is None:
             self.next_position = step * self.prompts_per_step
-        if self.stride > 1:  # streaming: as many as this version's window can still train
-            window = (version + self.max_lag) * self.stride + self.stride - step
-            target = min(self.in_flight + taken, max(1, window) * self.prompts_per_step)
-        else:
-            can_carry = version > oldest_trainable(step, self.max_lag)
-            target = self.in_flight + taken if can_carry else self.prompts_per_step
-            if taken and not can_carry:
-                return 0
+        target = self.rules.target(step, version, taken)
         added = 0
         while len(self.groups) < target:
             position = self.next_position
@@ -181,12 +193,8 @@ class RolloutCache:
         batch could not (a token as old as the bound allows), at most a batch of them in
         admission order; a round does not end while one is open. Empty for the other
         policies."""
-        if self.stale != "finish":
-            return set()
-        floor = oldest_trainable(step + 1, self.max_lag, self.stride)  # the next call's
-        old = [i for i, g in enumerate(self.groups)
-               if any(s.versions and s.oldest() < floor for s in g.samples)]
-        return set(old[: self.prompts_per_step])
+        return self.rules.must_finish([min((s.oldest() for s in g.samples if s.versions),
+                                           default=None) for g in self.groups], step)
 
     def take(self) -> list[PromptGroup]:
         """Remove and return the first `prompts_per_step` complete groups (admission order)."""
@@ -206,11 +214,7 @@ class RolloutCache:
         return {
             "next_position": self.next_position,
             "totals": dict(self.totals),
-            "groups": [{"position": g.position,
-                        "samples": [{"tokens": list(s.tokens), "logps": list(s.logps),
-                                     "versions": list(s.versions), "finished": s.finished,
-                                     "first_step": s.first_step, "budget": s.budget}
-                                    for s in g.samples]}
+            "groups": [{"position": g.position, "samples": [s.state() for s in g.samples]}
                        for g in self.groups],
         }
 
@@ -219,7 +223,7 @@ class RolloutCache:
         self.next_position = state["next_position"]
         self.totals = dict(state["totals"])
         self.groups = [PromptGroup(g["position"], list(self.prompt_of(g["position"])),
-                                   [Sample(**s) for s in g["samples"]])
+                                   [self.sample_type(**s) for s in g["samples"]])
                        for g in state["groups"]]
 
 

@@ -2,15 +2,12 @@
 
 Written against sglang's offline Engine API (`sglang.Engine`, python/sglang/srt/entrypoints/
 engine.py): `generate(input_ids=..., sampling_params=..., return_logprob=True)`,
-`init_weights_update_group` + `update_weights_from_distributed` (NCCL broadcast from the trainer,
-one tensor per name, in order), `update_weights_from_tensor` (tensors on this GPU, handed over
-by CUDA IPC), `release_memory_occupation` / `resume_memory_occupation` (colocated train and
-generate), and pause / continue generation through its tokenizer manager (partial rollout:
-`mode="retract"` returns running requests to the queue, KV recomputed on continue).
+`update_weights_from_tensor` (tensors on this GPU, handed over by CUDA IPC),
+`release_memory_occupation` / `resume_memory_occupation` (colocated train and generate), and
+pause / continue generation through its tokenizer manager (partial rollout: `mode="retract"`
+returns running requests to the queue, KV recomputed on continue).
 
-Two ways to move weights in: sglang's own group (`join_weight_group` + `load_from_trainer`, the
-trainer broadcasts each tensor), or rlgraph's bucketed `WeightReceiver` in this actor, staged
-into its dual buffer and handed to sglang with `load_from_receiver` (no second NCCL group).
+Weights move in with `load_tensors` (the policy's tensors on this GPU).
 
 sglang is optional (`pip install rlgraph[sglang]`) and needs a CUDA GPU; constructing the
 adapter without it raises MissingDependencyError. Importing this module never imports sglang.
@@ -36,7 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rlgraph.config.schema import Spec
     from rlgraph.engines.cpu_decode import Rollout
-    from rlgraph.weights.nccl import WeightReceiver
 
 
 def require_sglang() -> Any:
@@ -93,7 +89,6 @@ class SGLangEngine:
             mem_fraction_static=mem_fraction_static,
             enable_memory_saver=enable_memory_saver, random_seed=seed, **server_args)
         self.policy_version = 0
-        self._group: str | None = None
 
     # ---------------------------------------------------------------- generate
 
@@ -160,47 +155,12 @@ class SGLangEngine:
 
     # ---------------------------------------------------------------- weights
 
-    def join_weight_group(self, master_address: str, master_port: int, rank_offset: int,
-                          world_size: int, group_name: str = "rlgraph_weights",
-                          backend: str = "nccl") -> None:
-        """Join the trainer's broadcast group (the trainer is rank 0; this engine's TP ranks
-        take `rank_offset ..`)."""
-        ok, msg = _ok(self.engine.init_weights_update_group(
-            master_address, master_port, rank_offset, world_size, group_name, backend))
-        if not ok:
-            raise RuntimeError(f"sglang refused the weight group: {msg}")
-        self._group = group_name
-
-    def load_from_trainer(self, specs: Sequence[tuple[str, str, Sequence[int]]],
-                          version: int) -> None:
-        """Receive tensors `specs` = [(name, dtype, shape)] that the trainer now broadcasts, in
-        that order, over the group of `join_weight_group`; then `version` is live."""
-        if self._group is None:
-            raise RuntimeError("load_from_trainer() before join_weight_group()")
-        names, dtypes, shapes = zip(*[(n, d, list(s)) for n, d, s in specs])
-        ok, msg = _ok(self.engine.update_weights_from_distributed(
-            names=list(names), dtypes=list(dtypes), shapes=list(shapes),
-            group_name=self._group, flush_cache=True))
-        if not ok:
-            raise RuntimeError(f"sglang failed to load weights version {version}: {msg}")
-        self.policy_version = version
-
     def load_tensors(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load tensors that live on this GPU (CUDA IPC into sglang's scheduler)."""
         ok, msg = _ok(self.engine.update_weights_from_tensor(list(named), flush_cache=True))
         if not ok:
             raise RuntimeError(f"sglang failed to load weights version {version}: {msg}")
         self.policy_version = version
-
-    def load_from_receiver(self, receiver: WeightReceiver) -> int:
-        """Hand the version a dual-buffer `WeightReceiver` staged to sglang; returns it."""
-        staged = receiver.staged_tensors()
-        version = receiver.pending_version
-        if version is None:
-            raise RuntimeError("no staged version: call receiver.receive() first")
-        self.load_tensors(staged.items(), version)
-        receiver.mark_committed()
-        return version
 
     def shutdown(self) -> None:
         """Stop sglang's scheduler and detokenizer processes."""

@@ -13,9 +13,9 @@ sequences start, stop and restart independently:
   CUDA it is captured once per (width, attention length, top-p, greedy) as a CUDA graph and
   replayed `sync_every` times before the host looks at the slots (`compile=True`: the step
   runs through torch.compile first).
-- **attention** (`attention_kind`): "varlen" (`varlen_attention.py`; the default on CUDA
-  without compile): each row reads the K/V blocks up to its own position, long rows split
-  over the GPU (flex attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to
+- **attention** (`EngineKnobs.attention_kind`): "varlen" (`varlen_attention.py`; the default
+  on CUDA without compile): each row reads the K/V blocks up to its own position, long rows
+  split over the GPU (flex attention); "sdpa" / "matmul" (the CPU default): the cache is sliced to
   a bucketed attention length (the longest live sequence rounded up) for every row;
   grouped-head one-token queries.
 - **compaction** (`compact=True`): a step covers only slots [0, width), the narrowest power
@@ -25,15 +25,18 @@ sequences start, stop and restart independently:
   `swap_weights(commit)` does interrupt, commit new weights in place, resume, in one call;
   `peek()` reads the running sequences without stopping them, `cancel(ids)` drops some
   (in-flight weight updates keep rows in their slots across calls: `inflight.py`).
-- **fast path on a GPU**: `compile=True, fuse=True` (compiled step, fused projections,
-  `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an H200, 4.7x / 4.0x
-  the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
+- **fast path on a GPU**: `compile=True` and `EngineKnobs.fuse` (compiled step, fused
+  projections, `fusion.py`; inference-only): 1.43 / 2.91 ms a step at batch 64 / 256 on an
+  H200, 4.7x / 4.0x the HBM roofline (bench/results/gpu-decode.json, before varlen attention).
 
 `rlgraph run` decodes with it on GPUs (generate's synchronous path, see `static_rollout.py`).
 The CPU path is the same code run eagerly (no graphs): tests compare it token for token with
 transformers' own `generate`. Supported: decoder-only models whose attention goes through
 transformers' AttentionInterface with full (not sliding-window) attention (Llama, Qwen2/3,
 Mistral-style); models that post-process logits (soft-capping) are not.
+
+Settings only benchmarks choose (attention kernel, fused projections, CUDA graphs, the
+narrowest width, a per-call trace) come in one `rlgraph.bench_mode.EngineKnobs` (`bench`).
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ from typing import Any
 
 import torch
 
+from rlgraph.bench_mode import EngineKnobs
 from rlgraph.engines import varlen_attention
 from rlgraph.engines.compaction import SlotWidths
 from rlgraph.engines.slot_cache import SlotKVCache
-from rlgraph.engines.static_ops import attention, attention_matmul, sample
+from rlgraph.engines.static_ops import attention, attention_matmul, sample, sdpa_without_cudnn
 from rlgraph.model.build import with_cache
 
 ATTN_NAMES = {"sdpa": "rlgraph_static", "matmul": "rlgraph_static_matmul",
@@ -99,10 +103,12 @@ class StaticDecoder:
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, *,
                  eos_token_id: int | Iterable[int] | None = None, sync_every: int = 8,
-                 attn_block: int | None = 128, cuda_graphs: bool | None = None,
-                 compile: bool | str = False, fuse: bool = False, policy_version: int = 0,
-                 timing: bool = False, compact: bool = True, min_width: int = 16,
-                 trace: bool = False, attention_kind: str = "auto"):
+                 attn_block: int | None = 128, compile: bool | str = False,
+                 policy_version: int = 0, timing: bool = False, compact: bool = True,
+                 bench: EngineKnobs | None = None):
+        knobs = bench or EngineKnobs()  # benchmark-only settings (rlgraph.bench_mode)
+        attention_kind, fuse, min_width = knobs.attention_kind, knobs.fuse, knobs.min_width
+        cuda_graphs, trace = knobs.cuda_graphs, knobs.trace
         from transformers import AttentionInterface
 
         AttentionInterface.register(ATTN_NAMES["sdpa"], attention)
@@ -174,12 +180,14 @@ class StaticDecoder:
         self.slots: list[Request | None] = [None] * B
         self.timing = timing and self.device.type == "cuda"  # device time of decode steps
         self._events: list[tuple[Any, Any, dict | None]] = []
+        self._phases: list[tuple[str, Any, Any]] = []  # (stats key, start, end): prefill, moves
         # trace: one record per decode call (live rows, width, attention length, steps, the
         # live rows' summed positions, device ms per step when timing)
         self.trace: list[dict] | None = [] if trace else None
         self.stats: dict[str, float] = dict(
             decode_steps=0, slot_steps=0, busy_slot_steps=0, idle_slot_steps_with_queue=0,
-            prefills=0, prefill_tokens=0, decode_ms=0.0, slot_moves=0)
+            prefills=0, prefill_tokens=0, decode_ms=0.0, slot_moves=0, looks=0,
+            prefill_ms=0.0, move_ms=0.0)
 
     # ------------------------------------------------------------------ public API
 
@@ -204,48 +212,80 @@ class StaticDecoder:
         """Whether any slot is occupied or any request waits."""
         return bool(self.queue) or any(s is not None for s in self.slots)
 
-    def step(self) -> list[Completion]:
-        """Refill free slots, decode up to `sync_every` tokens per slot, return what finished."""
+    def step(self, lookahead: bool = False) -> list[Completion]:
+        """Refill free slots, decode up to `sync_every` tokens per slot, return what finished.
+
+        `lookahead=True` (in-flight updates: rows never stop at a call's end): read the slots
+        the previous call's steps left, launch the next `sync_every` steps, then refill the
+        free slots (their prefill queues behind the steps; the new rows join the next
+        launch) and return at once with what had finished: the host's work on those
+        completions, and its launches of the prefill, overlap the steps on the GPU instead of
+        idling it. A row that finishes in the launched steps comes back from the next call
+        (or `drain`)."""
         with torch.no_grad(), self._attn_impl():
+            if lookahead:
+                done, pos = self._read_slots()  # waits for the steps launched last time
+                out = self._collect([b for b, r in enumerate(self.slots)
+                                     if r is not None and done[b]])
+                live = [b for b, r in enumerate(self.slots) if r is not None and not done[b]]
+                if live:
+                    self._launch(live, [pos[b] for b in live])
+                self._admit()
+                return out
             self._admit()
             done, pos = self._read_slots()
-            out = self._collect([b for b, r in enumerate(self.slots) if r is not None and done[b]])
+            out = self._collect([b for b, r in enumerate(self.slots)
+                                 if r is not None and done[b]])
             if out:  # a prefill can finish a sequence (EOS / one token): refill right away
                 self._admit()
                 done, pos = self._read_slots()
             live = [b for b, r in enumerate(self.slots) if r is not None and not done[b]]
             if not live:
                 return out
-            steps = self.sync_every
-            need = max(pos[b] for b in live) + steps
-            use_top_p = any(self.slots[b].top_p < 1.0 for b in live)
-            greedy = all(self.slots[b].temperature <= 0 for b in live)
-            occupied = [b for b, r in enumerate(self.slots) if r is not None]
-            width = self.widths.width_for(len(occupied))
-            if occupied[-1] >= width:
-                self._move_slots(SlotWidths.moves(occupied, width), need)
-            attn_len = self.widths.attn_len(width, need) if self.row_mask is None \
-                else self.cache_len  # varlen: one graph per width, each row its own length
-            record = None if self.trace is None else {
-                "live": len(live), "width": width, "attn_len": attn_len, "steps": steps,
-                "live_positions": int(sum(pos[b] for b in live))}
-            start, began = self._event(), time.perf_counter()
-            for _ in range(steps):
-                self._run(attn_len, width, use_top_p, greedy)
-            if start is not None:
-                self._events.append((start, self._event(), record))
-            elif record is not None:  # host time: only the CPU runs synchronously
-                cpu_ms = (time.perf_counter() - began) * 1e3 / steps
-                self.trace.append({**record, **({"ms_per_step": cpu_ms}
-                                                if self.device.type == "cpu" else {})})
-            self.stats["decode_steps"] += steps
-            self.stats["slot_steps"] += steps * width
-            self.stats["busy_slot_steps"] += steps * len(live)
-            if self.queue:
-                self.stats["idle_slot_steps_with_queue"] += steps * (self.B - len(live))
+            self._launch(live, [pos[b] for b in live])
             done, _ = self._read_slots()
             return out + self._collect(
                 [b for b, r in enumerate(self.slots) if r is not None and done[b]])
+
+    def drain(self) -> list[Completion]:
+        """Wait for launched steps and return (and free) the sequences they finished: the end
+        of a run of `step(lookahead=True)` calls."""
+        with torch.no_grad():
+            done, _ = self._read_slots()
+            return self._collect([b for b, r in enumerate(self.slots)
+                                  if r is not None and done[b]])
+
+    def _launch(self, live: list[int], at: list[int]) -> None:
+        """Queue `sync_every` decode steps over the occupied slots (`live`: those decoding,
+        `at`: their positions), compacting slots first."""
+        steps = self.sync_every
+        need = max(at) + steps
+        use_top_p = any(self.slots[b].top_p < 1.0 for b in live)
+        greedy = all(self.slots[b].temperature <= 0 for b in live)
+        occupied = [b for b, r in enumerate(self.slots) if r is not None]
+        width = self.widths.width_for(len(occupied))
+        if occupied[-1] >= width:
+            self._move_slots(SlotWidths.moves(occupied, width), need)
+        attn_len = self.widths.attn_len(width, need) if self.row_mask is None \
+            else self.cache_len  # varlen: one graph per width, each row its own length
+        record = None if self.trace is None else {
+            "live": len(live), "width": width, "attn_len": attn_len, "steps": steps,
+            "live_positions": int(sum(at))}
+        start, began = self._event(), time.perf_counter()
+        for _ in range(steps):
+            self._run(attn_len, width, use_top_p, greedy)
+        if start is not None:
+            self._events.append((start, self._event(), record))
+        elif record is not None:  # host time: only the CPU runs synchronously
+            cpu_ms = (time.perf_counter() - began) * 1e3 / steps
+            self.trace.append({**record, **({"ms_per_step": cpu_ms}
+                                            if self.device.type == "cpu" else {})})
+        self.stats["looks"] += 1
+        self.stats["decode_steps"] += steps
+        self.stats["slot_steps"] += steps * width
+        self.stats["busy_slot_steps"] += steps * len(live)
+        if self.queue:
+            self.stats["idle_slot_steps_with_queue"] += steps * (self.B - len(live))
 
     def run(self, requests: Iterable[Request] = ()) -> list[Completion]:
         """Generate until every submitted request has finished."""
@@ -335,19 +375,24 @@ class StaticDecoder:
         return ev
 
     def _read_slots(self) -> tuple[list[bool], list[int]]:
-        both = torch.stack([self.done.long(), self.pos]).cpu()  # waits for queued steps
+        done, pos = torch.stack([self.done.long(), self.pos]).tolist()  # waits for queued steps
         for start, end, record in self._events:
             ms = start.elapsed_time(end)
             self.stats["decode_ms"] += ms
             if record is not None and self.trace is not None:
                 self.trace.append({**record, "ms_per_step": ms / record["steps"]})
         self._events.clear()
-        return [bool(x) for x in both[0]], both[1].tolist()
+        for key, start, end in self._phases:
+            self.stats[key] += start.elapsed_time(end)
+        self._phases.clear()
+        return [d != 0 for d in done], pos
 
-    def _admit(self) -> None:
+    def _admit(self) -> dict[int, int]:
+        """Queued requests take the free slots (one prefill per chunk); {slot: position}."""
         free = [b for b, r in enumerate(self.slots) if r is None]
         if not free or not self.queue:
-            return
+            return {}
+        start = self._event()
         take = [(b, self.queue.popleft()) for b in free[:len(self.queue)]]
         for b, r in take:
             self.slots[b] = r
@@ -364,32 +409,49 @@ class StaticDecoder:
             chunk.append((b, r))
             longest = max(longest, n)
         self._prefill([c for c, _ in chunk], [q for _, q in chunk])
+        if start is not None:
+            self._phases.append(("prefill_ms", start, self._event()))
+        return {b: len(r.prompt) + len(r.tokens) for b, r in take}
 
-    def _prefill(self, slots: list[int], reqs: list[Request]) -> None:
-        """Encode prompt + earlier tokens of new slots from position 0; sample their next token."""
+    def _prefill(self, slots: list[int], reqs: list[Request],
+                 starts: list[int] | None = None) -> None:
+        """Encode prompt + earlier tokens of new slots from position 0; sample their next token.
+        `starts[i]`: positions of slot i's sequence already in its KV (a multi-turn slot kept
+        across turns, `turn_decode.TurnDecoder`): only the rest is encoded, attending to them."""
         dev = self.device
         seqs = [r.prompt + r.tokens for r in reqs]
-        n, t = len(seqs), max(len(s) for s in seqs)
-        ids = torch.zeros(n, t, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
-        lengths = torch.tensor([len(s) for s in seqs], device=dev)
-        rows = torch.tensor(slots, device=dev)
-        self.cache.mode, self.cache.rows = "prefill", rows
+        starts = starts or [0] * len(seqs)
+        news = [s[a:] for s, a in zip(seqs, starts)]
+        n, t = len(seqs), max(len(s) for s in news)
+        ids = self._h2d([s + [0] * (t - len(s)) for s in news])
+        lengths = self._h2d([len(s) for s in seqs])
+        rows = self._h2d(slots)
+        offset = self._h2d(starts)
+        positions = (offset[:, None] + self.arange_L[:t][None, :]).clamp(max=self.L - 1)
+        mask = None
+        if any(starts):  # each new token attends to the slot's kept positions and itself
+            end = min(self.L, max(a + t for a in starts))
+            mask = (self.arange_L[:end][None, None, :] <= positions[:, :, None])[:, None]
+            self.cache.mode, self.cache.attn_len = "extend", end
+            self.cache.extend_at(starts, [len(s) for s in news])
+        else:
+            self.cache.mode = "prefill"
+        self.cache.rows = rows
         try:
-            hidden = self.base(input_ids=ids.to(dev), position_ids=self.arange_L[:t].expand(n, t),
-                               **with_cache(self.base, self.cache),
-                               use_cache=True).last_hidden_state
+            with sdpa_without_cudnn():  # prefills come in ever new shapes
+                hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                   **with_cache(self.base, self.cache),
+                                   use_cache=True).last_hidden_state
         finally:
             self.cache.mode, self.cache.rows = "decode", None
-        last = hidden[torch.arange(n, device=dev), lengths - 1]
-        temp = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float)
-        top_p = torch.tensor([r.top_p for r in reqs], device=dev, dtype=torch.float)
+        last = hidden[torch.arange(n, device=dev), lengths - offset - 1]
+        temp = self._h2d([r.temperature for r in reqs], torch.float)
+        top_p = self._h2d([r.top_p for r in reqs], torch.float)
         tok, logp = sample(self.lm_head(last), temp,
                            top_p if any(r.top_p < 1.0 for r in reqs) else None,
                            greedy_only=all(r.temperature <= 0 for r in reqs))
-        max_new = torch.tensor([r.max_new_tokens - len(r.tokens) for r in reqs], device=dev)
-        stop_on_eos = torch.tensor([not r.ignore_eos for r in reqs], device=dev)
+        max_new = self._h2d([r.max_new_tokens - len(r.tokens) for r in reqs])
+        stop_on_eos = self._h2d([not r.ignore_eos for r in reqs], torch.bool)
         self.temperature[rows], self.top_p[rows], self.max_new[rows] = temp, top_p, max_new
         self.stop_on_eos[rows] = stop_on_eos
         self.out_tok[rows, 0], self.out_logp[rows, 0] = tok, logp
@@ -398,7 +460,7 @@ class StaticDecoder:
         self.ngen[rows] = 1
         self.done[rows] = (self._is_eos(tok) & stop_on_eos) | (max_new <= 1)
         self.stats["prefills"] += 1
-        self.stats["prefill_tokens"] += int(sum(len(s) for s in seqs))
+        self.stats["prefill_tokens"] += int(sum(len(s) for s in news))
 
     def _decode_step(self, attn_len: int, width: int, use_top_p: bool, greedy: bool) -> None:
         """One token for every slot in [0, width); all inputs and outputs are (views of) the
@@ -429,8 +491,9 @@ class StaticDecoder:
     def _move_slots(self, moves: list[tuple[int, int]], upto: int) -> None:
         """Move occupied slots (K/V up to position `upto`, state, generated tokens) into free
         ones: `moves` is (from, to) pairs."""
-        src = torch.tensor([a for a, _ in moves], device=self.device)
-        dst = torch.tensor([b for _, b in moves], device=self.device)
+        start = self._event()
+        src = self._h2d([a for a, _ in moves])
+        dst = self._h2d([b for _, b in moves])
         self.cache.move(src, dst, min(self.L, upto))
         for t in (self.cur_tok, self.pos, self.ngen, self.max_new, self.done, self.stop_on_eos,
                   self.temperature, self.top_p, self.out_tok, self.out_logp, self.out_ver):
@@ -439,6 +502,16 @@ class StaticDecoder:
         for a, b in moves:
             self.slots[b], self.slots[a] = self.slots[a], None
         self.stats["slot_moves"] += len(moves)
+        if start is not None:
+            self._phases.append(("move_ms", start, self._event()))
+
+    def _h2d(self, values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """`values` on the device without waiting for the steps queued there (a pinned copy
+        on a GPU: a pageable one would wait for the stream)."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return (tok[:, None] == self.eos[None, :]).any(-1)

@@ -7,6 +7,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def sdpa_without_cudnn() -> Any:
+    """A context in which scaled-dot-product attention never picks cuDNN's kernel: cuDNN
+    builds an execution plan for every new shape (rows, query and key lengths), measured on
+    an H200 at +130-175 ms a first forward+backward against +15 ms for flash / efficient
+    attention (bench/results/gpu-longtail-1gpu.json, train_shapes) and on an H100 at ~95 ms
+    for a 4-token prefill of one row, whatever its rows (bench/results/gpu-agentic.json,
+    kept_kv_check: observation_prefill_ms_*). A pass of a new shape every call (a
+    long-tailed batch's widths, an observation's prefill, a dynamic-cache decode step whose
+    key length grows) pays it every time."""
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

@@ -53,9 +53,7 @@ class StaticRollout:
         self.engine = StaticDecoder(model, max_batch=slots, max_len=max_len,
                                     eos_token_id=eos_id, sync_every=sync_every, attn_block=block,
                                     compile=compile, timing=True, compact=not compile)
-        start = time.perf_counter()
         self.graphs = self.engine.warmup(use_top_p=top_p < 1.0)
-        self.warmup_s = time.perf_counter() - start
 
     def sample(self, prompts: list[list[int]], *, max_new_tokens: int, pad_id: int,
                policy_version: int, temperature: float, top_p: float,
@@ -110,8 +108,10 @@ class StaticRollout:
 
     def metrics_since(self, before: dict[str, float], start: float) -> dict[str, float]:
         """The engine's `generate/*` metrics since `before` (a copy of its stats) and `start`
-        (perf_counter): wall seconds, decode steps, slots a step covered (compaction narrows
-        it), the share of them live, device ms a step; `decode_steps` as well."""
+        (perf_counter): wall seconds, decode steps, looks (launches of `sync_every` steps),
+        slots a step covered (compaction narrows it), the share of them live, device ms a
+        step, device seconds of prefills and slot moves, and the wall seconds the device
+        spent on none of them (`device_idle_s`: the host's looks); `decode_steps` too."""
         eng = self.engine
         steps = eng.stats["decode_steps"] - before["decode_steps"]
         slots = eng.stats["slot_steps"] - before["slot_steps"]
@@ -123,6 +123,13 @@ class StaticRollout:
             metrics["generate/live_share"] = (eng.stats["busy_slot_steps"]
                                               - before["busy_slot_steps"]) / max(1, slots)
         if eng.timing and steps:
-            metrics["generate/decode_ms_per_step"] = (eng.stats["decode_ms"]
-                                                      - before["decode_ms"]) / steps
+            ms = {k: eng.stats[k] - before[k] for k in ("decode_ms", "prefill_ms", "move_ms")}
+            metrics["generate/decode_ms_per_step"] = ms["decode_ms"] / steps
+            metrics["generate/prefill_s"] = ms["prefill_ms"] / 1e3
+            metrics["generate/move_s"] = ms["move_ms"] / 1e3
+            # the call's wall time the device spent on none of them: the host's looks
+            metrics["generate/device_idle_s"] = max(
+                0.0, metrics["generate/engine_s"] - sum(ms.values()) / 1e3)
+        if steps:
+            metrics["generate/looks"] = float(eng.stats["looks"] - before["looks"])
         return metrics

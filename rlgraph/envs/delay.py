@@ -5,10 +5,11 @@ trajectory (seeded by its uid) from a long-tailed distribution with mean `rounds
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from typing import Any
+
+from rlgraph.lengths import LengthModel
 
 
 class DelayEnv:
@@ -29,8 +30,8 @@ class DelayEnv:
     def reset(self, prompt: str, sample: dict) -> str:
         """Draw this trajectory's number of turns."""
         rng = random.Random(f"delay:{sample.get('uid', prompt)}")
-        mu = math.log(self.rounds) - self.sigma ** 2 / 2
-        self.left = max(1, min(self.rounds_max, round(rng.lognormvariate(mu, self.sigma))))
+        turns = LengthModel(mean=self.rounds, max=self.rounds_max, sigma=self.sigma)
+        self.left = turns.draw(rng)
         return ""
 
     def step(self, action: str) -> tuple[str, float, bool]:

@@ -54,22 +54,6 @@ class Row:
     sample: dict[str, Any]  # uid, prompt_uid, sample_index, ground_truth, data_source, extra_info
 
 
-def forced_turn_length(seed: int, key: str, turn: int, response_len: Any, turns: float) -> int:
-    """Benchmarks (`forced_lengths`): the length of turn `turn` of trajectory `key`, drawn
-    from `response_len` divided by the mean turns (seeded by seed, key and turn), so every
-    schedule decodes the same work for a trajectory."""
-    import random
-    from types import SimpleNamespace
-
-    from rlgraph.presets.tasks import draw_length
-
-    per_turn = SimpleNamespace(dist=response_len.dist, sigma=response_len.sigma,
-                               alpha=response_len.alpha,
-                               mean=max(1.0, response_len.mean / turns),
-                               max=max(1, int(response_len.max / turns)))
-    return draw_length(random.Random(f"{seed}:turn:{key}:{turn}"), per_turn, per_turn.max)
-
-
 def sample_dict(example: Any, index: int, key: str) -> dict[str, Any]:
     """What `Env.reset` receives about the trajectory's sample."""
     return {"uid": key, "prompt_uid": example.uid, "sample_index": index,
@@ -101,11 +85,16 @@ class AgentRollout:
         self.live: set[str] = set()  # env keys whose environment exists
         self.pending: dict[str, Call] = {}  # env key -> the call in flight
         self.failures: list[str] = []  # one line per trajectory ended by the env, this round
+        # the turn engine (engines/turn_decode.TurnDecoder, KV kept across turns), or None:
+        # turns decode in waves on cpu_decode.Decoder (cuda_decode: dynamic)
+        self.engine: Any = None
 
     # ------------------------------------------------------------ env results
 
     def _end(self, t: Trajectory, reason: str, detail: str = "") -> None:
         t.finished, t.reason, t.detail = True, reason, detail
+        if self.engine is not None:
+            self.engine.release([t.env_key])
         if t.env_key in self.live:
             self.live.discard(t.env_key)
             self.pool.close([t.env_key])
@@ -191,19 +180,15 @@ class AgentRollout:
         """Advance `rows` until all have ended or `enough()` (see the module docstring);
         `sampling` (eos_id, pad_id, temperature, top_p, generator) goes to the Decoder."""
         self.failures = []
+        if self.engine is not None:
+            from rlgraph.envs.engine_round import engine_round
+
+            return engine_round(self, self.engine, rows, version, step, swap, enough,
+                                **sampling)
         by_key = {r.trajectory.env_key: r for r in rows}
         stats = {"decode_steps": 0.0, "waves": 0.0, "switches": 0.0, "wait_s": 0.0,
                  "carried": float(sum(1 for r in rows if r.trajectory.tokens))}
-        for r in rows:
-            t = r.trajectory
-            if t.finished or t.env_key in self.live or t.env_key in self.pending:
-                continue
-            if t.actions:  # restored from a checkpoint: rebuild its environment
-                self.pending[t.env_key] = self.pool.submit("replay", t.env_key, r.text,
-                                                           r.sample, list(t.actions))
-            else:
-                self.pending[t.env_key] = self.pool.submit("reset", t.env_key, r.text,
-                                                           r.sample)
+        self.start(rows)
         while True:
             self._collect(by_key, 0.0)
             if enough is not None and enough():
@@ -221,6 +206,20 @@ class AgentRollout:
                 self._collect(by_key, self.spec.timeout_s + 1.0)
                 stats["wait_s"] += time.perf_counter() - start
         return stats
+
+    def start(self, rows: list[Row]) -> None:
+        """Give every open trajectory without an environment one: reset, or a replay of a
+        trajectory restored from a checkpoint (its recorded turns stepped again)."""
+        for r in rows:
+            t = r.trajectory
+            if t.finished or t.env_key in self.live or t.env_key in self.pending:
+                continue
+            if t.actions:  # restored from a checkpoint: rebuild its environment
+                self.pending[t.env_key] = self.pool.submit("replay", t.env_key, r.text,
+                                                           r.sample, list(t.actions))
+            else:
+                self.pending[t.env_key] = self.pool.submit("reset", t.env_key, r.text,
+                                                           r.sample)
 
     def _wave(self, rows: list[Row], model: torch.nn.Module, version: int, step: int,
               swap: Callable[[], int | None], enough: Callable[[], bool] | None,
@@ -304,6 +303,8 @@ class AgentCache(RolloutCache):
     `Trajectory` per sample (keyed by prompt uid and sample index), checkpoints keep every
     trajectory's turns, and a restored trajectory's environment is replayed."""
 
+    sample_type = Trajectory
+
     def __init__(self, *, key_of: Callable[[int], str], **kwargs: Any):
         super().__init__(**kwargs)
         self.key_of = key_of  # data position -> prompt uid
@@ -317,20 +318,6 @@ class AgentCache(RolloutCache):
             group.samples = [Trajectory(key=f"{uid}#{k}", budget=s.budget)
                              for k, s in enumerate(group.samples)]
         return added
-
-    def state_dict(self) -> dict[str, Any]:
-        """The cache as plain lists and numbers, every trajectory whole."""
-        return {"next_position": self.next_position, "totals": dict(self.totals),
-                "groups": [{"position": g.position, "samples": [s.state() for s in g.samples]}
-                           for g in self.groups]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (prompts re-read from their positions)."""
-        self.next_position = state["next_position"]
-        self.totals = dict(state["totals"])
-        self.groups = [PromptGroup(g["position"], list(self.prompt_of(g["position"])),
-                                   [Trajectory(**s) for s in g["samples"]])
-                       for g in state["groups"]]
 
 
 def agent_round(cache: AgentCache, agent: AgentRollout, step: int, model: torch.nn.Module,
@@ -356,10 +343,29 @@ def agent_round(cache: AgentCache, agent: AgentRollout, step: int, model: torch.
              for g in groups for s in g.samples if any(v >= 0 for v in s.versions)]
     metrics = {
         **cache_round_metrics(cache, stats, dropped, restarted, max(spans, default=0)),
-        "env/wait_s": stats["wait_s"],
-        "env/decode_waves": stats["waves"],
+        **engine_metrics(stats),
+        # trajectories still open after the round (mid-turn or waiting for the env)
+        "env/in_flight": float(sum(not s.finished for g in cache.groups for s in g.samples)),
     }
     return groups, metrics
+
+
+def engine_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """The round's decode figures: env wait, decode calls (waves, or prefill calls on the
+    turn engine), decode steps, and on the turn engine the tokens prefilled, those whose
+    KV was kept across turns, the seconds of the engine's work (`engine_s`: the round less
+    its waits for the env), of its prefill calls (`extend_s`) and its decode calls
+    (`step_s`), and the device ms of a decode step and of the prefills (CUDA)."""
+    out = {"env/wait_s": stats["wait_s"], "env/decode_waves": stats["waves"],
+           "env/decode_steps": stats["decode_steps"]}
+    for key in ("prefill_tokens", "reused_tokens", "engine_s", "extend_s", "step_s"):
+        if key in stats:
+            out[f"env/{key}"] = stats[key]
+    if stats.get("decode_ms") and stats["decode_steps"]:
+        out["env/decode_ms_per_step"] = stats["decode_ms"] / stats["decode_steps"]
+    if stats.get("prefill_ms"):  # device ms of the round's prefills (CUDA)
+        out["env/prefill_ms"] = stats["prefill_ms"]
+    return out
 
 
 def batch_fields(trajectories: list[Trajectory], tokenizer: Tokenizer) -> dict[str, Any]:
@@ -383,5 +389,6 @@ def round_metrics(agent: AgentRollout, trajectories: list[Trajectory],
     metrics = trajectory_metrics(trajectories)
     metrics["env/seconds"] = seconds
     if stats is not None:
-        metrics.update({"env/wait_s": stats["wait_s"], "env/decode_waves": stats["waves"]})
+        metrics.update(engine_metrics(stats))
+        metrics["env/in_flight"] = 0.0  # a synchronous batch ends every trajectory
     return metrics, spans

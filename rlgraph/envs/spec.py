@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlgraph.nodes.base import MAX_COUNT, MAX_PARALLEL, MAX_SECONDS, MAX_TOKENS
+from rlgraph.limits import MAX_COUNT, MAX_PARALLEL, MAX_SECONDS, MAX_TOKENS
 
 MAX_TURNS = 10_000
 
@@ -39,8 +39,9 @@ class EnvSpec(BaseModel):
     observation_len: float = Field(default=8.0, ge=0, le=MAX_TOKENS,
                                    description="pricing: mean tokens of one observation")
     latency_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS,
-                             description="pricing: mean seconds of one env step "
-                             "(a calibrated run measures it)")
+                             description="pricing: mean seconds of one env step (0: "
+                             "`rlgraph compile --calibrate RUN_DIR` takes the run's measured "
+                             "one)")
     threads: int = Field(default=32, ge=1, le=MAX_COUNT,
                          description="trajectories one env actor steps at a time")
 

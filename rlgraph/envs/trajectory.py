@@ -11,8 +11,8 @@ every real token (the policy reads observations as context).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlgraph.engines.partial_rollout import Sample
 
@@ -61,10 +61,6 @@ class Trajectory(Sample):
         self.turn_start = self.observed = self.tool_calls = self.tool_ok = 0
         self.env_reward, self.reason, self.detail = 0.0, "", ""
         self.attempt += 1
-
-    def state(self) -> dict[str, Any]:
-        """Plain lists and numbers (a copy), for checkpoints."""
-        return asdict(self)
 
     def response(self) -> tuple[list[int], list[int], list[float], list[int]]:
         """(token ids, mask, behaviour log-probs, versions) after the prompt, context included."""

@@ -25,8 +25,8 @@ from rlgraph.pricing.critic import critic_cost
 if TYPE_CHECKING:
     import torch
 
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class CriticSpec(ParallelNodeSpec):

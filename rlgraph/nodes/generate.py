@@ -11,8 +11,8 @@ from rlgraph.nodes.base import MAX_PARALLEL, MAX_TOKENS, NodeKind, NodeSpec, no_
 from rlgraph.pricing.sampling import algorithm_generate_cost
 
 if TYPE_CHECKING:
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class GenerateSpec(NodeSpec):
@@ -32,7 +32,8 @@ class GenerateSpec(NodeSpec):
         "exceed max_lag is dropped with its group, or restarted from no tokens; finish: a "
         "round does not end while a group that would go stale is open (no length bias)")
     forced_lengths: bool = Field(
-        default=False, description="benchmark mode: each sample's response length is drawn "
+        default=False, description="benchmark mode (rlgraph/bench_mode.py): each sample's "
+        "response length is drawn "
         "from data.response_len (seeded by data position and sample) and eos is ignored "
         "until it, as serving benchmarks do (a random-init model stops anywhere)")
     inflight: bool = Field(
@@ -48,29 +49,27 @@ class GenerateSpec(NodeSpec):
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
         default="compiled", description="engine native on a GPU: the static decoder "
         "(rlgraph.engines.static_decode) run through torch.compile and CUDA graphs, CUDA graphs "
-        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU)")
+        "only (no compile warm-up), or transformers' dynamic KV cache (as on CPU); a multi-turn "
+        "node (env) defaults to graphs")
     env: EnvSpec | None = Field(
         default=None, description="multi-turn rollout: an environment the policy acts in "
-        "(docs/how-to/agentic-rollouts.md); decodes on the dynamic KV cache")
+        "(docs/how-to/agentic-rollouts.md); each trajectory keeps its KV cache across turns "
+        "(engines/turn_decode.py; cuda_decode: dynamic re-encodes it every turn instead)")
 
     @model_validator(mode="before")
     @classmethod
-    def _env_decodes_dynamic(cls, data: Any) -> Any:
-        """A multi-turn node decodes on the dynamic KV cache: its default `cuda_decode`."""
+    def _env_decodes_on_graphs(cls, data: Any) -> Any:
+        """A multi-turn node decodes on the turn engine with CUDA graphs, uncompiled (each
+        observation's prefill is eager; no compile warm-up): its default `cuda_decode`."""
         if isinstance(data, dict) and data.get("env") is not None and "cuda_decode" not in data:
-            data = {**data, "cuda_decode": "dynamic"}
+            data = {**data, "cuda_decode": "graphs"}
         return data
 
     @model_validator(mode="after")
     def _env_engine(self) -> GenerateSpec:
-        if self.env is None:
-            return self
-        if self.engine != "native":
+        if self.env is not None and self.engine != "native":
             raise ValueError("env: multi-turn rollouts run on engine native (remove "
                              "engine: sglang)")
-        if self.cuda_decode != "dynamic":
-            raise ValueError("env: multi-turn rollouts decode on the dynamic KV cache, turn "
-                             "by turn; write cuda_decode: dynamic (or leave it out)")
         return self
 
     def model_parallel(self) -> int:
@@ -80,8 +79,8 @@ class GenerateSpec(NodeSpec):
 
 def use_static_engine(node: GenerateSpec, device: str) -> bool:
     """Whether generate decodes with the static decoder: engine native on a CUDA device (the
-    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) decodes
-    on the dynamic cache (validation requires `cuda_decode: dynamic` on GPUs)."""
+    synchronous batch and partial rollout's rounds alike); a multi-turn node (`env`) has its
+    own engine (`GenerateWorker._turn_engine`)."""
     return (node.engine == "native" and node.cuda_decode != "dynamic" and node.env is None
             and device.split(":")[0] == "cuda")
 
@@ -135,7 +134,8 @@ class GenerateWorker:
         self.env_spans: list[tuple[float, float]] = []  # env calls since the last summary
         self.agent: Any = None  # rlgraph.envs.rollout.AgentRollout of a multi-turn node
         if node.env is not None:
-            from rlgraph.envs.rollout import AgentRollout, forced_turn_length
+            from rlgraph.bench_mode import forced_turn_length
+            from rlgraph.envs.rollout import AgentRollout
 
             data = workspace.spec.data
             self.agent = AgentRollout(
@@ -191,7 +191,7 @@ class GenerateWorker:
 
     def _forced(self, position: int, sample: int) -> int:
         """The forced length of sample `sample` of the prompt at data position `position`."""
-        from rlgraph.presets.tasks import forced_length
+        from rlgraph.bench_mode import forced_length
 
         data = self.ws.spec.data
         return forced_length(data.seed, position, sample, data.response_len)
@@ -236,6 +236,35 @@ class GenerateWorker:
                 compile=self.node.cuda_decode == "compiled" and self.ws.device != "cpu",
                 top_p=self.node.top_p, sync_every=self.node.sync_every)
         return self.static
+
+    def _turn_engine(self) -> Any:
+        """A multi-turn node's engine (engines/turn_decode.TurnDecoder: a trajectory keeps
+        its KV across turns), built once, a slot for every trajectory in flight (at most what
+        the memory pass holds); on the CPU the same decoder eager. None with
+        `cuda_decode: dynamic` (turns re-encoded in waves on `cpu_decode.Decoder`)."""
+        if self.node.cuda_decode == "dynamic" or self.agent is None:
+            return None
+        if self.agent.engine is None:
+            from rlgraph.engines.turn_decode import TurnDecoder
+
+            data = self.ws.spec.data
+            prompts = self.share[1] - self.share[0] if self.cache is None else self.cache.in_flight
+            slots = prompts * data.samples_per_prompt
+            if not self.ws.spec.cluster.local:  # as many as the compiler's memory pass holds:
+                from rlgraph.compiler.memory import native_engine_slots
+
+                # the others wait for a trajectory to end and free its slot
+                slots = min(slots, native_engine_slots(self.ws.spec, self.name,
+                                                       self.ws.replicas.world))
+            compile = self.node.cuda_decode == "compiled" and self.ws.device != "cpu"
+            engine = TurnDecoder(self.sampling_model, max_batch=slots,
+                                 max_len=data.prompt_len + data.response_len.max,
+                                 eos_token_id=self.ws.tokenizer.eos_id,
+                                 sync_every=self.node.sync_every, compile=compile,
+                                 timing=True, compact=not compile)
+            engine.warmup(use_top_p=self.node.top_p < 1.0)
+            self.agent.engine = engine
+        return self.agent.engine
 
     def _inflight(self) -> Any:
         """The rows decoding across calls (engines/inflight.py), on the static engine, also
@@ -400,6 +429,7 @@ class GenerateWorker:
                     sample_dict(ex, k, f"{ex.uid}#{k}"))
                 for ex, p in zip(examples, ids) for k in range(n)]
         with self.ws.lock, torch.no_grad():
+            self._turn_engine()
             self._swap()
             version = self.sampling_version()
             stats = self.agent.run_round(
@@ -474,6 +504,7 @@ class GenerateWorker:
                        sample_dict(example, k, trajectory.key))
 
         with self.ws.lock, torch.no_grad():
+            self._turn_engine()
             self._swap()
             version = self.sampling_version()
             swap = self._swap if self.cache.mix_versions and self.snapshot is None \

@@ -20,8 +20,8 @@ from rlgraph.pricing.system import system_of
 if TYPE_CHECKING:
     import torch
 
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class LogpSpec(ParallelNodeSpec):
@@ -111,7 +111,7 @@ class LogpWorker:
                 if passes and self.ws.sharded[self.model_attr]:
                     # FSDP's all-gathers: as many forwards as the busiest rank (a repeated
                     # pass writes the same log-probs again)
-                    from rlgraph.worker.sharding import even_passes
+                    from rlgraph.process.sharding import even_passes
 
                     passes = even_passes(passes, passes[-1], device)[0]
                 logp = token_logp_passes(model, seqs, mask, batch["prompt_len"],

@@ -10,8 +10,8 @@ from rlgraph.nodes.base import NodeKind, NodeSpec, inputs_from_kinds
 from rlgraph.pricing.reward import reward_cost
 
 if TYPE_CHECKING:
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 # Built-in reward modules that moved; graph.yaml files naming the old module keep working.

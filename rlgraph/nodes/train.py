@@ -19,8 +19,8 @@ from rlgraph.pricing.train import train_cost
 if TYPE_CHECKING:
     import torch
 
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
-    from rlgraph.worker.workspace import Workspace
 
 
 class TrainSpec(ParallelNodeSpec):
@@ -227,7 +227,7 @@ class TrainWorker:
         sharded (a repeated pass writes the same log-probs again)."""
         if not self.ws.sharded["policy"] or not passes:
             return passes
-        from rlgraph.worker.sharding import even_passes
+        from rlgraph.process.sharding import even_passes
 
         return even_passes(passes, passes[-1], device)[0]
 
@@ -262,8 +262,8 @@ class TrainWorker:
 
         from rlgraph.engines.cpu_decode import token_logp
         from rlgraph.presets.models import PASS_WIDTH_BLOCK
+        from rlgraph.process.sharding import even_passes, full_tensor, gradient_scale
         from rlgraph.rl.loss import policy_loss
-        from rlgraph.worker.sharding import even_passes, full_tensor, gradient_scale
 
         algo, policy, optimizer = self.ws.spec.algorithm, self.ws.policy, self.ws.optimizer
         sharded = self.ws.sharded["policy"]

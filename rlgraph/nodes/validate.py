@@ -34,9 +34,9 @@ from rlgraph.nodes.reward import current_fn
 from rlgraph.pricing.validate import validate_cost
 
 if TYPE_CHECKING:
+    from rlgraph.process.workspace import Workspace
     from rlgraph.rl.batch import Batch
     from rlgraph.rl.data import Example
-    from rlgraph.worker.workspace import Workspace
 
 
 class ValidateSpec(NodeSpec):

@@ -1,45 +1,33 @@
-"""The built-in prompt tasks graph.yaml names in `data.task`, and the response-length draw
-they and generate's benchmark mode (`forced_lengths`) share. Pure Python, seeded."""
+"""The built-in prompt tasks graph.yaml names in `data.task`. Pure Python, seeded."""
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
-from typing import Literal, Protocol
 
-
-class Lengths(Protocol):
-    """A response-length distribution (`data.response_len`: dist, mean, sigma, alpha, max)."""
-
-    dist: Literal["lognormal", "pareto"]
-    mean: float
-    sigma: float
-    alpha: float
-    max: int
-
+from rlgraph.lengths import LengthModel
 
 # Each task draws (prompt, answer) from a seeded RNG. Short, exact answers: a model of about
 # a million parameters learns them in seconds of CPU time. A task also receives the graph's
-# `data.response_len` (None in the warm start); only `longtail` reads it.
+# `data.response_len` as a `LengthModel` (None in the warm start); only `longtail` reads it.
 
 
-def _arithmetic(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _arithmetic(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     return f"{a}+{b}=", str(a + b)
 
 
-def _add_small(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _add_small(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     a, b = rng.randint(0, 4), rng.randint(0, 4)
     return f"{a}+{b}=", str(a + b)
 
 
-def _add2(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _add2(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     a, b = rng.randint(0, 49), rng.randint(0, 49)
     return f"{a}+{b}=", str(a + b)
 
 
-def _calc(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _calc(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     a, b = rng.randint(10, 99), rng.randint(2, 9)
     return f"{a}*{b}=", str(a * b)
 
@@ -48,12 +36,12 @@ def _letters(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 4)))
 
 
-def _copy(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _copy(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     s = _letters(rng)
     return f"copy {s}:", s
 
 
-def _reverse(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _reverse(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     s = _letters(rng)
     return f"reverse {s}:", s[::-1]
 
@@ -82,34 +70,13 @@ def longtail_answer(n: int) -> str:
                    for r in range(n, 0, -1))
 
 
-def draw_length(rng: random.Random, lengths: Lengths, limit: int = LONGTAIL_MAX) -> int:
-    """A target length from `lengths.dist` with mean `lengths.mean`, clipped to [1, max]
-    (clipping at max puts the truncated tail's mass on max, as max_response_length does) and
-    to `limit` (the longtail task's notation spells at most LONGTAIL_MAX)."""
-    if lengths.dist == "pareto":
-        low = lengths.mean * (lengths.alpha - 1) / lengths.alpha
-        value = low / (1.0 - rng.random()) ** (1 / lengths.alpha)
-    else:
-        mu = math.log(lengths.mean) - lengths.sigma ** 2 / 2
-        value = rng.lognormvariate(mu, lengths.sigma)
-    return max(1, min(round(value), lengths.max, limit))
-
-
-def forced_length(seed: int, position: int, sample: int, lengths: Lengths) -> int:
-    """The response length that generate's benchmark mode (`forced_lengths`) imposes on sample
-    `sample` of the prompt at data position `position`: drawn from data.response_len, seeded
-    by (seed, position, sample), so every schedule decodes the same work for a prompt."""
-    rng = random.Random(f"{seed}:forced:{position}:{sample}")
-    return draw_length(rng, lengths, limit=lengths.max)
-
-
-def _longtail(rng: random.Random, lengths: Lengths | None) -> tuple[str, str]:
+def _longtail(rng: random.Random, lengths: LengthModel | None) -> tuple[str, str]:
     # the warm start (no lengths) sees every length once in a while, the tail included
-    n = rng.randint(1, WARM_START_MAX) if lengths is None else draw_length(rng, lengths)
+    n = rng.randint(1, WARM_START_MAX) if lengths is None else lengths.draw(rng, LONGTAIL_MAX)
     return f"len {longtail_code(n)}:", longtail_answer(n)
 
 
-TaskFn = Callable[[random.Random, "Lengths | None"], tuple[str, str]]
+TaskFn = Callable[[random.Random, "LengthModel | None"], tuple[str, str]]
 
 TASKS: dict[str, TaskFn] = {
     "add_small": _add_small,  # a+b with operands 0..4: 25 facts (the quickstart's task)

@@ -1,47 +1,61 @@
 """The cost model of a multi-turn generate (`env:` block): a trajectory is priced as its
-turns, as `rlgraph.envs.rollout` runs them.
+turns, as the runtime runs them.
 
 Turn counts follow `env.turns` (mean, default max_turns) clipped at `max_turns`, with the
 shape (dist, sigma, alpha) of `data.response_len`; a turn's model tokens follow
 `data.response_len` divided by the mean turns (response_len.mean is the model's tokens of a
-whole trajectory). The runtime decodes in waves: every trajectory whose observation has come
-back decodes one turn, until its longest ends; then each is prefilled again (prompt,
-context and every earlier turn and observation re-encoded), and the wave's last trajectory
-waits `env.latency_s` for its observation (the others' env steps overlap the decode). The
-env pool steps `workers x threads` trajectories at once: more rows than that wait in turn.
+whole trajectory), and a trajectory stops at response_len.max tokens, observations included.
 
-- synchronous: the batch runs until its trajectory with the most turns ends: E[max turns
-  over the replica's rows] waves, wave k over the rows still open at turn k;
-- partial rollout: `oversample x` the batch's groups in flight; a round runs waves until a
-  batch of groups is complete; a group completes after E[max turns of its samples] waves, so
-  a round costs that many waves / oversample (at least one), each over every row in flight.
+The turn engine (`engine_turns_cost`; `rlgraph.engines.turn_decode`, every `cuda_decode` but
+dynamic) keeps each trajectory's KV in its slot: a trajectory is its turns one after the
+other, each turn decoded in the engine's chunks of `sync_every` steps (the host sees a turn's
+end at the chunk's end), its env step (`env.latency_s`; the pool steps `workers x threads`
+at once), then its observation waits for the running chunk and is prefilled alone (an eager
+forward of a few tokens, which holds up every slot). Trajectories' turns and lengths are
+drawn (seeded) as the runtime's forced lengths and the `delay` env draw them:
+- synchronous: the batch lasts its slowest trajectory, plus every observation prefill;
+- partial rollout: `oversample x` the batch's groups in flight, rounds simulated as the
+  rollout cache runs them (a round ends when a batch of groups is complete, and with
+  `stale: finish` every group the next batch could not train; the rest carry on, their
+  context prefilled again under the new weights).
+
+Waves (`multi_turn_cost` with `cuda_decode: dynamic`, `rlgraph.envs.rollout`): every
+trajectory whose observation has come back decodes one turn, until its longest ends; then
+each is prefilled again (prompt, context and every earlier turn and observation
+re-encoded), and the wave's last trajectory waits `env.latency_s` for its observation.
+- synchronous: E[max turns over the replica's rows] waves, wave k over the rows still open;
+- partial rollout: a round costs E[max turns of a group] / oversample waves (at least one),
+  each over every row in flight.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlgraph import lengths
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.passes import compute_units, efficiency, thread_slowdown
+from rlgraph.rollout_rules import RolloutRules
 
 if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
 
 SEGMENTS = 24  # pieces of a wave's survival curve the decode time integrates over
+DRAWS = 4096  # trajectories drawn for the turn engine's pricing (batches x rows)
+ROUNDS, WARMUP = 24, 6  # partial rollout: rounds simulated, the first WARMUP left out
 
 
 def turn_models(node: Any, ctx: CostContext) -> tuple[lengths.LengthModel, lengths.LengthModel]:
     """(turns per trajectory, model tokens per turn) as length distributions."""
     data, env = ctx.spec.data, node.env
-    shape = {"dist": data.response_len.dist, "sigma": data.response_len.sigma,
-             "alpha": data.response_len.alpha}
+    response = lengths.of(data.response_len)
     turns = env.mean_turns()
-    per_turn = lengths.LengthModel(mean=max(1.0, data.response_len.mean / turns),
-                                   max=max(1.0, data.response_len.max / turns), **shape)
-    return lengths.LengthModel(mean=turns, max=float(env.max_turns), **shape), per_turn
+    return (replace(response, mean=turns, max=float(env.max_turns)),
+            response.per_turn(turns))
 
 
 def wave_seconds(rows: float, offset: float, node: Any, ctx: CostContext,
@@ -72,9 +86,12 @@ def env_wait_seconds(rows: float, node: Any) -> float:
 
 
 def multi_turn_cost(node: NodeSpec, ctx: CostContext, per_replica: int, replicas: int) -> float:
-    """Seconds of a multi-turn generate step (see the module): decode waves, the prefill of
+    """Seconds of a multi-turn generate step (see the module): on the turn engine
+    (`engine_turns_cost`), or in waves (cuda_decode: dynamic): decode waves, the prefill of
     every wave's contexts and the env's latency; sets the detail, and a note when the
     environment bounds the step."""
+    if node.cuda_decode != "dynamic":
+        return engine_turns_cost(node, ctx, per_replica, replicas)
     data, shape, gpu, env = ctx.spec.data, ctx.shape, ctx.gpu, node.env
     turns, turn = turn_models(node, ctx)
     mean_turn, _ = lengths.moments(turn)
@@ -116,3 +133,142 @@ def multi_turn_cost(node: NodeSpec, ctx: CostContext, per_replica: int, replicas
                              f"env latency against {decode + prefill:.3g} s of decoding; more "
                              f"env workers or threads help only when the pool is full")
     return prefill + decode + env_s
+
+
+def draw_trajectory(rng: random.Random, turns: lengths.LengthModel,
+                    turn: lengths.LengthModel, budget: float, observation: float
+                    ) -> list[int]:
+    """One trajectory's model tokens per turn, drawn as the runtime's forced lengths do; it
+    stops at `budget` tokens, observations included."""
+    out, used = [], 0.0
+    for _ in range(turns.length_at(rng.random())):
+        n = min(turn.length_at(rng.random()), max(0, int(budget - used)))
+        if n <= 0:
+            break
+        out.append(n)
+        used += n + observation
+    return out or [1]
+
+
+def _trajectory_seconds(tokens: list[int], chunk: int, step_s: float, env_s: float) -> float:
+    """A trajectory on the turn engine, its own observation prefills aside: each turn's
+    chunks of decode steps, each env step, and each observation's wait for the running
+    chunk (half of one on average)."""
+    chunks = sum(math.ceil(n / chunk) for n in tokens)
+    return chunks * chunk * step_s + len(tokens) * env_s + (len(tokens) - 1) * chunk * step_s / 2
+
+
+def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
+                      replicas: int) -> float:
+    """Seconds of a multi-turn generate step on the turn engine (see the module)."""
+    from rlgraph.pricing.generate import decode_step_seconds
+
+    data, shape, gpu, env = ctx.spec.data, ctx.shape, ctx.gpu, node.env
+    schedule = ctx.spec.schedule
+    turns, turn = turn_models(node, ctx)
+    chunk = node.sync_every
+    k = data.samples_per_prompt
+    partial = bool(schedule.partial_rollout)
+    rows = per_replica * (float(node.oversample) if partial else 1.0)
+    rng = random.Random(0)
+    drawn = [draw_trajectory(rng, turns, turn, data.response_len.max, env.observation_len)
+             for _ in range(max(DRAWS, per_replica * 8))]
+    tokens = sum(sum(t) for t in drawn) / len(drawn)  # a trajectory's model tokens
+    turns_mean = sum(len(t) for t in drawn) / len(drawn)
+    env_s = env.latency_s * max(1.0, math.ceil(rows / (env.workers * env.threads)))
+    context = data.prompt_len + (tokens + turns_mean * env.observation_len) / 2
+    longest = data.prompt_len + data.response_len.max
+    # rows decoding at once: the trajectories in flight, less the share waiting for the env
+    live = rows
+    for _ in range(2):
+        step_s = decode_step_seconds(max(1.0, live), context, node, ctx, longest=longest)
+        busy = tokens * step_s
+        live = rows * busy / max(1e-12, busy + turns_mean * env_s)
+    step_s = decode_step_seconds(max(1.0, live), context, node, ctx, longest=longest)
+
+    def prefill_call(tokens_: float) -> float:
+        """One eager forward over `tokens_` tokens (an observation's, or a batch's prompts)."""
+        flops = 2 * shape.matmul_active * tokens_ / (
+            gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
+        if ctx.local:
+            return flops * thread_slowdown(ctx) + decode_step_seconds(1.0, context, node, ctx)
+        return flops + shape.layers * COSTS.native_decode_overhead_per_layer_s
+
+    observe_s = prefill_call(env.observation_len + 1)
+    if partial:
+        period, decode_steps, extends, carried = _partial_rounds(
+            drawn, per_replica // k, k, float(node.oversample), int(schedule.max_lag),
+            str(node.stale), chunk, step_s, env_s)
+        extends = min(extends, decode_steps / chunk)  # at most one prefill call a chunk
+        prefill = prefill_call(per_replica * data.prompt_len + carried * context)
+        how = (f"partial rollout: {rows:.0f} trajectories in flight, {carried:.3g} carried "
+               f"into a round and prefilled again")
+    else:
+        batches = max(1, len(drawn) // per_replica)
+        period = sum(max(_trajectory_seconds(t, chunk, step_s, env_s)
+                         for t in drawn[b * per_replica:(b + 1) * per_replica])
+                     for b in range(batches)) / batches
+        decode_steps = (period - turns_mean * env_s) / step_s
+        extends = min(per_replica * (turns_mean - 1), decode_steps / chunk)
+        prefill = prefill_call(per_replica * data.prompt_len)
+        how = "synchronous: until its slowest trajectory ends"
+    observations = extends * observe_s
+    host = 0.0
+    if node.engine == "native" and not ctx.local:
+        host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica
+    ctx.extra["detail"] = (
+        f"multi-turn on the turn engine ({env.fn}, {turns_mean:.3g} turns, {tokens:.3g} model "
+        f"tokens a trajectory; KV kept across turns): {period:.3g} s of turns (decode steps "
+        f"of {step_s * 1e3:.3g} ms at {live:.0f} rows, env steps of {env_s:.3g} s) + "
+        f"{extends:.3g} observation prefills {observations:.3g} s + prefill {prefill:.3g} s"
+        + (f" + host {host:.3g} s" if host else "") + f" ({how})")
+    env_share = turns_mean * env_s
+    if env_share > tokens * step_s:
+        ctx.extra["note"] = (f"{ctx.name}: the environment bounds the step: {env_share:.3g} s "
+                             f"of env steps a trajectory against {tokens * step_s:.3g} s of "
+                             f"decoding; more env workers or threads help only when the pool "
+                             f"is full")
+    return period + observations + prefill + host
+
+
+def _partial_rounds(drawn: list[list[int]], prompts: int, k: int, oversample: float,
+                    max_lag: int, stale: str, chunk: int, step_s: float, env_s: float
+                    ) -> tuple[float, float, float, float]:
+    """(seconds, decode steps, observation prefills, carried trajectories) of a steady
+    round of partial rollout on the turn engine: the rollout cache's rounds, each
+    trajectory its remaining seconds on the engine (`_trajectory_seconds`)."""
+    rules = RolloutRules.of(prompts=max(1, prompts), oversample=oversample, max_lag=max_lag,
+                            stale=stale)  # the rollout cache's (rlgraph.rollout_rules)
+    prompts, in_flight = rules.prompts, rules.in_flight
+    supply = iter(drawn * (1 + (ROUNDS * in_flight * k) // max(1, len(drawn))))
+    groups: list[dict] = []
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for t in range(ROUNDS):
+        if rules.drops_stale:  # evict: a group begun under a version too old for batch t
+            groups = [g for g in groups if not rules.is_stale(g["version"], t)]
+        carried = sum(1 for g in groups for r in g["left"] if r > 0)
+        while len(groups) < rules.target(t, t):  # colocated: round t runs version t
+            samples = [next(supply) for _ in range(k)]
+            groups.append({"version": t, "turns": [len(s) for s in samples],
+                           "full": [_trajectory_seconds(s, chunk, step_s, env_s)
+                                    for s in samples]})
+            groups[-1]["left"] = list(groups[-1]["full"])
+        need = [max(g["left"]) for g in groups]
+        end = sorted(need)[prompts - 1]
+        must = rules.must_finish([g["version"] for g in groups], t)
+        end = max([end, *(need[i] for i in must)])
+        end = math.ceil(end / (chunk * step_s)) * chunk * step_s  # the host looks per chunk
+        turns_done = 0.0
+        for g in groups:
+            for i, r in enumerate(g["left"]):
+                ran = min(r, end)
+                turns_done += g["turns"][i] * ran / max(g["full"][i], 1e-12)
+                g["left"][i] = r - ran
+        complete = [i for i, g in enumerate(groups) if max(g["left"]) <= 0][:prompts]
+        groups = [g for i, g in enumerate(groups) if i not in set(complete)]
+        if t >= WARMUP:
+            decoding = end - env_s * turns_done / max(1.0, in_flight * k)
+            totals = [a + b for a, b in zip(totals, (end, max(0.0, decoding) / step_s,
+                                                    turns_done, carried))]
+    n = ROUNDS - WARMUP
+    return tuple(x / n for x in totals)  # type: ignore[return-value]

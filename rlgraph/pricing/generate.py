@@ -83,7 +83,8 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
     least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
     context) and the host spends COSTS.static_decode_host_seconds_per_step between its
-    steps. A local CPU cluster: max(compute at
+    steps (COSTS.inflight_decode_host_seconds_per_step with in-flight updates, whose looks
+    overlap the launched steps). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
@@ -102,7 +103,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
         return (compute + sampling) * thread_slowdown(ctx) + fixed
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
-    host = COSTS.static_decode_host_seconds_per_step if static_engine(node, ctx) else 0.0
+    host = 0.0
+    if static_engine(node, ctx):  # in flight, the host's looks overlap the launched steps
+        host = (COSTS.inflight_decode_host_seconds_per_step if getattr(node, "inflight", False)
+                else COSTS.static_decode_host_seconds_per_step)
     return gemms + kv + sampling + fixed + host
 
 
@@ -128,22 +132,10 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
-def continuous_decode(rows: float, held: float, node: Any, ctx: CostContext,
-                      model: lengths.LengthModel) -> tuple[float, float, float]:
-    """(seconds, steps, width) of `rows` samples per replica decoded by continuous batching
-    (streaming): a finished row is refilled with a new prompt, so the engine runs at its
-    steady width (what the KV cache holds, at most the batch's rows) and the batch costs its
-    tokens at that width, rows * E[L] / width steps, not its longest tail."""
-    mean, second = lengths.moments(model)
-    width = max(1.0, min(rows, held))
-    steps = rows * mean / width
-    context = ctx.spec.data.prompt_len + second / (2 * mean)
-    return steps * decode_step_seconds(width, context, node, ctx), steps, width
-
-
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                    model: lengths.LengthModel) -> tuple[float, float, float, float]:
-    """(decode seconds, decode steps, mean live rows, re-encoded tokens) of one steady-state
+    """(decode seconds, decode steps, mean live rows, re-encoded tokens with the padding of
+    the engine's prefill chunks, `rollout_rounds.chunk_padding`) of one steady-state
     partial-rollout round of a replica: the simulated round's stretches (live rows, their
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
@@ -159,16 +151,20 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     prompts = max(1, math.ceil(per_replica / k / stride))
     check = node.sync_every if static_engine(node, ctx) else 1
     inflight = bool(getattr(node, "inflight", False))
-    profile = rollout_rounds.simulate(model, prompts, k, float(node.oversample),
+    mix = bool(schedule.partial_rollout or inflight)  # else a sample never spans versions
+    profile = rollout_rounds.simulate(model, prompts, k,
+                                      float(node.oversample) if schedule.partial_rollout
+                                      else 1.0,
                                       int(schedule.max_lag), str(node.stale), check,
                                       int(data.prompt_len), stride=stride, inflight=inflight,
-                                      reencode=getattr(node, "kv", "keep") == "recompute")
+                                      reencode=getattr(node, "kv", "keep") == "recompute",
+                                      mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
                   for steps, rows, context, longest in profile.segments)
     busy = sum(steps for steps, *_ in profile.segments)
     live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
     return (seconds * stride, profile.steps * stride, live,
-            profile.reencoded_tokens * stride)
+            (profile.reencoded_tokens + profile.padding_tokens) * stride)
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -218,20 +214,18 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         decode, steps = partial, partial_steps
         how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
-               f"{reencode:.3g} tokens re-encoded")
+               f"{reencode:.3g} tokens re-encoded in padded prefill chunks")
         if inflight:
             how = (f"in-flight updates (kv {node.kv}): rows never stop, finished groups "
                    f"refilled inside the call, {live:.0f} rows decoding on average; "
                    f"{reencode:.3g} tokens re-encoded; the swap's pause is switch_cost")
         prefill_tokens += reencode * replicas
     if (ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout
-            and not inflight):
-        cont, cont_steps, live = continuous_decode(per_replica, held(per_replica), node, ctx,
-                                                   model)
-        if cont < decode:
-            decode, steps = cont, cont_steps
-            how = (f"streaming: continuous batching at {live:.0f} rows, finished rows refilled "
-                   f"with new prompts")
+            and not inflight):  # the cache's mini-batch calls, a sample within one version
+        decode, steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        how = (f"streaming: {ctx.spec.schedule.mini_batches} calls a version, finished groups "
+               f"refilled while the version can train them, {live:.0f} rows decoding on "
+               f"average (rounds simulated, `rollout_rounds`)")
     prefill = (2 * shape.matmul_active * prefill_tokens
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
                * thread_slowdown(ctx))

@@ -154,7 +154,7 @@ def data_parallel_overhead(node: NodeSpec, ctx: CostContext, backward: bool, upd
     """What rlgraph's data-parallel replicas add to a call on GPUs beyond their share of the
     work: the leader hands each follower its share through Ray and joins the results
     (COSTS.replica_dispatch_s a call), and a backward pass sums the gradients over the
-    replicas after it (rlgraph.worker.replicas.sum_gradients: not overlapped; a ring moves
+    replicas after it (rlgraph.process.replicas.sum_gradients: not overlapped; a ring moves
     2 (W - 1) / W of the bf16 gradients per update over NVLink). 0 for one replica, on a CPU
     cluster or priced as verl."""
     ranks = max(1, ctx.gpus // node.model_parallel())

@@ -1,5 +1,6 @@
 """What partial rollout's rounds decode in steady state, by a seeded simulation of the rollout
-cache's rules (`engines.partial_rollout`) over the response-length distribution.
+cache's rounds (`engines.partial_rollout`) over the response-length distribution, under the
+cache's own admission, eviction and must-finish rules (`rlgraph.rollout_rules`).
 
 A round holds `ceil(oversample * P)` prompt groups of k samples (the carried ones first, then
 new ones in data order), decodes every unfinished sample one token a step, and stops at the
@@ -19,14 +20,17 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from statistics import NormalDist
 
 from rlgraph.lengths import LengthModel
-from rlgraph.versions import oldest_trainable
+from rlgraph.rollout_rules import RolloutRules
 
 SEGMENTS = 24  # stretches of a round the live rows and their contexts are sampled over
 ROUNDS = 24  # rounds simulated; the first WARMUP (an empty cache filling up) are left out
 WARMUP = 6
+# padded tokens of one prefill call of the static engine (engines/static_decode.py
+# PREFILL_TOKENS, whose `_admit` prefills the queue in order, each chunk padded to its
+# longest row); tests/unit/pricing/test_rollout_rounds.py checks the two agree
+PREFILL_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -41,32 +45,8 @@ class RoundProfile:
     carried_groups: float  # groups in flight carried into a round
     decoded_tokens: float  # tokens decoded a round (each sample's tokens once)
     dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
-
-
-def draw(m: LengthModel, u: float) -> int:
-    """The length at quantile u of the clipped distribution (as `rl.data.draw_length`)."""
-    if m.mean >= m.max:
-        return int(m.max)
-    if m.dist == "pareto":
-        low = m.mean * (m.alpha - 1) / m.alpha
-        x = low / max(1e-12, 1.0 - u) ** (1 / m.alpha)
-    else:
-        mu = math.log(m.mean) - m.sigma ** 2 / 2
-        x = math.exp(mu + m.sigma * NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
-    return int(min(m.max, max(1, round(x))))
-
-
-def _targets(t: int, version: int, prompts: int, in_flight: int, max_lag: int,
-             stride: int) -> tuple[int, Callable[[int], int]]:
-    """`RolloutCache.refill`'s rule: the groups a round holds before it decodes, and how many
-    it may hold once `c` of them are complete (in-flight updates refill inside the round,
-    only for later batches: none where the round's version cannot reach them)."""
-    if stride > 1:  # streaming: as many as this version's window can still train
-        window = max(1, (version + max_lag) * stride + stride - t) * prompts
-        return min(in_flight, window), lambda c: min(in_flight + min(c, prompts), window)
-    if version > oldest_trainable(t, max_lag):
-        return in_flight, lambda c: in_flight + min(c, prompts)
-    return prompts, lambda c: 0
+    # padding the engine's prefill chunks add to a round's re-encoded and new rows
+    padding_tokens: float = 0.0
 
 
 def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: list[int],
@@ -98,11 +78,29 @@ def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: li
     return stop
 
 
+def _restart_older(groups: list[dict], version: int, rules: RolloutRules) -> None:
+    """Without `mix_versions` (`rules.restarts_unmixed`): restart every unfinished sample of
+    a group begun under another version than `version` (its decoded tokens go back to its
+    length). A group's unfinished samples all began under
+    one version: its own, or the one they last restarted under (`restarted`); a group with
+    no finished sample takes the new version."""
+    for g in groups:
+        began = g.get("restarted", g["version"])
+        if began is None or not rules.restarts_unmixed(began, version):
+            continue
+        rows = list(zip(g["left"], g["done"], strict=True))
+        g["left"] = [r + d if r > 0 else 0 for r, d in rows]  # unfinished: from its prompt
+        g["done"] = [0 if r > 0 else d for r, d in rows]
+        g["restarted"] = version
+        if not any(r == 0 and d > 0 for r, d in rows):
+            g["version"] = version
+
+
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
              seed: int = 0, stride: int = 1, inflight: bool = False,
-             reencode: bool = True) -> RoundProfile:
+             reencode: bool = True, mix_versions: bool = True) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group). `stride` K > 1:
@@ -110,23 +108,27 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     batch's K x oversample x prompts groups in flight, admitted only while their version can
     still be trained (`RolloutCache.refill`). `inflight` (`engines.inflight`): a completed
     group's place is refilled inside the round (`_inflight_stop`), and carried rows keep
-    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version)."""
+    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version).
+    Without `mix_versions` (streaming without partial rollout) a sample never spans versions:
+    an unfinished one begun under an older version restarts from its prompt (as
+    `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
+    the cache restarts only its samples older than the bound)."""
     rng = random.Random(seed)
-    in_flight = max(prompts, math.ceil(oversample * stride * prompts))
+    rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
+                            stale=stale, stride=stride, mix_versions=mix_versions)
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
-              "dropped": 0.0}
+              "dropped": 0.0, "pad": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
     warm = WARMUP * stride
     for t in range(ROUNDS * stride):
         version = t // stride - generate_lag
-        floor = oldest_trainable(t, max_lag, stride)  # oldest version batch t may train
-        if groups:  # evict: a group holding a token older than the floor (finish: the
+        if groups:  # evict: a group holding a token too old for batch t (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
-                if any(d and g["version"] < floor for d in g["done"]):
-                    if stale != "restart":
+                if any(g["done"]) and rules.is_stale(g["version"], t):
+                    if rules.drops_stale:
                         totals["dropped"] += k if t >= warm else 0
                         continue
                     g["left"] = [r + d for r, d in zip(g["left"], g["done"], strict=True)]
@@ -134,27 +136,37 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                     g["version"] = version
                 kept.append(g)
             groups = kept
+        _restart_older(groups, version, rules)
         carried = len(groups)
-        target, room = _targets(t, version, prompts, in_flight, max_lag, stride)
+        target = rules.target(t, version)
+
+        def room(complete: int, t: int = t, version: int = version) -> int:
+            # in-flight updates refill inside the round, for the groups it will emit
+            return rules.target(t, version, min(complete, prompts))
+
         re_tokens = re_square = 0.0
+        queue = []  # rows the round prefills, in queue order: carried, then new
         for g in groups:  # carried rows: prompt and prefix re-encoded under this round's weights
             for r, d in zip(g["left"], g["done"], strict=True):
                 if r > 0 and d > 0 and (reencode or not inflight):
                     re_tokens += prompt_len + d
                     re_square += (prompt_len + d) ** 2
+                    queue.append(prompt_len + d)
+        admitted = len(groups)
 
         def new_group(_: int, version: int = version) -> dict:
             # in flight, a group's version is that of its first token (set when it decodes
             # one: a group admitted in a round that decodes nothing starts later)
             return {"version": None if inflight else version,
-                    "left": [draw(m, rng.random()) for _ in range(k)], "done": [0] * k}
+                    "left": [m.length_at(rng.random()) for _ in range(k)], "done": [0] * k}
 
         while len(groups) < target:
             groups.append(new_group(0))
+        queue += [prompt_len] * (k * (len(groups) - admitted))
+        padding = chunk_padding(queue) if queue and queue[0] > prompt_len else 0
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
-        must = [i for i, g in enumerate(groups)
-                if any(g["done"]) and g["version"] < oldest_trainable(t + 1, max_lag, stride)]
-        must = must[:prompts] if stale == "finish" else []
+        must = sorted(rules.must_finish([g["version"] if any(g["done"]) else None
+                                         for g in groups], t))
         starts = [0] * len(groups)
         if inflight:
             stop = _inflight_stop(groups, starts, prompts, must, check_every, room, new_group)
@@ -173,6 +185,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             totals["re"] += re_tokens
             totals["re2"] += re_square
             totals["carried"] += carried
+            totals["pad"] += padding
             totals["tokens"] += sum(r for _, r, _ in runs)
             width = stop / SEGMENTS
             for j in range(SEGMENTS):
@@ -192,7 +205,22 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     n = max(1, counted)
     merged = _merge(segments, n)
     return RoundProfile(totals["steps"] / n, merged, totals["re"] / n, totals["re2"] / n,
-                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n)
+                        totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n,
+                        totals["pad"] / n)
+
+
+def chunk_padding(rows: list[int], budget: int = PREFILL_TOKENS) -> int:
+    """Padding tokens the static engine's prefill adds to `rows` (lengths in queue order):
+    `StaticDecoder._admit` closes a chunk before a row that would take it past `budget`
+    padded tokens and pads every row of a chunk to its longest."""
+    padded = longest = count = 0
+    for n in rows:
+        if count and (count + 1) * max(longest, n) > budget:
+            padded += count * longest
+            longest = count = 0
+        count += 1
+        longest = max(longest, n)
+    return padded + count * longest - sum(rows)
 
 
 def _merge(segments: list[tuple[float, float, float, float]], rounds: int

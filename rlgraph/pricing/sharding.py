@@ -1,7 +1,7 @@
 """What FSDP2 (`sharding: fsdp`) adds to a pass on rlgraph's runtime: its all-gathers and
 reduce-scatters (the memory they save is the compiler's memory pass, rlgraph.compiler.memory).
 
-rlgraph.worker.sharding wraps every decoder layer as one FSDP unit and the root (embeddings,
+rlgraph.process.sharding wraps every decoder layer as one FSDP unit and the root (embeddings,
 norm, head) as another, with MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32). Every micro-batch pass therefore all-gathers each unit's parameters
 in bf16 before its forward, again before its backward (FSDP2 reshards after the forward),

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError, did_you_mean, shown
-from rlgraph.presets.tasks import TASKS, Lengths
+from rlgraph.lengths import LengthModel, of
+from rlgraph.presets.tasks import TASKS
 
 if TYPE_CHECKING:
     from rlgraph.config.schema import DataSpec
@@ -43,7 +44,7 @@ class Example:
 
 
 def task_example(task: str, seed: int, split: str, index: int,
-                 lengths: Lengths | None = None) -> Example:
+                 lengths: LengthModel | None = None) -> Example:
     """Example `index` of a built-in task's `split` stream (same everywhere for one seed)."""
     prompt, answer = TASKS[task](random.Random(f"{seed}:{task}:{split}:{index}"), lengths)
     extra = {"index": index, "split": split}
@@ -210,7 +211,7 @@ class DataSource:
         """The example at a stream position; files are reshuffled each epoch, seeded."""
         if self.examples is None:
             return task_example(self.data.task, self.seed, self.split, position,
-                                self.data.response_len)
+                                of(self.data.response_len))
         n = len(self.examples)
         epoch, offset = divmod(position, n)
         if epoch not in self._order:
@@ -228,5 +229,6 @@ class DataSource:
         """The first `n` examples of the split in file order (all rows of val files)."""
         if self.examples is not None:
             return self.examples[: n or len(self.examples)]
-        return [task_example(self.data.task, self.seed, self.split, i, self.data.response_len)
+        lengths = of(self.data.response_len)
+        return [task_example(self.data.task, self.seed, self.split, i, lengths)
                 for i in range(n or 64)]

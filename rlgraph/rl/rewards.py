@@ -5,7 +5,7 @@ dict with a `score`), so a verl user's function works unchanged. `fn` is `module
 or `path/to/file.py:function`. A function that raises or returns something that is not a
 number stops the run with `RewardFnError`, naming the function and the sample.
 
-A user's function runs in a child process of its own (`rlgraph.worker.isolated`): a call
+A user's function runs in a child process of its own (`rlgraph.process.isolated`): a call
 that takes longer than the node's `timeout_s` is stopped and fails the same way, and what it
 prints is captured (capped) for the run dir instead of Ray's worker logs. The built-in
 verifiers of this module run in the worker itself.
@@ -46,7 +46,7 @@ class RewardFnError(RLGraphError):
 def make_scorer(ref: str | None, key: Sequence[str | int], base_dir: Path | None) -> Any:
     """What `score_samples` calls: a built-in verifier as is, a user's function behind an
     `Isolated` child process (started now, so an import error is found at build time)."""
-    from rlgraph.worker.isolated import Isolated, IsolatedError
+    from rlgraph.process.isolated import Isolated, IsolatedError
 
     ref = ref or DEFAULT_FN
     if ref.rpartition(":")[0] == __name__:
@@ -181,7 +181,7 @@ def score_samples(fn: Any, fn_name: str, data_sources: Sequence[str],
     `timeout_s` each); the first failure (an exception, a timeout, not a number, not finite
     or beyond MAX_ABS_REWARD) raises RewardFnError naming the fn, the step and the sample,
     its text one line (escape sequences removed, cut short)."""
-    from rlgraph.worker.isolated import Isolated, IsolatedError
+    from rlgraph.process.isolated import Isolated, IsolatedError
 
     at_step = f" at step {step}" if step is not None else ""
     samples = list(zip(data_sources, responses, ground_truths, extra_infos, uids))

@@ -12,7 +12,7 @@ summary) that is all the driver reads. A stop `recall`s the tasks queued here th
 started: each returns `NotRun` (only the actor knows what has started; Ray 2.60's
 `ray.cancel` of a started actor task drops its results).
 
-Data parallelism (rlgraph.worker.replicas): a group of W replicas is W actors; the driver talks to
+Data parallelism (rlgraph.process.replicas): a group of W replicas is W actors; the driver talks to
 rank 0, the leader, which hands each follower its share of a task (`DATA_PARALLEL` of the
 task's worker: "rows", the default, cuts the input batch by sample, sizes within one, GRPO
 group ids kept, so a step needs one sample per data-parallel rank; "whole" gives every
@@ -83,7 +83,7 @@ class GroupActor:
             os.chdir(cwd)  # relative data / reward paths resolve as they did for the driver
         torch.set_num_threads(max(1, threads))
         self.threads, self.thread_seconds = max(1, threads), {}
-        from rlgraph.worker.replicas import Replicas, model_parallel_of
+        from rlgraph.process.replicas import Replicas, model_parallel_of
 
         self.spec, self.device, self.tasks, self.seed = spec, device, list(tasks), seed
         self.followers: list[Any] = []  # the other replicas of the group (on the leader)
@@ -110,7 +110,7 @@ class GroupActor:
         self._build()
 
     def _build(self) -> None:
-        from rlgraph.worker.workspace import Workspace
+        from rlgraph.process.workspace import Workspace
 
         try:
             self.workspace = Workspace(self.spec, self.tasks, seed=self.seed, device=self.device,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgraph.errors import RLGraphError
-from rlgraph.nodes.base import MAX_STEPS
+from rlgraph.limits import MAX_STEPS
 from rlgraph.readback import MAX_SECONDS, count, finite_number, read_bytes, read_json
 from rlgraph.runtime.hf_folder import MODEL_WEIGHTS
 from rlgraph.runtime.state_files import StateFormatError, join, owned, split

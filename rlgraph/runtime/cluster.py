@@ -9,7 +9,7 @@
   clear error within seconds (Ray itself would retry for minutes); a refused token (Ray's
   token authentication, `RAY_AUTH_MODE=token`) or a Ray/Python version mismatch is one line
   naming the cause, with Ray's own retry warnings kept off the terminal.
-- One placement group per plan group, one bundle per replica (rlgraph.worker.replicas): on a local
+- One placement group per plan group, one bundle per replica (rlgraph.process.replicas): on a local
   CPU cluster its share of the group's slots; on GPUs one GPU (a replica per GPU).
   A plan that needs GPUs the cluster lacks is refused before any actor starts.
 """

@@ -52,7 +52,7 @@ CHECKPOINT_EVERY_S = 60.0
 STOP_GRACE_S = 5.0
 STOP_MAX_S = 60.0
 STOP_FETCH_S = 10.0  # longest wait for the trainer's state when a stop abandoned tasks
-OUTPUT_LOG = "reward.log"  # what user reward functions printed (rlgraph.worker.isolated)
+OUTPUT_LOG = "reward.log"  # what user reward functions printed (rlgraph.process.isolated)
 OUTPUT_LOG_MAX = 32 << 20  # bytes; a run that prints more keeps the first 32 MiB
 
 

@@ -21,10 +21,10 @@ from rlgraph.compiler import compile_plan
 from rlgraph.compiler.plan import Plan, RoutePlan
 from rlgraph.config.schema import Spec
 from rlgraph.nodes import KINDS
+from rlgraph.process.workspace import Workspace
 from rlgraph.runtime.pipeline import Pipeline, drive
 from rlgraph.runtime.tasks import Completion, InlineExecutor, Task
 from rlgraph.weights import BucketMiB
-from rlgraph.worker.workspace import Workspace
 
 
 @dataclass

@@ -6,7 +6,8 @@ with max_lag at most the user's; ties (equal to 9 significant digits) go to the 
 then to fewer idle GPUs, then partial rollout off, then the user's own plan, then fewer
 groups. The user's plan is always a candidate, so the result is never worse than it.
 
-Method (the space is `search_space.SearchSpace`):
+Method (the space is `rlgraph.tune.space.SearchSpace`, a candidate's evaluation
+`rlgraph.tune.evaluate.Evaluator`):
 
 - enumeration, when partitions x tp choices x partial settings are at most `PARTITION_LIMIT`
   (up to 8 grouped tasks): every candidate gets a cheap lower bound from per-group cost
@@ -32,7 +33,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from rlgraph.compiler import compile_plan, describe_bottleneck, sync_spec
@@ -47,14 +48,14 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.tune.beyond import beyond_bound
+from rlgraph.tune.evaluate import Evaluator, idle_gpus
+from rlgraph.tune.ranking import Leaderboard, RankedPlan, TuneResult
 from rlgraph.tune.space import (
     PRUNE_TOLERANCE,
     Candidate,
     Evaluation,
-    Evaluator,
     SearchSpace,
     bell,
-    idle_gpus,
     in_flight,
     streamed,
 )
@@ -65,119 +66,19 @@ TIME_BUDGET_S = 30.0
 RESTARTS = 24  # local search: random restarts after the input and the colocated plan
 
 
-@dataclass
-class Plan:
-    """One ranked plan: its groups, lag, period and what bounds it."""
-
-    groups: list[dict[str, Any]]  # [{name, tasks, gpus}]
-    max_lag: int
-    partial_rollout: bool
-    tp: int | None
-    period_s: float
-    bound_s: float
-    idle_gpus: float
-    bottleneck: str
-    spec: Spec
-    origin: str = "search"  # "input" for the user's own plan
-    candidate: Candidate | None = None
-    mini_batches: int | None = None  # streaming's mini-batches per version (None: none)
-    inflight: bool = False  # generate's in-flight weight updates
-
-    def key(self) -> tuple:
-        """Rank: period, then lag, idle GPUs, partial off, the user's plan, fewer groups,
-        fewer mini-batches, in-flight updates off."""
-        return (float(f"{self.period_s:.9g}"), self.max_lag, round(self.idle_gpus, 6),
-                self.partial_rollout, self.origin != "input", len(self.groups),
-                self.mini_batches or 0, self.inflight,
-                [(g["name"], g["gpus"]) for g in self.groups])
-
-    def layout(self) -> tuple:
-        """Plans with equal layout differ in lag only; the ranking keeps the best of them."""
-        return (tuple((*sorted(g["tasks"]), g["gpus"]) for g in self.groups),
-                self.partial_rollout, self.tp, self.inflight)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (for --json consumers and the benchmark)."""
-        return {"groups": self.groups, "max_lag": self.max_lag,
-                "partial_rollout": self.partial_rollout, "tp": self.tp,
-                "mini_batches": self.mini_batches, "inflight": self.inflight,
-                "period_s": self.period_s, "bound_s": self.bound_s,
-                "idle_gpus": self.idle_gpus, "bottleneck": self.bottleneck,
-                "origin": self.origin}
-
-
-@dataclass
-class TuneResult:
-    """The best plan (and its compiled plan), the top plans, and how the search went."""
-
-    best: Plan
-    top: list[Plan]
-    input: Plan | None
-    input_error: str | None
-    sync_period_s: float
-    plan: CompiledPlan
-    method: str  # "enumeration" | "local search"
-    exact: bool
-    seconds: float
-    seed: int
-    stats: dict[str, int] = field(default_factory=dict)
-    # the best plan with partial rollout at a max_lag beyond the user's bound (not adopted)
-    beyond_bound: dict[str, Any] | None = None
-
-    def speedup_vs_input(self, plan: Plan) -> float | None:
-        """The user's period over this plan's (None when the user's plan is refused)."""
-        return self.input.period_s / plan.period_s if self.input and plan.period_s > 0 \
-            else None
-
-    def speedup_vs_sync(self, plan: Plan) -> float:
-        """The colocated synchronous period over this plan's."""
-        return self.sync_period_s / plan.period_s if plan.period_s > 0 else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Summary without the plan dict."""
-        return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
-                "input": self.input.to_dict() if self.input else None,
-                "input_error": self.input_error, "sync_period_s": self.sync_period_s,
-                "method": self.method, "exact": self.exact, "seconds": self.seconds,
-                "seed": self.seed, "stats": self.stats, "beyond_bound": self.beyond_bound}
-
-
-class Leaderboard:
-    """The best plan of each layout, and the K best layouts' cutoff period."""
-
-    def __init__(self, size: int):
-        self.size = max(1, size)
-        self.by_layout: dict[tuple, Plan] = {}
-
-    def offer(self, plan: Plan) -> None:
-        """Keep the plan if it is the best of its layout."""
-        old = self.by_layout.get(plan.layout())
-        if old is None or plan.key() < old.key():
-            self.by_layout[plan.layout()] = plan
-
-    def ranked(self) -> list[Plan]:
-        """All kept plans, best first."""
-        return sorted(self.by_layout.values(), key=Plan.key)
-
-    def cutoff(self) -> float:
-        """Period of the K-th best layout (infinite while fewer are known)."""
-        ranked = self.ranked()
-        return ranked[self.size - 1].period_s if len(ranked) >= self.size else math.inf
-
-
-def _plan_of(ev: Evaluation, space: SearchSpace) -> Plan:
+def _plan_of(ev: Evaluation, space: SearchSpace) -> RankedPlan:
     cand, tg, bound = ev.candidate, ev.tg, ev.bound
     assert tg is not None and bound is not None and ev.period_s is not None and ev.spec
     groups = [{"name": n, "tasks": list(b), "gpus": s}
               for n, b, s in zip(space.names(cand.blocks), cand.blocks, cand.sizes)]
     util = utilization(tg, ev.period_s)
-    return Plan(groups, cand.max_lag, cand.partial_rollout, cand.tp, ev.period_s, ev.bound_s,
+    return RankedPlan(groups, cand.max_lag, cand.partial_rollout, cand.tp, ev.period_s, ev.bound_s,
                 ev.idle_gpus, describe_bottleneck(tg, bound, ev.period_s, util), ev.spec,
                 candidate=cand, mini_batches=streamed(ev.spec), inflight=in_flight(ev.spec))
 
 
 def _input_plan(spec: Spec, measured: dict[str, float] | None
-                ) -> tuple[Plan | None, str | None, CompiledPlan | None]:
+                ) -> tuple[RankedPlan | None, str | None, CompiledPlan | None]:
     """The user's own plan as compile_plan sees it, or why the placement pass refuses it."""
     try:
         plan = compile_plan(spec, measured)
@@ -191,7 +92,7 @@ def _input_plan(spec: Spec, measured: dict[str, float] | None
     costs, _ = node_costs(spec, graph, placement, measured)
     tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()}, list(placement.groups))
     idle = idle_gpus(tg, sched.period_s, placement, placement.slots)
-    return Plan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
+    return RankedPlan(groups, spec.schedule.max_lag, spec.schedule.partial_rollout, None,
                 sched.period_s, sched.bound_s, idle, sched.bottleneck, spec,
                 origin="input", mini_batches=streamed(spec), inflight=in_flight(spec)), None, plan
 
@@ -228,7 +129,7 @@ class _Search:
             self.timed_out = True
         return self.timed_out
 
-    def try_candidate(self, cand: Candidate, cutoff: float) -> Plan | None:
+    def try_candidate(self, cand: Candidate, cutoff: float) -> RankedPlan | None:
         """Evaluate exactly (simulating only if the bound beats cutoff); rank if feasible."""
         ev = self.ev.evaluate(cand, cutoff)
         if not ev.feasible:
@@ -495,7 +396,7 @@ def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
                                    (lambda spec: _carried(spec, scale)) if scale else None))
 
 
-def _as_candidate(space: SearchSpace, plan: Plan | None) -> Candidate | None:
+def _as_candidate(space: SearchSpace, plan: RankedPlan | None) -> Candidate | None:
     if plan is None:
         return None
     blocks = space.canonical([g["tasks"] for g in plan.groups])

@@ -127,4 +127,6 @@ class DualBuffer:
         live = self._live()
         names = list(live)
         torch._foreach_copy_([live[n] for n in names], [self.staging[n] for n in names])
+        if self._stream is not None:  # the next version's copies wait for these reads
+            self._stream.wait_stream(torch.cuda.current_stream())
         self.version, self.total, self.received, self.names = None, 0, set(), set()

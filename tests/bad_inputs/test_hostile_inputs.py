@@ -1,4 +1,4 @@
-"""Hostile or mistaken input (issue 12): what tests/bad_inputs/ cannot hold as a file, the
+"""Hostile or mistaken input: what tests/bad_inputs/ cannot hold as a file, the
 bounds every numeric key declares, rewards that are not finite, reward modules that must
 not run, and a property test over mutations of every graph in graphs/.
 

@@ -13,7 +13,7 @@ from rl_support import make_spec
 from rlgraph.engines.cpu_decode import sample, token_logp
 from rlgraph.nodes import generate as generate_mod
 from rlgraph.nodes.generate import GenerateSpec, use_static_engine
-from rlgraph.worker.workspace import Workspace
+from rlgraph.process.workspace import Workspace
 
 DATA = {"response_len": {"mean": 8, "max": 12}}
 GEN = {"temperature": 0.7}

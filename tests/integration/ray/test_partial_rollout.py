@@ -23,9 +23,9 @@ from rlgraph.engines.cpu_decode import pack, token_logp
 from rlgraph.engines.partial_rollout import RolloutCache, generate_round
 from rlgraph.model.build import build_model
 from rlgraph.model.tokenizer import CharTokenizer
+from rlgraph.process.workspace import Workspace
 from rlgraph.rl.loss import policy_loss
 from rlgraph.runtime.checkpoint import load_checkpoint, save_checkpoint
-from rlgraph.worker.workspace import Workspace
 
 TOK = CharTokenizer()
 TEMPERATURE = 1.0

@@ -1,4 +1,4 @@
-"""Data parallelism inside a group (rlgraph.worker.replicas): a step's rows are shared out at GRPO
+"""Data parallelism inside a group (rlgraph.process.replicas): a step's rows are shared out at GRPO
 groups and joined back unchanged; two replicas train the step one process would, and stay
 bit-identical; replicated generate samples every prompt of a step once; whole runs with
 replicated groups (colocated, split over the object store, split over gloo with partial
@@ -15,8 +15,8 @@ from rl_support import make_spec
 
 from rlgraph.engines.cpu_decode import pack
 from rlgraph.errors import SpecError
+from rlgraph.process.workspace import Workspace
 from rlgraph.rl.batch import concat_rows, group_rows, shard_bounds, take_rows
-from rlgraph.worker.workspace import Workspace
 
 ray = pytest.importorskip("ray")
 

@@ -12,8 +12,8 @@ from rlgraph.compiler import compile_plan
 from rlgraph.config.load import load_spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
+from rlgraph.process.workspace import Workspace
 from rlgraph.rl.data import write_task_file
-from rlgraph.worker.workspace import Workspace
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "graphs" / "quickstart.yaml"
 WITH_VALIDATE = ["nodes.validate={kind: validate, every: 2, prompts: 8}",

@@ -21,6 +21,7 @@ from sim_drive import drive  # noqa: E402
 from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.graph import build_graph  # noqa: E402
+from rlgraph.process.workspace import Workspace  # noqa: E402
 from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.runtime import weight_sync  # noqa: E402
 from rlgraph.runtime.actors import start_actor  # noqa: E402
@@ -29,7 +30,6 @@ from rlgraph.runtime.pipeline import Pipeline  # noqa: E402
 from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 from rlgraph.weights import BucketMiB  # noqa: E402
 from rlgraph.weights.buckets import WeightSyncError  # noqa: E402
-from rlgraph.worker.workspace import Workspace  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 

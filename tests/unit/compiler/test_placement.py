@@ -154,7 +154,7 @@ def test_train_that_cannot_fit_is_refused() -> None:
 
 def test_generate_that_cannot_fit_is_refused() -> None:
     from rlgraph.compiler.memory import group_memory
-    from rlgraph.compiler.memory import refusal as memory_refusal
+    from rlgraph.compiler.memory_check import refusal as memory_refusal
     from rlgraph.compiler.shapes import shape_of
     from rlgraph.presets.gpus import GPU_PRESETS
 

@@ -1,4 +1,4 @@
-"""rlgraph's own passes on GPUs (issue 14, own runs): the model the runtime builds, eager
+"""rlgraph's own passes on GPUs (own runs): the model the runtime builds, eager
 passes as the longer of host launches and device work, and the data-parallel replicas."""
 
 from __future__ import annotations

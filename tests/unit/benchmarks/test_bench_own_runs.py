@@ -1,0 +1,55 @@
+"""bench/own_runs.py: which measured figure a run is priced against."""
+
+from __future__ import annotations
+
+import json
+
+from bench_support import bench_module
+
+from rlgraph import lengths
+
+own_runs = bench_module("own_runs")
+
+
+def test_a_streamed_run_that_only_filled_its_pipeline_has_no_steady_state() -> None:
+    filled = {"mini_batches": 4, "max_lag": 3, "step_s_all": [1.0] * 16}  # 4 versions
+    assert own_runs.only_filled(filled)
+    assert not own_runs.only_filled(dict(filled, step_s_all=[1.0] * 20))  # a fifth version
+    assert not own_runs.only_filled(dict(filled, version_s=[1.0] * 10))
+    assert not own_runs.only_filled({"step_s_all": [1.0] * 2})  # not streamed
+
+
+def test_the_stated_mean_reproduces_the_measured_clipped_mean() -> None:
+    class Stated:
+        mean, max, dist, sigma, alpha = 512.0, 4096, "lognormal", 1.5, 1.5
+
+    mean = own_runs.stated_mean(Stated, 420.0)
+    assert mean > 420.0  # the clip at max takes mass off the top
+    model = lengths.LengthModel(mean, 4096, "lognormal", 1.5)
+    assert abs(lengths.moments(model)[0] - 420.0) < 1e-3
+    # a clipped lognormal's mean tops out below max: past it the answer stays below max
+    assert own_runs.stated_mean(Stated, 5000.0) < 4096
+
+
+def test_every_run_of_a_result_file_is_found_at_any_depth() -> None:
+    data = {"graph": {"name": "inline"}, "command": "python bench/x.py",
+            "modes": {"sync": {"schedule": {"max_lag": 0}, "step_s": [3.0, 1.0, 2.0]}},
+            "part": {"runs": {"a": {"graph": "g.yaml", "overrides": ["k.a=1"],
+                                    "step_s_median": 2.0}}},
+            "notes": ["no run here"]}
+    found = own_runs.find_runs("f.json", data)
+    assert [f.name for f in found] == ["sync", "part/a"]
+    assert [f.section for f in found] == ["", "part"]
+    assert found[0].graph == {"name": "inline"} and found[1].graph == "g.yaml"
+    assert own_runs.measured_step(found[0].run) == 1.5  # after the warm-up step
+    graph, overrides = own_runs.graph_of(found[0])
+    assert graph == {"name": "inline"} and overrides == ["schedule.max_lag=0"]
+
+
+def test_a_scale_plan_kept_only_as_its_summary_row_gets_its_script_overrides() -> None:
+    file = own_runs.RESULTS / "gpu-scale.json"
+    found = {f.name: f for f in own_runs.find_runs(file.name, json.loads(file.read_text()))}
+    graph, overrides = own_runs.graph_of(found["split-fsdp-partial-lag3"])
+    assert graph.name == "colocated-sync.yaml"
+    assert "nodes.train.sharding=fsdp" in overrides
+    assert "cluster.gpus_per_node=4" in overrides and "schedule.max_lag=3" in overrides

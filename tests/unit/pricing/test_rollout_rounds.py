@@ -1,0 +1,216 @@
+"""The cost model's simulated partial-rollout rounds (`rlgraph.pricing.rollout_rounds`) against
+the runtime's own rollout cache (`engines.partial_rollout.RolloutCache`) driven by a counting
+decoder over the same seeded lengths, and the invariants of a round."""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlgraph.engines.partial_rollout import RolloutCache
+from rlgraph.lengths import LengthModel, expected_max, moments
+from rlgraph.pricing.rollout_rounds import (
+    PREFILL_TOKENS,
+    ROUNDS,
+    WARMUP,
+    chunk_padding,
+    simulate,
+)
+
+
+def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
+                 stale: str, check: int, prompt_len: int, stride: int = 1,
+                 mix_versions: bool = True) -> tuple[float, float]:
+    """(mean decode steps, mean re-encoded tokens) of the steady rounds of the runtime's
+    cache, each round decoded one token a step for every unfinished sample (version = step,
+    as in one colocated group) until `prompts` groups and the must-finish ones are complete,
+    checked every `check` steps; lengths drawn in admission order with simulate's seed.
+    `stride` K > 1: streaming, a call per mini-batch, version = call // K (as the worker
+    builds the cache: oversample x K, prompts a mini-batch's; `mix_versions` False: streaming
+    without partial rollout)."""
+    rng = random.Random(0)
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                         oversample=oversample * stride, stride=stride,
+                         max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
+                         prompt_of=lambda position: [1] * prompt_len,
+                         length_of=lambda position, sample: m.length_at(rng.random()),
+                         mix_versions=mix_versions)
+    steps_total = reencoded_total = 0.0
+    for t in range(ROUNDS * stride):
+        version = t // stride
+        cache.evict(t, version)
+        cache.refill(t, version)
+        reencoded = sum(prompt_len + len(s.tokens) for g in cache.groups for s in g.samples
+                        if s.tokens and not s.finished)
+        must = cache.must_finish(t)
+
+        def enough(must: set[int] = must) -> bool:
+            complete = {i for i, g in enumerate(cache.groups) if g.complete}
+            return len(complete) >= prompts and must <= complete
+
+        live = [s for g in cache.groups for s in g.samples if not s.finished]
+        steps = 0
+        while live and not enough():
+            for _ in range(check):  # the engine checks only every `check` steps
+                for s in live:
+                    s.tokens.append(0)
+                    s.logps.append(0.0)
+                    s.versions.append(version)
+                    s.finished = len(s.tokens) >= s.budget
+                live = [s for s in live if not s.finished]
+                steps += 1
+                if not live:
+                    break
+        cache.take()
+        if t >= WARMUP * stride:
+            steps_total += steps
+            reencoded_total += reencoded
+    rounds = (ROUNDS - WARMUP) * stride
+    return steps_total / rounds, reencoded_total / rounds
+
+
+@pytest.mark.parametrize(
+    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "mix"), [
+        (1.5, 1.5, 3, "finish", 8, 1, True), (1.0, 1.5, 1, "finish", 1, 1, True),
+        (1.0, 2.0, 2, "drop", 4, 1, True), (1.5, 1.5, 2, "restart", 8, 1, True),
+        (1.0, 1.0, 0, "finish", 8, 1, True), (1.5, 1.5, 3, "finish", 8, 4, True),
+        (1.0, 1.0, 1, "finish", 1, 2, True),
+        # streaming without partial rollout: a sample never spans versions
+        (1.5, 1.0, 0, "finish", 8, 4, False), (1.0, 1.0, 1, "finish", 1, 2, False),
+        (1.5, 1.0, 2, "drop", 8, 4, False)])
+def test_simulated_rounds_decode_what_the_rollout_cache_decodes(
+        sigma: float, oversample: float, max_lag: int, stale: str, check: int,
+        stride: int, mix: bool) -> None:
+    # the same lengths through the runtime's cache and the model's simulation: the same
+    # decode steps and the same carried tokens re-encoded, round for round (streaming too)
+    m = LengthModel(256, 2048, "lognormal", sigma)
+    per_call = 16 // stride
+    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                       mix_versions=mix)
+    steps, reencoded = cache_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8,
+                                    stride, mix)
+    assert profile.steps == pytest.approx(steps)
+    assert profile.reencoded_tokens == pytest.approx(reencoded)
+
+
+def test_a_synchronous_round_decodes_until_its_expected_longest() -> None:
+    # oversample 1, max_lag 0: nothing carried, each round runs its batch's longest sample
+    for sigma in (0.5, 1.0, 1.5):
+        m = LengthModel(512, 8192, "lognormal", sigma)
+        profile = simulate(m, 32, 8, 1.0, 0, "finish", 1, 8)
+        assert profile.carried_groups == 0 and profile.reencoded_tokens == 0
+        assert profile.steps == pytest.approx(expected_max(m, 256), rel=0.2)
+
+
+@settings(max_examples=12, deadline=None)
+@given(sigma=st.floats(0.3, 1.8), oversample=st.sampled_from([1.25, 1.5, 2.0, 3.0]),
+       max_lag=st.integers(1, 4), check=st.sampled_from([1, 8]))
+def test_stale_finish_rounds_decode_each_batch_of_tokens_once(
+        sigma: float, oversample: float, max_lag: int, check: int) -> None:
+    # with stale: finish nothing is restarted and, while the groups that must finish fit a
+    # batch, nothing dropped: in steady state a round decodes one batch's tokens, P * k * E[L]
+    # (Little's law), more only for dropped groups; its live rows never exceed the groups in
+    # flight, its contexts (mean and longest) lie between the prompt and prompt + max
+    m = LengthModel(400, 4096, "lognormal", sigma)
+    prompts, k, prompt = 16, 4, 8
+    profile = simulate(m, prompts, k, oversample, max_lag, "finish", check, prompt)
+    mean, _ = moments(m)
+    if profile.dropped_samples == 0:
+        assert profile.decoded_tokens == pytest.approx(prompts * k * mean, rel=0.35)
+    assert profile.decoded_tokens > 0.65 * prompts * k * mean
+    assert profile.steps <= m.max
+    in_flight = -(-oversample * prompts // 1) * k
+    for steps, live, context, longest in profile.segments:
+        assert steps > 0 and 1 <= live <= in_flight
+        assert prompt <= context <= prompt + m.max and prompt <= longest <= prompt + m.max
+    busy = sum(steps for steps, *_ in profile.segments)
+    assert busy <= profile.steps * (1 + 1e-9)
+
+
+def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
+                    stale: str, check: int, prompt_len: int, stride: int = 1) -> float:
+    """Mean decode steps of the steady rounds of the runtime's cache driven as in-flight
+    updates drive it (`engines.inflight`): rows are never interrupted (nothing re-encoded),
+    the engine runs `check` steps between looks, and at each look (the first before any
+    step) the groups completed so far are refilled (`RolloutCache.refill(taken=...)`)."""
+    rng = random.Random(0)
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
+                         oversample=oversample * stride, stride=stride,
+                         max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
+                         prompt_of=lambda position: [1] * prompt_len,
+                         length_of=lambda position, sample: m.length_at(rng.random()))
+    total = 0.0
+    for t in range(ROUNDS * stride):
+        version = t // stride
+        cache.evict(t, version)
+        cache.refill(t, version)
+        must = cache.must_finish(t)
+
+        def complete() -> set[int]:
+            return {i for i, g in enumerate(cache.groups) if g.complete}
+
+        steps, done = 0, complete()
+        while not (len(done) >= prompts and must <= done):
+            cache.refill(t, version, taken=min(len(done), prompts))
+            live = [s for g in cache.groups for s in g.samples if not s.finished]
+            assert live, "the round ran out of rows"
+            for _ in range(check):
+                for s in live:
+                    s.tokens.append(0)
+                    s.logps.append(0.0)
+                    s.versions.append(version)
+                    s.finished = len(s.tokens) >= s.budget
+                live = [s for s in live if not s.finished]
+                steps += 1
+            done = complete()
+        cache.take()
+        if t >= WARMUP * stride:
+            total += steps
+    return total / ((ROUNDS - WARMUP) * stride)
+
+
+@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check", "stride"), [
+    (1.5, 1.5, 3, "finish", 8, 1), (1.0, 2.0, 1, "drop", 4, 1), (1.0, 1.5, 2, "finish", 1, 1),
+    (1.5, 1.5, 3, "finish", 8, 4), (1.0, 1.0, 1, "finish", 2, 2)])
+def test_inflight_rounds_decode_what_the_runtime_decodes(
+        sigma: float, oversample: float, max_lag: int, stale: str, check: int,
+        stride: int) -> None:
+    # in-flight updates: the simulation's refill inside a round and its never-stopped rows
+    # against the runtime's cache driven the way engines.inflight drives it, same lengths
+    m = LengthModel(256, 2048, "lognormal", sigma)
+    per_call = 16 // stride
+    profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                       inflight=True, reencode=False)
+    assert profile.reencoded_tokens == 0
+    assert profile.steps == pytest.approx(
+        inflight_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8, stride))
+    again = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                     inflight=True, reencode=True)  # kv: recompute re-encodes carried rows
+    assert again.steps == profile.steps and (again.reencoded_tokens > 0 or max_lag == 0)
+
+
+def test_prefill_chunk_padding_follows_the_static_engine() -> None:
+    # the engine's chunk budget, read from its source (no torch import here)
+    source = (Path(__file__).resolve().parents[3] / "rlgraph" / "engines"
+              / "static_decode.py").read_text()
+    (value,) = [node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "") == "PREFILL_TOKENS" for t in node.targets)]
+    assert ast.literal_eval(value) == PREFILL_TOKENS
+    # StaticDecoder._admit: a chunk closes before a row that takes it past the budget, and
+    # every row of a chunk is padded to its longest
+    assert chunk_padding([8, 8, 8]) == 0
+    assert chunk_padding([4000, 8, 8, 8]) == 3 * 3992  # 4 rows x 4000 fit 16384
+    assert chunk_padding([4000, 8, 8, 8, 8]) == 3 * 3992  # the fifth opens a new chunk
+    assert chunk_padding([10, 20], budget=30) == 0  # 2 x 20 > 30: two chunks
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.integers(1, 9000), min_size=1, max_size=40))
+def test_chunk_padding_is_never_negative_and_never_exceeds_the_chunks(rows: list[int]) -> None:
+    padding = chunk_padding(rows)
+    assert 0 <= padding <= len(rows) * max(rows) - sum(rows)
