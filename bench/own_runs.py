@@ -1,15 +1,17 @@
-"""Does the uncalibrated compiler price our own runs? For every committed GPU run
-(`bench/results/gpu-*.json`, `gpu4-*.json`: graph, overrides, measured median step) and every
-CPU mode of `bench/results/async_vs_sync*.json` (the long-tail graph, and the quickstart's
-`--graph graphs/quickstart.yaml` run), compiles the graph as it ran, without calibration, and
-sets the predicted period beside the measured step. Target: within +-25%, and the
-verdict (split vs colocated) of each CPU graph as measured. Runs of an older runtime, and a
-streamed run that stopped while its pipeline filled (no steady state), are listed but not
-counted.
+"""Does the uncalibrated compiler price our own runs? For every committed GPU run (every
+mapping, at any depth of `bench/results/gpu*.json`, with a graph, its overrides and a
+measured step: `find_runs`) and every CPU mode of `bench/results/async_vs_sync*.json` (the
+long-tail graph, and the quickstart's `--graph graphs/quickstart.yaml` run), compiles the
+graph as it ran, without calibration, and sets the predicted period beside the measured one
+(`measured_step`: over the steps after the warm-up whose window holds one generate each).
+Target: within +-25%, and the verdict (split vs colocated) of each CPU graph as measured.
+Runs of an older runtime, and a streamed run that stopped while its pipeline filled (no
+steady state), are listed but not counted. Then, per machine, calibrated on its colocated
+synchronous run, every other plan of it (target +-10%).
 
     python bench/own_runs.py
 
-Writes bench/results/own_runs.json and prints a markdown table for the README.
+Writes bench/results/own_runs.json and prints the markdown tables of docs/results/own_runs.md.
 """
 
 from __future__ import annotations

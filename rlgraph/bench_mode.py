@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rlgraph.lengths import LengthModel, of
+from rlgraph.lengths import of
 
 
 def forced_length(seed: int, position: int, sample: int, response_len: Any) -> int:
@@ -36,10 +36,7 @@ def forced_turn_length(seed: int, key: str, turn: int, response_len: Any, turns:
     """The length forced on turn `turn` of trajectory `key`: drawn from `response_len` divided
     by the mean turns (seeded by seed, key and turn), so every schedule decodes the same work
     for a trajectory."""
-    per_turn = LengthModel(mean=max(1.0, response_len.mean / turns),
-                           max=max(1, int(response_len.max / turns)), dist=response_len.dist,
-                           sigma=response_len.sigma, alpha=response_len.alpha)
-    return per_turn.draw(random.Random(f"{seed}:turn:{key}:{turn}"))
+    return of(response_len).per_turn(turns).draw(random.Random(f"{seed}:turn:{key}:{turn}"))
 
 
 @dataclass(frozen=True)

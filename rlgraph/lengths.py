@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -51,6 +51,11 @@ class LengthModel:
     def survival(self, x: float) -> float:
         """P(L > x): the fraction of a batch's rows still decoding after x tokens."""
         return 1.0 - self.cdf(x)
+
+    def per_turn(self, turns: float) -> LengthModel:
+        """The length of one turn of a multi-turn trajectory whose whole response follows
+        this model over `turns` turns on average: mean and max divided by them (at least 1)."""
+        return replace(self, mean=max(1.0, self.mean / turns), max=max(1.0, self.max / turns))
 
     def quantile(self, u: float) -> float:
         """The x with P(L <= x) = u, unrounded, clipped at max (u is kept inside (0, 1))."""

@@ -111,13 +111,16 @@ def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str
 
 def carry(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
     """Seconds of each node of `spec` with `scale` (measured / modelled, `carried_scale`)
-    applied to its modelled cost under its own plan, as `compile_plan` takes a calibration."""
+    applied to its modelled cost under its own plan, as `compile_plan` takes a calibration.
+    A node of whole-sequence passes the run did not measure (logp skipped on its on-policy
+    batches, say) takes the ratio of the run's train passes: the same model's forward and
+    backward kernels over the same sequences (`pass_ratios`)."""
     from rlgraph.compiler.costs import node_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
     costs, _ = node_costs(spec, build_graph(spec), place(spec, strict=False),
-                          scale=dict(scale))
+                          scale=pass_ratios(scale, spec))
     return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
 
 
@@ -165,6 +168,22 @@ def with_env_latency(spec: Any, path: str | Path | None) -> Any:
     for name in names:
         spec.nodes[name].env.latency_s = latency
     return spec
+
+
+def pass_ratios(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
+    """`scale` with the train passes' measured ratio given to every node of `spec` whose
+    kind runs whole-sequence passes (logp, ref_logp, critic) and that `scale` lacks."""
+    from rlgraph.nodes import KINDS
+
+    out = dict(scale)
+    trained = [out[n] for n, node in spec.nodes.items()
+               if n in out and KINDS[node.kind].sequence_passes
+               and KINDS[node.kind].advances_policy]
+    if trained:
+        for name, node in spec.nodes.items():
+            if name not in out and KINDS[node.kind].sequence_passes:
+                out[name] = trained[0]
+    return out
 
 
 def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlgraph import lengths
@@ -51,12 +52,10 @@ ROUNDS, WARMUP = 24, 6  # partial rollout: rounds simulated, the first WARMUP le
 def turn_models(node: Any, ctx: CostContext) -> tuple[lengths.LengthModel, lengths.LengthModel]:
     """(turns per trajectory, model tokens per turn) as length distributions."""
     data, env = ctx.spec.data, node.env
-    shape = {"dist": data.response_len.dist, "sigma": data.response_len.sigma,
-             "alpha": data.response_len.alpha}
+    response = lengths.of(data.response_len)
     turns = env.mean_turns()
-    per_turn = lengths.LengthModel(mean=max(1.0, data.response_len.mean / turns),
-                                   max=max(1.0, data.response_len.max / turns), **shape)
-    return lengths.LengthModel(mean=turns, max=float(env.max_turns), **shape), per_turn
+    return (replace(response, mean=turns, max=float(env.max_turns)),
+            response.per_turn(turns))
 
 
 def wave_seconds(rows: float, offset: float, node: Any, ctx: CostContext,

@@ -10,6 +10,7 @@ from rlgraph.cli.run import refuse_other_system
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.calibrate import carried_scale, carry
 from rlgraph.errors import SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.pricing.system import SOURCES, SYSTEMS
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
@@ -54,9 +55,16 @@ def test_a_calibration_carries_measured_over_modelled_to_another_plan() -> None:
     measured = {"generate": 2 * modelled["generate"], "train": 0.5 * modelled["train"]}
     scale = carried_scale(measured, colocated)
     assert scale == pytest.approx({"generate": 2.0, "train": 0.5})
-    assert carry(scale, colocated) == pytest.approx(measured)  # its own plan: the measurement
+    # the pass nodes the run did not measure (logp, ref_logp) take train's passes' ratio
+    passes = {n for n, node in colocated.nodes.items()
+              if KINDS[node.kind].sequence_passes and n not in measured}
+    assert passes
+    own = carry(scale, colocated)
+    assert {n: own[n] for n in measured} == pytest.approx(measured)  # its own plan
+    assert {n: own[n] for n in passes} == pytest.approx({n: 0.5 * modelled[n] for n in passes})
     other = {n: c.modelled for n, c in costs_of(split).items()}
     assert carry(scale, split) == pytest.approx({"generate": 2 * other["generate"],
+                                                 **{n: 0.5 * other[n] for n in passes},
                                                  "train": 0.5 * other["train"]})
 
 
