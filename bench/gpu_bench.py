@@ -61,6 +61,7 @@ def load_rlgraph() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         presets=importlib.import_module("rlgraph.presets.models"),
         nccl_sync=importlib.import_module("rlgraph.weights.nccl"),
+        sync_group=importlib.import_module("rlgraph.weights.sync_group"),
         static_decode=importlib.import_module("rlgraph.engines.static_decode"))
 
 
@@ -133,13 +134,14 @@ def nccl_worker(rank: int, port: int, out_dir: str) -> None:
     scale = 1024 if DRY else 1  # the dry run moves KB where the real one moves MB
     res: dict[str, Any] = {"rank": rank, "raw": {}, "syncs": []}
     try:
-        group = ns.init(rank, 2, "127.0.0.1", port, backend=backend, device=rank, timeout_s=180)
+        group = rl.sync_group.init(rank, 2, "127.0.0.1", port, backend=backend, device=rank,
+                                   timeout_s=180)
         group.barrier()
         res["group"] = "private ProcessGroupNCCL over TCPStore"
     except Exception as err:  # recorded; then the default group is tried
         res["private_group_error"] = repr(err)
-        group = ns.init(rank, 2, "127.0.0.1", port + 1, backend=backend, device=rank,
-                        timeout_s=180, private=False)
+        group = rl.sync_group.init(rank, 2, "127.0.0.1", port + 1, backend=backend,
+                                   device=rank, timeout_s=180, private=False)
         res["group"] = "torch default process group"
     for mb in (128, 512):
         res["raw"][str(mb)] = _raw_broadcast(group, mb * MIB // scale, 8 * 2**30 // scale)

@@ -1,14 +1,23 @@
 """Test-wide settings: hypothesis runs derandomized, so every run checks the same examples;
-`cluster` (2 CPUs) and `cluster4` start one small local Ray cluster per test module that
-asks for it."""
+`cluster` and `cluster4` give a test one small local Ray cluster, started once for the whole
+session on first use (each start costs seconds of both cores) and shut down at its end."""
 
 import logging
 
 import pytest
+import torch
 from hypothesis import settings
 
 settings.register_profile("rlgraph", derandomize=True, deadline=None)
 settings.load_profile("rlgraph")
+
+# One torch thread in the test process (Ray actors pick their own): the tiny models gain
+# nothing from a second, and two threads spinning on a shared 2-core machine cost 2-3x the
+# CPU (test_partial_rollout's decode tests: 15 s user CPU on one thread, 40-50 s on two).
+torch.set_num_threads(1)
+
+
+RAY_CPUS = 4  # logical CPUs: a trainer slot and two rollout replicas; 2-slot plans fit too
 
 
 def local_ray(num_cpus: int):
@@ -24,16 +33,24 @@ def local_ray(num_cpus: int):
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster for the whole module (the runtime joins it)."""
-    yield from local_ray(2)
+@pytest.fixture(scope="session")
+def ray_session():
+    """The session's one local Ray cluster (RAY_CPUS logical CPUs), started on first use."""
+    yield from local_ray(RAY_CPUS)
 
 
 @pytest.fixture(scope="module")
-def cluster4():
-    """The same with 4 logical CPUs (e.g. a trainer slot and two rollout replicas)."""
-    yield from local_ray(4)
+def cluster(ray_session):
+    """The session's Ray cluster, for a module whose runs need 2 logical CPUs (the runtime
+    joins it)."""
+    yield
+
+
+@pytest.fixture(scope="module")
+def cluster4(ray_session):
+    """The same cluster, for runs that need 4 logical CPUs (e.g. a trainer slot and two
+    rollout replicas)."""
+    yield
 
 
 @pytest.fixture

@@ -10,13 +10,20 @@ it holds, (2) turns the rewards into GAE advantages and returns (`algorithm.gamm
 `compute_value_loss`: 0.5 * max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2), token-mean),
 and adds `values`, `advantages` and `returns` to the batch train receives. Its default edges
 run reward -> critic -> train.
+
+In a group of several replicas the critic is data-parallel as train is: every replica holds
+a whole copy of the value model, computes the values of its share of the rows (summed into
+the whole batch's, which GAE's whitening needs), runs forward / backward on its share of
+every mini-batch with the loss scaled by the mini-batch's whole token count, and the
+gradients are summed over the replicas, so each takes the step one process would take.
+`sharding: fsdp` and `backend: megatron` are not offered for the value model.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlgraph.nodes.base import MAX_COUNT, NodeKind, inputs_from_kinds
 from rlgraph.nodes.parallel_spec import ParallelNodeSpec
@@ -46,6 +53,17 @@ class CriticSpec(ParallelNodeSpec):
     micro_batch: int | None = Field(default=None, ge=1, le=MAX_COUNT,
                                     description="sequences per forward/backward (accumulated)")
 
+    @model_validator(mode="after")
+    def _replicated_only(self) -> CriticSpec:
+        """The value model runs replicated data parallelism only: no FSDP, no megatron."""
+        if self.sharding != "none":
+            raise ValueError("the critic's value model is replicated on each data-parallel "
+                             "rank: sharding: fsdp is not offered for it (write sharding: none)")
+        if self.backend != "torch" or self.tp * self.pp * self.ep > 1:
+            raise ValueError("the critic's value model runs on backend: torch with tp, pp "
+                             "and ep 1 (its group's replicas split the rows)")
+        return self
+
 
 KIND = NodeKind(
     name="critic",
@@ -62,10 +80,15 @@ KIND = NodeKind(
 )
 
 
+# transformers' token classifiers drop 10% of the head's input unless told otherwise (a
+# random value forward); verl's critic turns it off the same way
+NO_DROPOUT = {"classifier_dropout": 0.0}
+
+
 def build_value_model(workspace: Workspace) -> torch.nn.Module:
     """The critic: the policy's architecture with a one-wide value head (a token
-    classifier, num_labels 1); the body from `model.path`'s weights or, for a preset or
-    `hf_config`, a seeded random init; fp32 on CPU, bf16 on a GPU."""
+    classifier, num_labels 1, no dropout); the body from `model.path`'s weights or, for a
+    preset or `hf_config`, a seeded random init; fp32 on CPU, bf16 on a GPU."""
     import torch
     from transformers import AutoModelForTokenClassification
 
@@ -79,7 +102,7 @@ def build_value_model(workspace: Workspace) -> torch.nn.Module:
         if spec.path is not None:
             try:
                 model = AutoModelForTokenClassification.from_pretrained(
-                    spec.path, num_labels=1, dtype=dtype)
+                    spec.path, num_labels=1, dtype=dtype, **NO_DROPOUT)
             except (OSError, ValueError) as exc:
                 raise SpecError(f"cannot build a value model from '{spec.path}': {exc}",
                                 ("model", "path"), hint="give a causal LM transformers can "
@@ -87,6 +110,8 @@ def build_value_model(workspace: Workspace) -> torch.nn.Module:
         else:
             config = model_config(spec, workspace.tokenizer)
             config.num_labels = 1
+            for key, value in NO_DROPOUT.items():
+                setattr(config, key, value)
             model = AutoModelForTokenClassification.from_config(config, dtype=dtype)
     return model.to(device)
 
@@ -113,20 +138,25 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     plain_sq, clipped_sq = (values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * (torch.maximum(plain_sq, clipped_sq) * mask).sum() / tokens
-    frac = float(((clipped_sq > plain_sq).float() * mask).sum() / mask.sum().clamp(min=1))
+    # verl counts tokens whose clipped loss is the larger; only a value moved past the clip
+    # range can be (inside it the two agree but for rounding, which must not count)
+    binding = (clipped_sq > plain_sq) & ((values - old_values).abs() > clip)
+    frac = float((binding.float() * mask).sum() / mask.sum().clamp(min=1))
     return loss, frac
 
 
 class CriticWorker:
-    """Values, GAE and the critic's update for the batch of `step` (module docstring). Runs on
-    its group's leader alone: the value model and its optimizer live there."""
+    """Values, GAE and the critic's update for the batch of `step` (module docstring). Every
+    replica of its group gets the whole batch and takes its share of the rows; the replicas'
+    gradients are summed, so they stay identical."""
 
-    DATA_PARALLEL = "leader"
+    DATA_PARALLEL = "whole"
 
     def __init__(self, name: str, node: CriticSpec, workspace: Workspace):
         self.name, self.node, self.ws = name, node, workspace
         self.model: Any = None
         self.optimizer: Any = None
+        self.synced = False  # replicas start from rank 0's value model (first run)
 
     def _build(self) -> None:
         import torch
@@ -149,14 +179,22 @@ class CriticWorker:
             raise ValueError(f"{self.name}: the batch has no 'rewards'; wire a reward node "
                              "into the critic")
         self._build()
+        replicas = self.ws.replicas
+        if not self.synced:
+            replicas.copy_from_first(self.model)
+            self.synced = True
         algo = self.ws.spec.algorithm
         device = next(self.model.parameters()).device
         seqs = batch["sequences"].to(device)
         attn = batch["attention_mask"].to(device)
         mask = batch["response_mask"].float().to(device)
         P = batch["prompt_len"]
+        old = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+        own = self._own(0, len(seqs))
         with torch.no_grad():
-            old = token_values(self.model, seqs, attn, P) * mask
+            if own.stop > own.start:
+                old[own] = token_values(self.model, seqs[own], attn[own], P) * mask[own]
+        replicas.all_reduce(old)  # each rank wrote its rows: the sum is the whole batch's
         advantages, returns = gae_advantages(batch["rewards"].float().cpu(), old.cpu(),
                                              mask.cpu(), algo.gamma, algo.lam)
         figures = [self._update(seqs, attn, mask, old, returns.to(device), P, rows)
@@ -174,18 +212,27 @@ class CriticWorker:
         size = -(-rows // self.node.mini_batches)
         return [slice(lo, min(lo + size, rows)) for lo in range(0, rows, size)]
 
+    def _own(self, lo: int, hi: int) -> slice:
+        """This data-parallel rank's share of rows [lo, hi) (all of them when alone)."""
+        from rlgraph.rl.batch import shard_bounds
+
+        a, b = shard_bounds(hi - lo, self.ws.replicas.dp_rank, self.ws.replicas.dp_world)
+        return slice(lo + a, lo + b)
+
     def _update(self, seqs: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor,
                 old: torch.Tensor, returns: torch.Tensor, prompt_len: int, rows: slice
                 ) -> dict[str, float]:
-        """One AdamW update of the value loss on `rows`, accumulated over micro-batches."""
+        """One AdamW update of the value loss on `rows`, accumulated over micro-batches of
+        this rank's share; the replicas' gradients summed before the step."""
         import torch
 
         tokens = mask[rows].sum().clamp(min=1)
-        size = self.node.micro_batch or (rows.stop - rows.start)
+        own = self._own(rows.start, rows.stop)
+        size = self.node.micro_batch or max(1, own.stop - own.start)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, clip_sum = 0.0, 0.0
-        for lo in range(rows.start, rows.stop, size):
-            sl = slice(lo, min(lo + size, rows.stop))
+        for lo in range(own.start, own.stop, size):
+            sl = slice(lo, min(lo + size, own.stop))
             values = token_values(self.model, seqs[sl], attn[sl], prompt_len)
             loss, frac = value_loss(values, old[sl], returns[sl], mask[sl],
                                     self.node.value_clip, tokens)
@@ -193,10 +240,22 @@ class CriticWorker:
             share = float(mask[sl].sum() / tokens)
             loss_sum += float(loss.detach())
             clip_sum += share * frac
+        replicas = self.ws.replicas
+        if replicas.dp_world > 1:
+            replicas.sum_gradients(self.model.parameters())
+            summed = replicas.all_reduce(torch.tensor([loss_sum, clip_sum], dtype=torch.float64,
+                                                      device=tokens.device))
+            loss_sum, clip_sum = summed.tolist()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.node.grad_clip)
         self.optimizer.step()
         return {"critic/vf_loss": loss_sum, "critic/vf_clipfrac": clip_sum,
                 "critic/grad_norm": float(norm)}
+
+    @staticmethod
+    def combine(outs: list[Batch]) -> Batch:
+        """Every replica returns the same batch (summed values, same advantages): the
+        leader's."""
+        return outs[0]
 
     @staticmethod
     def summary(out: Batch) -> dict[str, Any]:

@@ -148,12 +148,12 @@ class ParamUpdateWorker:
     def join(self, rank: int, world: int, addr: str, port: int, backend: str,
              bucket_mb: BucketMiB) -> None:
         """Join the route's group: rank 0 sends the policy, ranks 1.. receive into staging."""
-        from rlgraph.weights import nccl
+        from rlgraph.weights import nccl, sync_group
 
         device = None if backend == "gloo" else self.ws.device
         if device == "cuda":
             device = None  # the actor's one visible GPU
-        group = nccl.init(rank, world, addr, port, backend=backend, device=device)
+        group = sync_group.init(rank, world, addr, port, backend=backend, device=device)
         if rank == 0:
             self.nccl = NcclEnd(group, bucket_mb, sender=nccl.WeightSender(group, bucket_mb))
             return

@@ -203,4 +203,4 @@ def test_partial_rollout_on_the_static_engine_matches_the_decoder_path(monkeypat
     assert all(b["metrics"]["generate/static_engine"] == 1.0 for b in static)
     assert set(static[0]["metrics"]) == set(dynamic[0]["metrics"]) | {
         "generate/static_engine", "generate/engine_s", "generate/mean_width",
-        "generate/live_share", "generate/prefill_tokens"}
+        "generate/live_share", "generate/prefill_tokens", "generate/looks"}

@@ -123,9 +123,12 @@ def test_full_disk_at_a_checkpoint_keeps_the_previous_one(baseline, tmp_path, mo
 
 def test_sigterm_stops_with_a_checkpoint_and_resume_loses_nothing(baseline, tmp_path):
     out = tmp_path / "run"
-    # many steps, so the signal lands mid-run; the resumed run stops at STEPS (resume-safe)
+    # many steps, so the signal lands mid-run; the resumed run stops at STEPS (resume-safe);
+    # the run joins the session's cluster (a cluster of its own costs both cores seconds)
+    address = ray.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "rlgraph", "run", str(QUICKSTART), *SMALL, "--steps",
-           "1000", "--out", str(out), "--no-progress", "--checkpoint-every", "0"]
+           "1000", "--out", str(out), "--no-progress", "--checkpoint-every", "0",
+           "--address", address]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "RAY_ADDRESS": ""})
     deadline = time.time() + 180

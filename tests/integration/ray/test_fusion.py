@@ -4,7 +4,8 @@ A seeded colocated run trains exactly as the unfused one (same losses, step by s
 task still has its own span, and the fused run did fuse (generate, reward and train of a
 step in one call); in a split plan nothing whose output another group waits for is fused.
 A train step that raises inside a fused call leaves the emergency checkpoint the unfused run
-leaves (its step's finished rollout buffered), and both resume to the same training.
+leaves (its step's finished rollout buffered), and the fused run resumes to the
+training of the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -60,10 +61,16 @@ def same(a, b) -> bool:
     return a == b
 
 
-def test_fused_run_trains_as_the_unfused_one_with_a_span_per_task(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def complete(cluster, tmp_path_factory):
+    """The colocated on-policy run fused and unfused, to the end (shared by two tests)."""
+    folder = tmp_path_factory.mktemp("complete")
     overrides = [COLOCATED, "schedule.max_lag=0"]
-    _, fused = run(tmp_path / "fused", overrides, fuse=True)
-    _, plain = run(tmp_path / "plain", overrides, fuse=False)
+    return {fuse: run(folder / str(fuse), overrides, fuse=fuse)[1] for fuse in (True, False)}
+
+
+def test_fused_run_trains_as_the_unfused_one_with_a_span_per_task(complete):
+    fused, plain = complete[True], complete[False]
     losses = [[(row["loss/policy"], row["reward/mean"])
                for row in read_rows(r.out_dir / "metrics.jsonl")] for r in (fused, plain)]
     assert len(losses[0]) == STEPS and losses[0] == losses[1]
@@ -94,7 +101,7 @@ def test_a_split_plan_fuses_nothing_another_group_waits_for(cluster, tmp_path):
 
 
 def test_a_train_step_failing_in_a_fused_call_keeps_what_the_unfused_run_keeps(
-        cluster, tmp_path, monkeypatch):
+        complete, tmp_path, monkeypatch):
     k, overrides = 2, [COLOCATED, "schedule.max_lag=0"]
     kept, message, folders = {}, {}, {}
     for fuse in (True, False):
@@ -117,11 +124,13 @@ def test_a_train_step_failing_in_a_fused_call_keeps_what_the_unfused_run_keeps(
         "the failing step's finished rollout is lost")
     assert same(fused.rollout[("generate", k)], plain.rollout[("generate", k)])
     assert fused.meta["data_position"] == plain.meta["data_position"] == k + 1
-    for fuse in (True, False):
-        run(folders[fuse], overrides, fuse, resume=True)
-    ledgers = [read_ledger(folders[f] / "ledger.jsonl") for f in (True, False)]
+    # the fused run resumes (its step k's rollout preloaded ahead of a fused chain) and
+    # trains as the uninterrupted unfused run did (the unfused resume is test_faults.py's)
+    run(folders[True], overrides, True, resume=True)
+    resumed, whole = folders[True], complete[False].out_dir
+    ledgers = [read_ledger(f / "ledger.jsonl") for f in (resumed, whole)]
     assert [r["step"] for r in ledgers[0]] == list(range(STEPS))
     assert [r["prompt_uids"] for r in ledgers[0]] == [r["prompt_uids"] for r in ledgers[1]]
-    losses = [[row["loss/policy"] for row in read_rows(folders[f] / "metrics.jsonl")]
-              for f in (True, False)]
+    losses = [[row["loss/policy"] for row in read_rows(f / "metrics.jsonl")]
+              for f in (resumed, whole)]
     assert len(losses[0]) == STEPS and losses[0] == losses[1]

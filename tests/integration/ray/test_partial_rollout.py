@@ -1,5 +1,6 @@
 """Partial rollout: the rollout cache, the resumable decode round, the IS correction on
-multi-version samples, checkpoints of the cache, and one `rlgraph run` with it on Ray.
+multi-version samples, checkpoints of the cache, and one multi-turn `rlgraph run` with it on
+Ray, resumed (the single-turn round runs on Ray in test_replicas.py, replicated and resumed).
 
 The policy is the micro Llama of rl_support with its eos logit raised (`EosBias`), so
 response lengths vary and some samples outlive a round. Weight versions are real weight
@@ -358,54 +359,6 @@ def test_worker_switches_to_staged_weights_at_the_start_of_a_call() -> None:
 
 # ---------------------------------------------------------------- rlgraph run on Ray
 
-GRAPH = """\
-name: partial-tiny
-cluster: {local: true, cpus: 2}
-model: {preset: tiny, warm_start: {steps: 0}}
-data: {task: add_small, prompts_per_step: 4, samples_per_prompt: 2, prompt_len: 8,
-       response_len: {mean: 6, max: 12}, seed: 0}
-algorithm: {name: grpo}
-groups:
-  trainer: {share: 0.5, tasks: [train]}
-  rollout: {share: 0.5, tasks: [generate]}
-nodes:
-  generate: {kind: generate, oversample: 2.0, stale: drop}
-  reward: {kind: reward}
-  train: {kind: train, lr: 1.0e-3}
-  param_update: {kind: param_update, src: train, dst: generate}
-schedule: {max_lag: 1, partial_rollout: true, steps: 4}
-"""
-
-
-
-@pytest.mark.runtime
-def test_rlgraph_run_with_partial_rollout(cluster, tmp_path: Path) -> None:
-    from rlgraph.cli.main import main
-    from rlgraph.runtime.metrics import read_rows
-
-    graph = tmp_path / "partial.yaml"
-    graph.write_text(GRAPH)
-    out = tmp_path / "run"
-    assert main(["run", str(graph), "--out", str(out), "--no-progress"]) == 0
-    rows = read_rows(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    plan = json.loads((out / "plan.json").read_text())
-    bound = plan["lag"]["max_policy_lag"]
-    assert bound == 1
-    assert all(r["lag/max"] <= bound and r["samples"] == 8 for r in rows)
-    # generate's rollout/* figures reach the metrics rows (each in the row after it ends)
-    seen = set().union(*rows)
-    assert {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/version_span",
-            "rollout/decode_steps", "rollout/dropped_total"} <= seen
-    # the checkpoint keeps the cache; its totals are the last figures the rows saw
-    cache = load_checkpoint(out).caches["generate"]
-    last = [r for r in rows if "rollout/dropped_total" in r][-1]
-    assert cache["totals"]["dropped"] == last["rollout/dropped_total"]
-    t = cache["totals"]
-    in_cache = sum(len(g["samples"]) for g in cache["groups"])
-    assert t["admitted"] == t["emitted"] + t["dropped"] + in_cache and t["emitted"] == 4 * 8
-
-
 def forced(position: int, k: int) -> int:
     """A forced length per sample (1..MAX_NEW), long for every third prompt."""
     return MAX_NEW if position % 3 == 0 else 1 + (position + k) % 4
@@ -474,9 +427,20 @@ def test_rlgraph_run_multi_turn_on_ray_and_resume(cluster, tmp_path: Path) -> No
                  "--no-progress"]) == 0
     rows = read_rows(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert all(r["lag/max"] <= 2 and r["samples"] == 8 for r in rows)
+    bound = json.loads((out / "plan.json").read_text())["lag"]["max_policy_lag"]
+    assert bound == 2 and all(r["lag/max"] <= bound and r["samples"] == 8 for r in rows)
     seen = set().union(*rows)
     assert {"env/turns_mean", "env/seconds", "env/ended_done", "env/tool_calls"} <= seen
+    # generate's rollout/* figures reach the metrics rows (each in the row after it ends)
+    assert {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/version_span",
+            "rollout/decode_steps", "rollout/dropped_total"} <= seen
+    # the checkpoint keeps the cache; its totals are the last figures the rows saw
+    cache = load_checkpoint(out).caches["generate"]
+    last = [r for r in rows if "rollout/dropped_total" in r][-1]
+    assert cache["totals"]["dropped"] == last["rollout/dropped_total"]
+    t = cache["totals"]
+    in_cache = sum(len(g["samples"]) for g in cache["groups"])
+    assert t["admitted"] == t["emitted"] + t["dropped"] + in_cache and t["emitted"] == 4 * 8
     trace = json.loads((out / "trace.json").read_text())
     assert any(e.get("cat") == "env" for e in trace["traceEvents"])
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]

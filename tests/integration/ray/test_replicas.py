@@ -157,11 +157,12 @@ def test_two_replicas_train_the_step_one_process_would(cluster4):
             ray.kill(a)
 
 
-@pytest.mark.parametrize("prompts", [4, 3])
-def test_replicated_generate_samples_every_prompt_of_the_step_once(cluster4, prompts):
+def test_replicated_generate_samples_every_prompt_of_the_step_once(cluster4):
     """Two replicas' generate is one batch: the step's prompts in order, groups 0.., each
     with all its samples, and a layout logp accepts; 3 prompts split 2 + 1 (the compiler
-    lets a sampling node's shares differ by a prompt)."""
+    lets a sampling node's shares differ by a prompt; the even split runs in every replicated
+    run of test_runs_keep_every_groups_replicas_in_step)."""
+    prompts = 3
     spec = make_spec(extra_nodes={"logp": {"kind": "logp"}},
                      data={"prompts_per_step": prompts})
     single = Workspace(spec, ["generate"], seed=0).worker("generate").run(2, {})

@@ -199,32 +199,3 @@ def test_missing_gpus_and_unreachable_cluster_are_clear_errors(cluster, tmp_path
     err = capsys.readouterr().err
     assert status == 2 and "cannot reach the Ray cluster at 127.0.0.1:9" in err
     assert "Traceback" not in err
-
-
-def test_param_update_moves_the_weights_bit_for_bit_in_buckets(cluster):
-    import torch
-
-    from rlgraph.runtime.actors import start_actor
-    from rlgraph.runtime.weight_sync import submit_param_update
-
-    spec = load_spec(QUICKSTART, SMALL)
-    opts = {"seed": 0, "threads": 1, "device": "cpu", "options": {"num_cpus": 0}}
-    trainer = start_actor(spec, ["train"], **opts)
-    rollout = start_actor(spec, ["generate"], **opts)
-    try:
-        state = ray.get(trainer.state_for_checkpoint.remote())
-        gen = torch.Generator().manual_seed(1)
-        state["weights"] = {k: v + 0.01 * torch.randn(v.shape, generator=gen)
-                            for k, v in state["weights"].items()}
-        state["policy_version"] = 5
-        ray.get(trainer.load_checkpoint.remote(state))
-        before = ray.get(rollout.weights_digest.remote())
-        assert before != ray.get(trainer.weights_digest.remote())
-        info = ray.get(submit_param_update(trainer, rollout, "param_update", bucket_mb=0.5))
-        assert info["version"] == 5 and info["buckets"] > 1 and info["bytes"] > 0
-        assert ray.get(rollout.weights_digest.remote()) == ray.get(
-            trainer.weights_digest.remote())
-        assert ray.get(rollout.policy_version.remote()) == 5
-    finally:
-        ray.kill(trainer)
-        ray.kill(rollout)

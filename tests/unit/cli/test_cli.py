@@ -145,7 +145,7 @@ def test_user_errors_print_one_line_but_bugs_keep_their_traceback(
 
 
 def test_timeline_redraws_a_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_timeline import fake_plan, simulate
+    from timeline_support import fake_plan, simulate
 
     from rlgraph.report.chrome_trace import chrome_trace
 
@@ -257,7 +257,7 @@ def test_compile_process_imports_neither_torch_nor_ray(tmp_path: Path) -> None:
 @needs_compiler
 def test_calibrate_replaces_modelled_costs_with_measured_ones(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from test_timeline import simulate
+    from timeline_support import simulate
 
     from rlgraph.report.chrome_trace import chrome_trace
 

@@ -9,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlgraph.errors import MissingDependencyError
-from rlgraph.weights import BucketMiB
+from rlgraph.weights import BucketMiB, sync_group
 from rlgraph.weights import nccl as nccl_sync
 from rlgraph.weights.nccl import ALIGN, Layout, WeightSyncError
 
@@ -43,7 +43,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _run(rank: int, port: int) -> None:
-    group = nccl_sync.init(rank, 2, "127.0.0.1", port, backend="gloo", timeout_s=60)
+    group = sync_group.init(rank, 2, "127.0.0.1", port, backend="gloo", timeout_s=60)
     v1, v2 = _weights(1), _weights(2)
     if rank == 0:
         sender = nccl_sync.WeightSender(group, BucketMiB(PRODUCE_MB, CONSUME_MB))
@@ -122,7 +122,7 @@ def test_layout_mismatch_is_a_clear_error() -> None:
 
 
 def test_bucket_sizes_checked() -> None:
-    group = nccl_sync.SyncGroup(0, 1, "gloo", torch.device("cpu"), None, None, True)
+    group = sync_group.SyncGroup(0, 1, "gloo", torch.device("cpu"), None, None, True)
     with pytest.raises(WeightSyncError, match=r"multiple of bucket_mb\.consume"):
         nccl_sync.WeightSender(group, BucketMiB(100, 64))
     with pytest.raises(WeightSyncError, match="positive"):
@@ -132,4 +132,4 @@ def test_bucket_sizes_checked() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_nccl_without_gpu_names_what_is_missing() -> None:
     with pytest.raises(MissingDependencyError, match="CUDA GPU"):
-        nccl_sync.init(0, 2, "127.0.0.1", _free_port(), backend="nccl")
+        sync_group.init(0, 2, "127.0.0.1", _free_port(), backend="nccl")
