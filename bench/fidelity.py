@@ -210,13 +210,41 @@ def compare(predicted: dict[str, float], published: dict[str, float]) -> dict[st
             for p, v in published.items() if p in predicted and v > 0}
 
 
+def graph_summary(name: str, spec: Any, guessed: list[str]) -> str:
+    """One line of what a case's graph states: file, model, GPUs, groups, batch, lengths,
+    schedule; `(guessed)` after the prompt and response lengths where the graph's comments
+    say it guessed them."""
+    said = " ".join(guessed)
+    mark = {"prompt": " (guessed)" if "prompt_len" in said else "",
+            "response": " (guessed)" if re.search(r"response mean|mean response", said) else ""}
+    data, cluster, sched = spec.data, spec.cluster, spec.schedule
+    model = spec.model.preset or ("a local model" if spec.model.path else "an inline config")
+    length = data.response_len
+    shape = f"{length.dist} mean {length.mean:g}, max {length.max:g}" + (
+        f", sigma {length.sigma:g}" if length.dist == "lognormal" else "")
+    groups = " | ".join(f"{g}: {v.share:g} [{', '.join(v.tasks)}]"
+                        for g, v in spec.groups.items())
+    plan = [f"max_lag {sched.max_lag}"] + (["partial rollout"] if sched.partial_rollout
+                                           else []) + (
+        [f"stream {sched.stream.mini_batches}"] if sched.stream is not None else [])
+    return (f"`{name}`: {model} on {cluster.nodes * cluster.gpus_per_node}x {cluster.gpu}; "
+            f"groups {groups}; {data.prompts_per_step} prompts x {data.samples_per_prompt}, "
+            f"prompt {data.prompt_len}{mark['prompt']}, response {shape}{mark['response']}; "
+            + ", ".join(plan))
+
+
 def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, Any]:
     """Compile one case and compare it with its published figures."""
     overrides = list(case.get("overrides", []))
-    async_plan = compile_plan(load_spec(graph_path(published, case["async"]), overrides))
+    async_spec = load_spec(graph_path(published, case["async"]), overrides)
+    async_plan = compile_plan(async_spec)
+    guessed = guesses(case, published)
+    graphs = [graph_summary(Path(case["async"]).name, async_spec, guessed)]
     sync_plan = None
     if case["sync"] != "-":
-        sync_plan = compile_plan(load_spec(graph_path(published, case["sync"]), overrides))
+        sync_spec = load_spec(graph_path(published, case["sync"]), overrides)
+        sync_plan = compile_plan(sync_spec)
+        graphs.append(graph_summary(Path(case["sync"]).name, sync_spec, guessed))
         sync_period = sync_plan["schedule"]["period_s"]
     else:
         sync_period = async_plan["schedule"]["sync_period_s"]
@@ -232,7 +260,7 @@ def run_case(case: dict[str, Any], published: Path, readme: str) -> dict[str, An
         "async_period_s": round(async_plan["schedule"]["period_s"], 2),
         "sync_period_s": round(sync_period, 2),
         "pricing": async_plan.get("pricing", {}).get("runtime"),
-        "system": case.get("system"), "guessed": guesses(case, published),
+        "system": case.get("system"), "guessed": guessed, "graphs": graphs,
         "async_published_s": (published_phases(readme, case).get("async") or {}).get("step"),
         "sync_published_s": (published_phases(readme, case).get("sync") or {}).get("step"),
         "bottleneck": async_plan["schedule"]["bottleneck"],
@@ -399,6 +427,7 @@ def case_pages(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     for r in rows:
         out += [f"### {r['name']}", "", f"- source: {r['source']}",
                 f"- system: {r['system']}"]
+        out += [f"- graph: {g}" for g in r.get("graphs", [])]
         out += [f"- guessed: {g}" for g in r.get("guessed", [])] or ["- guessed: nothing"]
         sync_pub = r.get("sync_published_s")
         async_pub = r.get("async_published_s")

@@ -27,7 +27,9 @@ ALGORITHMS: tuple[str, ...] = AlgorithmName.__args__  # type: ignore[attr-define
 # clip_ratio_high 0.28, token-mean, filter_groups with max_num_gen_batches 10; the DAPO
 # recipe sets use_kl_loss False), the GSPO examples (policy_loss.loss_mode gspo,
 # clip_ratio_low 3e-4, clip_ratio_high 4e-4, loss_agg_mode seq-mean-token-mean), and
-# verl/trainer/ppo/core_algos.py for RLOO, REINFORCE++ and ReMax (token-mean, clip 0.2).
+# verl/trainer/ppo/core_algos.py for RLOO, REINFORCE++ and ReMax (token-mean, clip 0.2);
+# ReMax's example (examples/remax_trainer) sets use_kl_loss False and puts a 0.001 KL in the
+# reward instead, which rlgraph does not offer: no KL term by default.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": {"advantage": "group", "loss_agg": "token-mean", "clip_low": 0.2,
              "clip_high": 0.2, "norm_adv_by_std": True, "kl_coef": 0.001},
@@ -38,7 +40,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "reinforce_pp": {"advantage": "reinforce_pp", "loss_agg": "token-mean", "clip_low": 0.2,
                      "clip_high": 0.2, "norm_adv_by_std": True, "kl_coef": 0.001},
     "remax": {"advantage": "greedy_baseline", "loss_agg": "token-mean", "clip_low": 0.2,
-              "clip_high": 0.2, "norm_adv_by_std": True, "kl_coef": 0.001},
+              "clip_high": 0.2, "norm_adv_by_std": True, "kl_coef": 0.0},
     "dapo": {"advantage": "group", "loss_agg": "token-mean", "clip_low": 0.2,
              "clip_high": 0.28, "norm_adv_by_std": True, "kl_coef": 0.0,
              "dynamic_sampling": {"enable": True}},

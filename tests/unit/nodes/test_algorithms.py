@@ -101,11 +101,53 @@ def test_loss_aggregations_by_hand() -> None:
     assert float(aggregate(per_token, mask, "seq-mean-token-sum-norm", max_len=4)
                  ) == pytest.approx(0.75)  # 6 / (2 x 4)
     # two micro-batches with the whole batch's counts sum to the whole figure
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
-        whole = aggregate(per_token, mask, mode)
-        parts = sum(aggregate(per_token[i:i + 1], mask[i:i + 1], mode, tokens=3.0, seqs=2)
-                    for i in range(2))
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                 "seq-mean-token-sum-norm"):
+        whole = aggregate(per_token, mask, mode, max_len=4)
+        parts = sum(aggregate(per_token[i:i + 1], mask[i:i + 1], mode, tokens=3.0, seqs=2,
+                              max_len=4) for i in range(2))
         assert float(parts) == pytest.approx(float(whole)), mode
+
+
+def _family_loss(name: str, batch: dict, mask: torch.Tensor, max_len: int
+                 ) -> tuple[float, torch.Tensor]:
+    """A family's loss, on-policy (ratio 1), with its defaults: (value, d loss / d logp)."""
+    algo = AlgorithmSpec(name=name)
+    logp = torch.zeros(mask.shape, requires_grad=True)
+    zeros = torch.zeros(mask.shape)
+    terms = policy_loss(logp, zeros, zeros, compute_advantages(algo, batch), mask,
+                        algo.clip_low, algo.is_truncation, zeros, algo.kl_coef, algo.kl_type,
+                        clip_high=algo.clip_high, loss_agg=algo.loss_agg,
+                        ratio_level=algo.ratio_level, max_len=max_len)
+    terms.loss.backward()
+    return float(terms.loss.detach()), logp.grad
+
+
+def test_dr_grpo_loss_by_hand() -> None:
+    # one group, rewards 1 and 0: advantages r - mean = +.5, -.5 (no std); token sums
+    # -.5 x 2 tokens = -1 and +.5 x 1 token; divided by 2 sequences x max_len 4
+    batch = {"rewards": torch.tensor([1.0, 0.0]), "group": torch.tensor([0, 0])}
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, grad = _family_loss("dr_grpo", batch, mask, max_len=4)
+    assert loss == pytest.approx((-1.0 + 0.5) / 8)
+    close(grad, [[-0.5 / 8, -0.5 / 8, 0], [0.5 / 8, 0, 0]])  # every token -A / (2 x 4)
+    # GRPO on the same batch: advantages +-1/sqrt(2) (std of the group), token-mean of 3
+    loss, grad = _family_loss("grpo", batch, mask, max_len=4)
+    assert loss == pytest.approx((-2 * S + S) / 3, abs=1e-5)
+    close(grad, [[-S / 3, -S / 3, 0], [S / 3, 0, 0]])
+
+
+def test_remax_loss_by_hand() -> None:
+    # prompt 0's greedy answer scored 0, prompt 1's scored 1: advantages r - b = 1, 0, -1,
+    # -1 (no std); token-mean over 5 tokens, no KL term by default (verl's use_kl_loss False)
+    batch = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]),
+             "reward_baselines": torch.tensor([0.0, 0.0, 1.0, 1.0]),
+             "group": torch.tensor([0, 0, 1, 1])}
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    assert AlgorithmSpec(name="remax").kl_coef == 0.0
+    loss, grad = _family_loss("remax", batch, mask, max_len=2)
+    assert loss == pytest.approx(-(1.0 + 1.0 + 0.0 - 1.0 - 1.0) / 5)
+    close(grad, [[-0.2, -0.2], [0, 0], [0.2, 0], [0.2, 0]])
 
 
 def _loss(log_ratio: list[float], adv: float, **kw: object) -> float:
