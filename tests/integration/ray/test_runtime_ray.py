@@ -130,6 +130,19 @@ def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):
         assert (folder / name).exists(), name
 
 
+def test_a_split_plan_fuses_nothing_another_group_waits_for(runs):
+    """Fused calls (runtime.executor) in the split plan: logp and ref_logp share the trainer
+    with train, and nothing whose output another group waits for is chained."""
+    _, plan, result = runs[1]
+    groups = dict(plan.graph.nodes(data="occupies"))
+    assert any(e.get("fused") for e in result.events), "logp and ref_logp share the trainer"
+    for event in result.events:
+        if event.get("fused"):
+            node = event["node"]
+            assert all(groups[dst] == groups[node] for dst in plan.graph.successors(node)), (
+                f"{node} fused though another group waits for it")
+
+
 def test_stopped_run_resumes_at_k_and_trains_the_same_prompts(runs, tmp_path):
     baseline_folder = runs[1][0]
     k = 3

@@ -1,5 +1,6 @@
 """Metric sinks offline: wandb's offline mode, MLflow's local file store, TensorBoard's text
-table, samples.jsonl and curves.png. Each sink test skips when its package is missing."""
+table, samples.jsonl and curves.png. The test extra installs wandb and MLflow, so CI runs
+every sink; outside it, a sink's test skips when its package is missing."""
 
 from __future__ import annotations
 
