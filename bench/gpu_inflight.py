@@ -204,6 +204,26 @@ def kv_gap(cpu: bool, overrides: list[str], before: int, after: int, rows: int,
     return out
 
 
+def bias_figures(trained: list[list[int]], lag: int, k: int, cache: Any,
+                 length_of: Any) -> dict[str, Any]:
+    """Trained lengths per round (`trained`) against those a synchronous run trains over the
+    same number of prompts (`length_of(position, sample)`), after the first `lag + 1` rounds
+    (the pipeline's fill) and over all rounds, and what `cache` still holds at the end."""
+    steady = [n for r in trained[lag + 1:] for n in r]
+    every = [n for r in trained for n in r]
+    sync_steady = [length_of(p, s) for p in range(len(steady) // k) for s in range(k)]
+    sync_all = [length_of(p, s) for p in range(len(every) // k) for s in range(k)]
+    st, ss = length_stats(steady), length_stats(sync_steady)
+    at, sa = length_stats(every), length_stats(sync_all)
+    return {"trained_after_fill": st, "sync_same_count": ss,
+            "mean_over_sync_after_fill": ratio(st["mean"], ss["mean"]),
+            "p99_over_sync_after_fill": ratio(st["p99"], ss["p99"]),
+            "mean_over_sync_all_rounds": ratio(at["mean"], sa["mean"]),
+            "p99_over_sync_all_rounds": ratio(at["p99"], sa["p99"]),
+            "in_flight_at_end_samples": cache.samples(),
+            "dropped": cache.totals["dropped"]}
+
+
 def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
     """The trained-length bias over a long run, without a model: the runtime's rollout cache
     (`RolloutCache`) over the throughput graph's forced lengths (the same per data position
@@ -254,21 +274,8 @@ def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
                 done = complete()
             trained.append([len(s.tokens) for g in cache.take() for s in g.samples])
         key = "inflight" if inflight else "partial"
-        steady = [n for r in trained[lag + 1:] for n in r]
-        every = [n for r in trained for n in r]
-        sync_steady = [forced_length(data.seed, p, s, data.response_len)
-                       for p in range(len(steady) // k) for s in range(k)]
-        sync_all = [forced_length(data.seed, p, s, data.response_len)
-                    for p in range(len(every) // k) for s in range(k)]
-        st, ss = length_stats(steady), length_stats(sync_steady)
-        at, sa = length_stats(every), length_stats(sync_all)
-        out[key] = {"trained_after_fill": st, "sync_same_count": ss,
-                    "mean_over_sync_after_fill": ratio(st["mean"], ss["mean"]),
-                    "p99_over_sync_after_fill": ratio(st["p99"], ss["p99"]),
-                    "mean_over_sync_all_rounds": ratio(at["mean"], sa["mean"]),
-                    "p99_over_sync_all_rounds": ratio(at["p99"], sa["p99"]),
-                    "in_flight_at_end_samples": cache.samples(),
-                    "dropped": cache.totals["dropped"]}
+        out[key] = bias_figures(trained, lag, k, cache, lambda p, s: forced_length(
+            data.seed, p, s, data.response_len))
         print("length_bias", key, json.dumps(out[key]), flush=True)
     return out
 
@@ -331,19 +338,7 @@ def length_bias_engine(overrides: list[str], rounds: int, scale: int) -> dict[st
                     generator=torch.Generator().manual_seed(t))
             trained.append([len(s.tokens) for g in groups for s in g.samples])
         key = "inflight" if inflight else "partial"
-        steady = [n for r in trained[lag + 1:] for n in r]
-        every = [n for r in trained for n in r]
-        sync_steady = [length_of(p, s) for p in range(len(steady) // k) for s in range(k)]
-        sync_all = [length_of(p, s) for p in range(len(every) // k) for s in range(k)]
-        st, ss = length_stats(steady), length_stats(sync_steady)
-        at, sa = length_stats(every), length_stats(sync_all)
-        out[key] = {"trained_after_fill": st, "sync_same_count": ss,
-                    "mean_over_sync_after_fill": ratio(st["mean"], ss["mean"]),
-                    "p99_over_sync_after_fill": ratio(st["p99"], ss["p99"]),
-                    "mean_over_sync_all_rounds": ratio(at["mean"], sa["mean"]),
-                    "p99_over_sync_all_rounds": ratio(at["p99"], sa["p99"]),
-                    "in_flight_at_end_samples": cache.samples(),
-                    "dropped": cache.totals["dropped"],
+        out[key] = {**bias_figures(trained, lag, k, cache, length_of),
                     "cpu_s": round(time.perf_counter() - started, 1)}
         print("length_bias_engine", key, json.dumps(out[key]), flush=True)
     return out
