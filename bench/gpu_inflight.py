@@ -224,6 +224,17 @@ def bias_figures(trained: list[list[int]], lag: int, k: int, cache: Any,
             "dropped": cache.totals["dropped"]}
 
 
+def micro_model(longest: int) -> Any:
+    """The model spec of the CPU engine checks: a one-layer Llama of width 16 whose positions
+    hold `longest` tokens and a prompt."""
+    from rlgraph.config.load import load_spec
+
+    return load_spec(GRAPHS / "longtail-1gpu.yaml", [
+        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
+        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
+        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+
+
 def length_bias(overrides: list[str], rounds: int) -> dict[str, Any]:
     """The trained-length bias over a long run, without a model: the runtime's rollout cache
     (`RolloutCache`) over the throughput graph's forced lengths (the same per data position
@@ -304,10 +315,7 @@ def length_bias_engine(overrides: list[str], rounds: int, scale: int) -> dict[st
     k, prompts = data.samples_per_prompt, data.prompts_per_step
     longest = data.response_len.max // scale
     tok = CharTokenizer()
-    micro = load_spec(GRAPHS / "longtail-1gpu.yaml", [
-        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
-        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
-        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+    micro = micro_model(longest)
     torch.set_num_threads(1)
 
     def length_of(position: int, sample: int) -> int:
@@ -367,10 +375,7 @@ def host_idle(overrides: list[str], rounds: int, scale: int) -> dict[str, Any]:
     k, prompts, longest = data.samples_per_prompt, data.prompts_per_step, \
         data.response_len.max // scale
     tok = CharTokenizer()
-    micro = load_spec(GRAPHS / "longtail-1gpu.yaml", [
-        "model={hf_config: {model_type: llama, vocab_size: 64, hidden_size: 16, "
-        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, "
-        f"intermediate_size: 16, max_position_embeddings: {longest + 16}}}}}"]).model
+    micro = micro_model(longest)
     torch.set_num_threads(1)
     cls = static_decode.StaticDecoder
     read, run, prefill = cls._read_slots, cls._run, cls._prefill
