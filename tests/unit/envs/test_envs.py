@@ -250,6 +250,27 @@ def test_round_metrics_count_turns_env_time_and_tool_success(env_file: Path) -> 
     assert metrics["env/in_flight"] == 0 and metrics["env/decode_steps"] == 8
 
 
+def test_replicas_env_counts_add_up_and_means_are_weighted() -> None:
+    from rlgraph.rl.batch import combine_metrics
+
+    a = {"env/trajectories": 3.0, "env/turns_mean": 2.0, "env/tool_calls": 4.0,
+         "env/tool_success_rate": 0.5, "env/ended_timeout": 1.0, "env/in_flight": 2.0,
+         "env/seconds": 1.5, "env/reused_tokens": 100.0, "env/decode_steps": 40.0,
+         "env/wait_s": 1.0}
+    b = {"env/trajectories": 1.0, "env/turns_mean": 6.0, "env/tool_calls": 0.0,
+         "env/ended_timeout": 0.0, "env/ended_error": 1.0, "env/in_flight": 1.0,
+         "env/seconds": 0.5, "env/reused_tokens": 20.0, "env/decode_steps": 60.0,
+         "env/wait_s": 3.0}
+    out = combine_metrics([a, b])
+    assert out["env/trajectories"] == 4 and out["env/tool_calls"] == 4
+    assert out["env/ended_timeout"] == out["env/ended_error"] == 1
+    assert out["env/in_flight"] == 3 and out["env/seconds"] == 2.0
+    assert out["env/reused_tokens"] == 120
+    assert out["env/turns_mean"] == (3 * 2 + 6) / 4  # per trajectory, not per replica
+    assert out["env/tool_success_rate"] == 0.5  # the replica without calls has no rate
+    assert out["env/decode_steps"] == 60 and out["env/wait_s"] == 2.0  # side by side
+
+
 def test_async_env_is_awaited(env_file: Path) -> None:
     rows = rows_of(2)
     run_rows(EnvSpec(fn=f"{env_file}:Async", max_turns=3), rows)
