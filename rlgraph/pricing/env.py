@@ -226,7 +226,7 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
     ctx.extra["detail"] = (
         f"multi-turn on the turn engine ({env.fn}, {turns_mean:.3g} turns, {tokens:.3g} model "
         f"tokens a trajectory; KV kept across turns): {period:.3g} s of turns (decode steps "
-        f"of {step_s * 1e3:.3g} ms at {live:.0f} rows, env steps of {env_s:.3g} s) + "
+        f"of {step_s * 1e3:.3g} ms at {live:.2g} rows, env steps of {env_s:.3g} s) + "
         f"{extends:.3g} observation prefills {observations:.3g} s + prefill {prefill:.3g} s"
         + (f" + host {host:.3g} s" if host else "") + f" ({how})")
     env_share = turns_mean * env_s

@@ -450,7 +450,13 @@ def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: P
 
 
 def test_compiler_prices_turns_and_env_latency() -> None:
-    from rl_support import cost_spec, costs_of
+    from rl_support import cost_spec
+
+    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler.placement import place
+    from rlgraph.graph import build_graph
+
+    messages: list[str] = []
 
     def generate(env: dict, cuda_decode: str = "graphs", node: dict | None = None,
                  **schedule: object) -> tuple[float, str]:
@@ -460,14 +466,16 @@ def test_compiler_prices_turns_and_env_latency() -> None:
                                 "train": {"activation_checkpointing": True},
                                 "param_update": {}},
                          schedule={"max_lag": 1, **schedule})
-        cost = costs_of(spec)["generate"]
-        return cost.seconds, cost.detail
+        costs, notes = node_costs(spec, build_graph(spec), place(spec))
+        messages[:] = notes
+        return costs["generate"].seconds, costs["generate"].detail
 
     one, detail = generate({"fn": "calculator", "max_turns": 1})
     four, _ = generate({"fn": "calculator", "max_turns": 4})
     assert "multi-turn" in detail and four > one  # more waves, each re-prefilled
     slow, _ = generate({"fn": "calculator", "max_turns": 4, "latency_s": 5.0})
     assert slow >= four + 5.0  # at least one env step a wave
+    assert any("the environment bounds the step" in m for m in messages)  # the compiler says so
     partial, detail = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0},
                                partial_rollout=True)
     sync, _ = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0})
