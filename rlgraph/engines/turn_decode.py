@@ -11,6 +11,8 @@ times whole. The rest is `StaticDecoder`: slots decode together whatever turn ea
 a slot's next turn joins at the next `step` (no waves), compaction moves parked slots with
 their K/V. After a weight change (`invalidate`) the kept K/V is stale: the next turn of a
 parked slot encodes its whole prompt again. `release` frees a slot whose trajectory ended.
+`pause` parks the running sequences mid-turn (in-flight updates: a trajectory carried to the
+next call goes on in its slot, its K/V kept).
 """
 
 from __future__ import annotations
@@ -97,6 +99,30 @@ class TurnDecoder(StaticDecoder):
         with torch.no_grad():
             self.done[torch.tensor(slots, device=self.device)] = True
             return self._collect(slots)
+
+    def pause(self) -> list[Completion]:
+        """Stop every running sequence and park it with its K/V (in-flight updates: the
+        trajectory's turn goes on in a later call, in the same slot, encoding only its last
+        token); their completions, the unfinished ones interrupted."""
+        with torch.no_grad():
+            done, _ = self._read_slots()
+            running = [b for b, r in enumerate(self.slots) if r is not None
+                       and b not in self.parked]
+            if not running:
+                return []
+            rows = torch.tensor(running, device=self.device)
+            pos = self.pos[rows].cpu().tolist()
+            out = StaticDecoder._collect(self, running, {b for b in running if not done[b]},
+                                         free=False)
+            self.done[rows] = True
+        for b, c, p in zip(running, out, pos):
+            self.parked[b] = (c.request.prompt + c.tokens, int(p))
+        return out
+
+    @property
+    def parked_ids(self) -> set[Any]:
+        """Request ids of the parked slots."""
+        return {self.slots[b].request_id for b in self.parked}
 
     def release(self, request_ids: Iterable[Any]) -> None:
         """Free the parked slots of these request ids (their trajectories ended)."""

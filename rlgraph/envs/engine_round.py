@@ -18,6 +18,16 @@ The round ends when every trajectory has ended or `enough()` says so; running tu
 interrupted (their tokens kept, mid-turn), slots freed: the next round's weights may differ.
 Between steps `swap()` may adopt new weights: running turns are re-encoded under them and
 parked K/V is no longer reused.
+
+In-flight weight updates (`generate.inflight`, `agent.kv` set) keep the KV instead, as the
+single-turn in-flight rows do (`engines.inflight`): at round end running turns are paused in
+their slots (`TurnDecoder.pause`), and a carried trajectory's next round goes on there,
+encoding only its last token; a trajectory no longer in the round (ended, dropped, restarted
+under a new environment key) frees its slot at the next round's start. With `kv: keep` a
+version swapped in mid-round only changes the version its next tokens record: running turns
+and parked slots keep their K/V, computed under the versions that sampled the tokens before
+(PipelineRL's in-flight updates); with `kv: recompute` a swap re-encodes as above, and a
+round under a new version re-encodes the parked trajectories it goes on with.
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
              "carried": float(sum(1 for r in rows if r.trajectory.tokens)),
              "reused_tokens": 0.0, "extend_s": 0.0, "step_s": 0.0}
     before, began = dict(engine.stats), time.perf_counter()
+    if agent.kv is not None:  # in flight: slots of trajectories no longer in the round go
+        engine.release(engine.parked_ids - {r.trajectory.env_key for r in rows
+                                            if not r.trajectory.finished})
+        if agent.kv == "recompute" and engine.policy_version != version:
+            engine.invalidate()
     engine.set_policy_version(version)
     if generator is not None:
         from rlgraph.engines.static_rollout import seed_device
@@ -143,7 +158,11 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
             for c in engine.finish(stops):
                 finished(c)
         new = swap()
-        if new is not None:  # the running turns' KV is recomputed under the new weights
+        if new is not None and agent.kv == "keep":  # every slot keeps its K/V
+            version = new
+            engine.set_policy_version(new)
+            stats["switches"] += 1
+        elif new is not None:  # the running turns' KV is recomputed under the new weights
             version = new
             stopped = engine.interrupt()
             engine.invalidate()
@@ -153,11 +172,12 @@ def engine_round(agent: AgentRollout, engine: TurnDecoder, rows: list[Row], vers
                 if c.finished:
                     finished(c)
             stats["switches"] += 1
-    for c in engine.interrupt():
+    for c in engine.interrupt() if agent.kv is None else engine.pause():
         finished(c)
     while engine.queue:  # queued turns not started: nothing decoded this round
         running.discard(engine.queue.popleft().request_id)
-    engine.release_all()
+    if agent.kv is None:
+        engine.release_all()
     engine._read_slots()  # collects the device times of the last decode calls
     for key in ("decode_steps", "reused_tokens", "prefill_tokens", "decode_ms", "prefill_ms"):
         stats[key] = engine.stats[key] - before[key]

@@ -18,7 +18,8 @@
 The round ends when every trajectory has ended, or when `enough()` says so (partial
 rollout: enough prompt groups are complete); open trajectories keep their tokens, mid-turn
 or waiting for an observation, and go on in the next round. Between decode steps `swap()`
-may adopt new weights (the live rows are re-encoded), as partial rollout's decode does.
+may adopt new weights (the live rows are re-encoded), as partial rollout's decode does; on
+the turn engine with in-flight updates (`kv`) they keep their KV (`envs.engine_round`).
 
 `agent_round` is partial rollout's generate(t) for trajectories: the rollout cache's evict
 and refill (`AgentCache`), `run_round`, then the first complete groups.
@@ -88,6 +89,9 @@ class AgentRollout:
         # the turn engine (engines/turn_decode.TurnDecoder, KV kept across turns), or None:
         # turns decode in waves on cpu_decode.Decoder (cuda_decode: dynamic)
         self.engine: Any = None
+        # in-flight weight updates on the turn engine (generate.inflight): 'keep' or
+        # 'recompute' (envs/engine_round.py); None: slots freed at each round's end
+        self.kv: str | None = None
 
     # ------------------------------------------------------------ env results
 

@@ -40,7 +40,8 @@ class GenerateSpec(NodeSpec):
         default=False, description="in-flight weight updates (with schedule.partial_rollout "
         "or schedule.stream): a staged policy version is swapped in between two decode steps "
         "and decoding goes on; unfinished rows keep their slot across calls and finished rows "
-        "are refilled inside the call (engines/inflight.py)")
+        "are refilled inside the call (engines/inflight.py); with env, each trajectory keeps "
+        "its slot and KV across calls and swaps (envs/engine_round.py)")
     kv: Literal["keep", "recompute"] = Field(
         default="keep", description="inflight: at a version change rows keep their KV cache "
         "(keep), or re-encode it under the new weights (recompute: the exact behaviour policy)")
@@ -70,6 +71,10 @@ class GenerateSpec(NodeSpec):
         if self.env is not None and self.engine != "native":
             raise ValueError("env: multi-turn rollouts run on engine native (remove "
                              "engine: sglang)")
+        if self.env is not None and self.inflight and self.cuda_decode == "dynamic":
+            raise ValueError("inflight: multi-turn rollouts keep their KV across calls on the "
+                             "turn engine, which cuda_decode: dynamic replaces (turns "
+                             "re-encoded in waves); remove one of them")
         return self
 
     def model_parallel(self) -> int:
@@ -144,6 +149,8 @@ class GenerateWorker:
                 turn_length=(lambda key, turn: forced_turn_length(
                     data.seed, key, turn, data.response_len, node.env.mean_turns()))
                 if node.forced_lengths else None)
+            if node.inflight:  # the turn engine keeps trajectories' slots across calls
+                self.agent.kv = node.kv
         schedule = workspace.spec.schedule
         # colocated streaming: the engine's own copy of the weights (see the class docstring)
         self.snapshot: Any = None
@@ -574,3 +581,5 @@ class GenerateWorker:
             self.cache.load_state_dict(state)
             if self.inflight is not None:  # rows in the engine belong to the old cache
                 self.inflight.reset()
+            if self.agent is not None and self.agent.engine is not None:
+                self.agent.engine.release_all()  # trajectories' slots, likewise

@@ -17,7 +17,10 @@ drawn (seeded) as the runtime's forced lengths and the `delay` env draw them:
 - partial rollout: `oversample x` the batch's groups in flight, rounds simulated as the
   rollout cache runs them (a round ends when a batch of groups is complete, and with
   `stale: finish` every group the next batch could not train; the rest carry on, their
-  context prefilled again under the new weights).
+  context prefilled again under the new weights; with in-flight updates and `kv: keep` they
+  go on in their slots instead, nothing prefilled again).
+The turn engine's decode step is the static engine's (its host time is the host's looks of
+the static engine, `inflight` or not: the turn engine does not launch ahead of its looks).
 
 Waves (`multi_turn_cost` with `cuda_decode: dynamic`, `rlgraph.envs.rollout`): every
 trajectory whose observation has come back decodes one turn, until its longest ends; then
@@ -170,6 +173,8 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
     k = data.samples_per_prompt
     partial = bool(schedule.partial_rollout)
     rows = per_replica * (float(node.oversample) if partial else 1.0)
+    kept = partial and node.inflight and node.kv == "keep"  # carried trajectories' KV kept
+    node = node.model_copy(update={"inflight": False})  # the turn engine's steps (module)
     rng = random.Random(0)
     drawn = [draw_trajectory(rng, turns, turn, data.response_len.max, env.observation_len)
              for _ in range(max(DRAWS, per_replica * 8))]
@@ -200,9 +205,11 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
             drawn, per_replica // k, k, float(node.oversample), int(schedule.max_lag),
             str(node.stale), chunk, step_s, env_s)
         extends = min(extends, decode_steps / chunk)  # at most one prefill call a chunk
-        prefill = prefill_call(per_replica * data.prompt_len + carried * context)
+        prefill = prefill_call(per_replica * data.prompt_len + (0 if kept else carried)
+                               * context)
         how = (f"partial rollout: {rows:.0f} trajectories in flight, {carried:.3g} carried "
-               f"into a round and prefilled again")
+               f"into a round " + ("in their slots (in flight, KV kept)" if kept
+                                   else "and prefilled again"))
     else:
         batches = max(1, len(drawn) // per_replica)
         period = sum(max(_trajectory_seconds(t, chunk, step_s, env_s)
@@ -219,7 +226,7 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
     ctx.extra["detail"] = (
         f"multi-turn on the turn engine ({env.fn}, {turns_mean:.3g} turns, {tokens:.3g} model "
         f"tokens a trajectory; KV kept across turns): {period:.3g} s of turns (decode steps "
-        f"of {step_s * 1e3:.3g} ms at {live:.0f} rows, env steps of {env_s:.3g} s) + "
+        f"of {step_s * 1e3:.3g} ms at {live:.2g} rows, env steps of {env_s:.3g} s) + "
         f"{extends:.3g} observation prefills {observations:.3g} s + prefill {prefill:.3g} s"
         + (f" + host {host:.3g} s" if host else "") + f" ({how})")
     env_share = turns_mean * env_s

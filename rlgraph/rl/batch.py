@@ -108,8 +108,14 @@ def take_rows(batch: Batch, where: slice, regroup: bool = True) -> Batch:
 
 PADDING = {"token_version": -1}  # the pad value of a key, where not 0
 SUMMED = {"rollout/dropped", "rollout/restarted", "rollout/carried", "rollout/cached",
-          "sync/bytes"}  # replicas' counts that add up
-MAXED = {"rollout/version_span", "rollout/decode_steps"}  # replicas run side by side
+          "sync/bytes", "env/trajectories", "env/tool_calls", "env/in_flight",
+          "env/seconds", "env/prefill_tokens", "env/reused_tokens"}  # counts that add up
+SUMMED_PREFIXES = ("env/ended_",)  # trajectories ended for each reason
+MAXED = {"rollout/version_span", "rollout/decode_steps",
+         "env/decode_steps"}  # replicas run side by side
+WEIGHTED = {  # per-trajectory means: weighted by the count each replica's mean is over
+    "env/turns_mean": "env/trajectories", "env/observation_tokens_mean": "env/trajectories",
+    "env/reward_mean": "env/trajectories", "env/tool_success_rate": "env/tool_calls"}
 
 
 def concat_rows(parts: list[Batch], regroup: bool = True) -> Batch:
@@ -166,15 +172,21 @@ def _repad(part: Batch, key: str, prompt: int, response: int) -> Any:
 
 
 def combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Replicas' metrics of one task: counts (SUMMED, `*_total`) added, MAXED and `*max*`
-    maximised, the rest averaged."""
+    """Replicas' metrics of one task: counts (SUMMED, SUMMED_PREFIXES, `*_total`) added,
+    MAXED and `*max*` maximised, per-trajectory means (WEIGHTED) weighted by the count
+    they are over, the rest averaged."""
     out: dict[str, float] = {}
     for key in dict.fromkeys(k for p in parts for k in p):
         values = [float(p[key]) for p in parts if key in p]
-        if key.endswith("_total") or key in SUMMED:
+        if key.endswith("_total") or key in SUMMED or key.startswith(SUMMED_PREFIXES):
             out[key] = sum(values)
         elif key in MAXED or "max" in key:
             out[key] = max(values)
+        elif key in WEIGHTED and all(WEIGHTED[key] in p for p in parts if key in p):
+            weights = [float(p[WEIGHTED[key]]) for p in parts if key in p]
+            total = sum(weights)
+            out[key] = (sum(v * w for v, w in zip(values, weights)) / total if total
+                        else sum(values) / len(values))
         else:
             out[key] = sum(values) / len(values)
     return out

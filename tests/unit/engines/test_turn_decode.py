@@ -51,3 +51,28 @@ def test_kept_kv_turns_match_whole_reencoding(attention: str) -> None:
     engine.extend([Request(seqs[1] + [5], 2, temperature=0, request_id=1)])
     assert engine.stats["extend_tokens"] >= len(seqs[1]) + 1
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+
+
+def test_paused_turn_goes_on_in_its_slot_as_if_never_stopped() -> None:
+    model = tiny_llama()
+    kw = dict(max_batch=3, max_len=64, eos_token_id=None, sync_every=3,
+              bench=EngineKnobs(min_width=1))
+    engine, straight = TurnDecoder(model, **kw), StaticDecoder(model, **kw)
+    prompts = {i: [1 + i, 2, 3 + i] for i in range(2)}
+    whole = {c.request.request_id: c.tokens for c in straight.run(
+        [Request(list(p), 10, temperature=0, request_id=i) for i, p in prompts.items()])}
+    engine.extend([Request(list(p), 10, temperature=0, request_id=i)
+                   for i, p in prompts.items()])
+    engine.step()  # 3 of 10 tokens: the call ends mid-turn
+    paused = {c.request.request_id: c for c in engine.pause()}
+    assert all(not c.finished for c in paused.values()) and not engine.decoding
+    assert engine.parked_ids == {0, 1}
+    before = engine.stats["extend_tokens"]
+    engine.extend([Request(prompts[i] + c.tokens, 10 - len(c.tokens), temperature=0,
+                           request_id=i) for i, c in paused.items()])
+    assert engine.stats["extend_tokens"] - before == 2  # each turn's last sampled token
+    rest = {}
+    while engine.decoding:
+        rest.update({c.request.request_id: c.tokens for c in engine.step()})
+    for i, c in paused.items():
+        assert c.tokens + rest[i] == whole[i]

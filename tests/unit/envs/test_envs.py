@@ -250,6 +250,27 @@ def test_round_metrics_count_turns_env_time_and_tool_success(env_file: Path) -> 
     assert metrics["env/in_flight"] == 0 and metrics["env/decode_steps"] == 8
 
 
+def test_replicas_env_counts_add_up_and_means_are_weighted() -> None:
+    from rlgraph.rl.batch import combine_metrics
+
+    a = {"env/trajectories": 3.0, "env/turns_mean": 2.0, "env/tool_calls": 4.0,
+         "env/tool_success_rate": 0.5, "env/ended_timeout": 1.0, "env/in_flight": 2.0,
+         "env/seconds": 1.5, "env/reused_tokens": 100.0, "env/decode_steps": 40.0,
+         "env/wait_s": 1.0}
+    b = {"env/trajectories": 1.0, "env/turns_mean": 6.0, "env/tool_calls": 0.0,
+         "env/ended_timeout": 0.0, "env/ended_error": 1.0, "env/in_flight": 1.0,
+         "env/seconds": 0.5, "env/reused_tokens": 20.0, "env/decode_steps": 60.0,
+         "env/wait_s": 3.0}
+    out = combine_metrics([a, b])
+    assert out["env/trajectories"] == 4 and out["env/tool_calls"] == 4
+    assert out["env/ended_timeout"] == out["env/ended_error"] == 1
+    assert out["env/in_flight"] == 3 and out["env/seconds"] == 2.0
+    assert out["env/reused_tokens"] == 120
+    assert out["env/turns_mean"] == (3 * 2 + 6) / 4  # per trajectory, not per replica
+    assert out["env/tool_success_rate"] == 0.5  # the replica without calls has no rate
+    assert out["env/decode_steps"] == 60 and out["env/wait_s"] == 2.0  # side by side
+
+
 def test_async_env_is_awaited(env_file: Path) -> None:
     rows = rows_of(2)
     run_rows(EnvSpec(fn=f"{env_file}:Async", max_turns=3), rows)
@@ -383,31 +404,88 @@ def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path
     assert len(trained) == len(set(trained))  # none duplicated
 
 
+def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: Path) -> None:
+    # in-flight updates (kv: keep) against re-encoding at a swap and at each round, with
+    # the same weights under both versions: the same greedy trajectories, fewer prefills
+    policy = micro_policy()
+
+    def row_of(group, k, t):
+        ex = task_example("calc", 0, "train", group.position)
+        return Row(group.prompt, t, ex.prompt, sample_dict(ex, k, t.key))
+
+    def run(kv: str | None) -> tuple[list, float, AgentRollout, set]:
+        agent = AgentRollout(EnvSpec(fn=f"{env_file}:Echo", max_turns=3), TOK, 24,
+                             turn_length=lambda key, turn: 6 if key[11] in "13" else 1)
+        agent.engine, agent.kv = turn_engine(8, 40), kv  # groups 1 and 3 carried
+        cache = AgentCache(prompts_per_step=2, samples_per_prompt=2, oversample=2.0,
+                           max_lag=1, stale="drop", max_new_tokens=24,
+                           prompt_of=lambda p: TOK.encode_prompt(task_example(
+                               "calc", 0, "train", p).prompt),
+                           key_of=lambda p: f"calc:train:{p}")
+        calls = iter(range(1000))
+        trained, prefilled, carried = [], 0.0, set()
+        for step in range(2):
+            with torch.no_grad():  # round 0 swaps in version 1 after its second decode call
+                groups, metrics = agent_round(
+                    cache, agent, step, policy, step,
+                    lambda: 1 if next(calls) == 1 else None, row_of, eos_id=TOK.eos_id,
+                    pad_id=TOK.pad_id, temperature=0.0)
+            trained += [(s.tokens, s.versions, s.reason) for g in groups for s in g.samples]
+            prefilled += metrics["env/prefill_tokens"]
+            if step == 0:
+                assert metrics["rollout/switches"] == 1
+                carried = {s.env_key for g in cache.groups for s in g.samples
+                           if s.tokens and not s.finished}
+                assert agent.engine.parked_ids == (carried if kv else set())
+        return trained, prefilled, agent, carried
+
+    recomputed, recompute_prefill, _, _ = run(None)  # every slot freed at a round's end
+    kept, keep_prefill, _, carried = run("keep")  # carried turns paused in their slots
+    assert carried and kept == recomputed
+    assert {v for tokens, versions, _ in kept for v in versions} - {-1} == {0, 1}
+    assert keep_prefill < recompute_prefill
+
+
 # ---------------------------------------------------------------- the compiler
 
 
 def test_compiler_prices_turns_and_env_latency() -> None:
-    from rl_support import cost_spec, costs_of
+    from rl_support import cost_spec
 
-    def generate(env: dict, cuda_decode: str = "graphs", **schedule: object
-                 ) -> tuple[float, str]:
-        spec = cost_spec(nodes={"generate": {"env": env, "cuda_decode": cuda_decode},
+    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler.placement import place
+    from rlgraph.graph import build_graph
+
+    messages: list[str] = []
+
+    def generate(env: dict, cuda_decode: str = "graphs", node: dict | None = None,
+                 **schedule: object) -> tuple[float, str]:
+        spec = cost_spec(nodes={"generate": {"env": env, "cuda_decode": cuda_decode,
+                                             **(node or {})},
                                 "reward": {}, "logp": {},
                                 "train": {"activation_checkpointing": True},
                                 "param_update": {}},
                          schedule={"max_lag": 1, **schedule})
-        cost = costs_of(spec)["generate"]
-        return cost.seconds, cost.detail
+        costs, notes = node_costs(spec, build_graph(spec), place(spec))
+        messages[:] = notes
+        return costs["generate"].seconds, costs["generate"].detail
 
     one, detail = generate({"fn": "calculator", "max_turns": 1})
     four, _ = generate({"fn": "calculator", "max_turns": 4})
     assert "multi-turn" in detail and four > one  # more waves, each re-prefilled
     slow, _ = generate({"fn": "calculator", "max_turns": 4, "latency_s": 5.0})
     assert slow >= four + 5.0  # at least one env step a wave
+    assert any("the environment bounds the step" in m for m in messages)  # the compiler says so
     partial, detail = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0},
                                partial_rollout=True)
     sync, _ = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0})
     assert "partial rollout" in detail and partial < sync  # the long tail of turns carried
+    inflight, detail = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0},
+                                node={"inflight": True}, partial_rollout=True)
+    assert "in their slots" in detail and inflight < partial  # carried: nothing re-encoded
+    with pytest.raises(SpecError, match="turn engine"):  # inflight without the turn engine
+        generate({"fn": "delay"}, cuda_decode="dynamic", node={"inflight": True},
+                 partial_rollout=True)
     # the turn engine keeps each trajectory's KV: cheaper than waves that re-encode it
     assert "KV kept across turns" in detail
     waves, detail = generate({"fn": "delay", "max_turns": 8, "turns": 2, "latency_s": 1.0},
