@@ -3,7 +3,7 @@ against the same plan without it, side by side in one device call, and the log-p
 between a kept and a recomputed KV cache after a version change.
 
   PYTHONUNBUFFERED=1 python bench/gpu_inflight.py --modes MODE[,MODE...] [--steps 4]
-      [--name NAME] [--out DIR] [--cpu] [key=value ...]
+      [--stop-after-s S] [--name NAME] [--out DIR] [--cpu] [key=value ...]
   python bench/gpu_inflight.py --kv-gap [--name NAME] [--out DIR] [--cpu] [key=value ...]
   python bench/gpu_inflight.py --merge PART.json [PART.json ...] --out DIR
       [--name gpu-inflight]
@@ -18,7 +18,9 @@ lag3[-inflight] keep every task on one GPU and stream 4 mini-batches a version w
 rollout; partial-lag3 is the unstreamed partial rollout on one GPU (what the streamed one
 must beat). A mode runs `--steps` versions with `gpu_longtail.run_mode` (the first is
 warm-up); the part files are written after every mode, so several parts can run at once
-on different GPUs (CUDA_VISIBLE_DEVICES) and be merged.
+on different GPUs (CUDA_VISIBLE_DEVICES) and be merged. With --stop-after-s a mode still
+running S seconds after the start stops after its running tasks and keeps the steps it
+finished (rates and lengths cover those).
 
 --kv-gap: the policy (random init, bf16) decodes rows on the static engine; after `--kv-gap-
 before` tokens a version change (an Adam first step of size `lr` on every weight: each
@@ -53,6 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+STARTED = time.time()  # --stop-after-s counts from here
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -85,19 +88,37 @@ PLANS = [  # (name, GPUs, mode, the same plan without in-flight updates)
 CPU_MODES = ["cluster.cpus=2"]
 
 
-def sync_lengths(spec: Any, prompts: int) -> dict[str, float]:
-    """Response lengths a synchronous run trains over `prompts` prompts: data positions
-    0..prompts-1 in order, each sample's forced length."""
+def sync_lengths(spec: Any, prompts: int, first: int = 0) -> dict[str, float]:
+    """Response lengths a synchronous run trains over `prompts` prompts from data position
+    `first` on, in order (the steps it trains them at), each sample's forced length."""
     from rlgraph.bench_mode import forced_length
 
     data = spec.data
     return length_stats([forced_length(data.seed, p, k, data.response_len)
-                         for p in range(prompts) for k in range(data.samples_per_prompt)])
+                         for p in range(first, first + prompts)
+                         for k in range(data.samples_per_prompt)])
+
+
+def sync_spread(spec: Any, prompts: int, windows: int = 16) -> dict[str, Any]:
+    """How far sync's own trained lengths move between windows of `prompts` prompts (positions
+    [j * prompts, (j + 1) * prompts) against window 0, j = 1..windows-1): the resolution a
+    comparison of trained lengths over that many prompts has, forced lengths being drawn
+    independently per sample."""
+    base = sync_lengths(spec, prompts)
+    means, p99s = [], []
+    for j in range(1, windows):
+        w = sync_lengths(spec, prompts, j * prompts)
+        means.append(w["mean"] / base["mean"])
+        p99s.append(w["p99"] / base["p99"])
+    return {"prompts": prompts, "windows": windows,
+            "mean_ratio_min_max": [round(min(means), 3), round(max(means), 3)],
+            "p99_ratio_min_max": [round(min(p99s), 3), round(max(p99s), 3)]}
 
 
 def throughput(modes: list[str], steps: int, overrides: list[str], out: Path,
-               res: dict[str, Any], save: Any) -> None:
-    """Run each mode (gpu_longtail.run_mode) and add its figures and sync's lengths."""
+               res: dict[str, Any], save: Any, stop_at: float | None = None) -> None:
+    """Run each mode (gpu_longtail.run_mode; a mode still running at `stop_at` stops after
+    its running tasks) and add its figures and sync's lengths."""
     from rlgraph.config.load import load_spec
 
     runs = Path(tempfile.mkdtemp(prefix="rlgraph-inflight-"))
@@ -105,15 +126,21 @@ def throughput(modes: list[str], steps: int, overrides: list[str], out: Path,
     for mode in modes:
         ov = [*MODES[mode], *overrides]
         try:
-            r = run_mode(mode, graph, ov, steps, runs, forced=True, progress=out)
+            r = run_mode(mode, graph, ov, steps, runs, forced=True, progress=out,
+                         stop_at=stop_at)
         except Exception as exc:  # record it and go on to the next mode
             res["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
             print(mode, res["modes"][mode], flush=True)
             save()
             continue
         spec = load_spec(graph, ov)
-        rows_n = r["lengths"]["trained"]["n"] // spec.data.samples_per_prompt
-        r["lengths"]["sync_same_steps"] = sync_lengths(spec, rows_n)
+        lengths, k = r["lengths"], spec.data.samples_per_prompt
+        rows_n = lengths["trained"]["n"] // k
+        lengths["sync_same_steps"] = sync_lengths(spec, rows_n)
+        before = lengths["trained_prompts_before_fill"]
+        if rows_n > before:
+            lengths["sync_same_steps_after_fill"] = sync_lengths(spec, rows_n - before, before)
+            lengths["sync_spread_after_fill"] = sync_spread(spec, rows_n - before)
         r["predicted_samples_per_s"] = round(spec.data.samples_per_step()
                                              / r["predicted_period_s"], 3)
         res["modes"][mode] = r
@@ -446,11 +473,14 @@ def window_rate(r: dict[str, Any], first: int = 1) -> float | None:
     trained = len({e["step"] for e in steady if e["node"] == "train"})
     if not trained:
         return None if first > 1 else r.get("samples_per_s_steady")
-    end = max(e["end"] for e in events)
+    last = max(e["step"] for e in events if e["node"] == "train")
+    end = max(e["end"] for e in events if e["step"] <= last)
     if len(r.get("groups", {})) == 1:
         start = min(e["start"] for e in steady if e["node"] == "generate")
+        # less the earlier versions' events, and the later steps' (a run stopped on time)
         end -= sum(e["end"] - e["start"] for e in events
-                   if e["step"] < first * k and e["start"] >= start)
+                   if (e["step"] < first * k or e["step"] > last)
+                   and e["start"] >= start and e["end"] <= end)
     else:
         start = max(e["end"] for e in events if e["node"] == "train"
                     and e["step"] == first * k - 1)
@@ -479,6 +509,21 @@ def merge(parts: list[Path]) -> dict[str, Any]:
     return plan_table(res)
 
 
+def same_steps(r: dict[str, Any], base: dict[str, Any] | None
+               ) -> tuple[dict[str, float], dict[str, float]]:
+    """Trained lengths of `r` and of `base` (the same plan without in-flight updates) over
+    the steps both ran: a paired comparison (both admit the same data positions in order),
+    free of the sampling spread a comparison with sync's positions has."""
+    if base is None:
+        return {}, {}
+    ours, theirs = r["lengths"].get("trained_by_step"), base["lengths"].get("trained_by_step")
+    if not ours or not theirs:
+        return {}, {}
+    n = min(len(ours), len(theirs))
+    return (length_stats([x for step in ours[:n] for x in step]),
+            length_stats([x for step in theirs[:n] for x in step]))
+
+
 def plan_table(res: dict[str, Any]) -> dict[str, Any]:
     """`plans` and `targets` from the measured modes (rates over `window_rate`'s window)."""
     plans = []
@@ -493,8 +538,10 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
         after = window_rate(r, fill)
         base_after = window_rate(base, fill) if base and "error" not in base else None
         lengths = r["lengths"]
-        sync = lengths["sync_same_steps"]
-        trained = lengths["trained"]
+        sync, trained = lengths["sync_same_steps"], lengths["trained"]
+        sync_after = lengths.get("sync_same_steps_after_fill", {})
+        trained_after = lengths.get("trained_after_fill", {})
+        paired, base_paired = same_steps(r, base if base and "error" not in base else None)
         plans.append({
             "name": name, "mode": mode, "gpus": gpus,
             "samples_per_s": rate,
@@ -505,10 +552,22 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             "without_inflight_samples_per_s": base_rate,
             "trained_mean_over_sync": ratio(trained["mean"], sync["mean"]),
             "trained_p99_over_sync": ratio(trained["p99"], sync["p99"]),
+            "trained_mean_over_sync_after_fill": ratio(trained_after.get("mean"),
+                                                       sync_after.get("mean")),
+            "trained_p99_over_sync_after_fill": ratio(trained_after.get("p99"),
+                                                      sync_after.get("p99")),
+            "trained_samples_after_fill": trained_after.get("n", 0),
+            "sync_own_spread_after_fill": lengths.get("sync_spread_after_fill"),
+            "trained_mean_over_without_inflight": ratio(paired.get("mean"),
+                                                        base_paired.get("mean")),
+            "trained_p99_over_without_inflight": ratio(paired.get("p99"), base_paired.get("p99")),
+            "trained_samples_over_without_inflight": paired.get("n", 0),
             "trained_mean_over_started": ratio(trained["mean"], lengths["started"]["mean"]),
             "in_flight_at_end_samples": lengths["started_not_trained_in_flight_at_end"],
+            "share_dropped": lengths.get("share_dropped"),
             "predicted_samples_per_s": r["predicted_samples_per_s"],
             "predicted_over_measured": ratio(r["predicted_samples_per_s"], rate),
+            "predicted_over_measured_after_fill": ratio(r["predicted_samples_per_s"], after),
             "lag_max": r["lag_max"], "lag_violations": r["lag_violations"],
             "stale_tokens": sum(x or 0 for x in r["per_step"].get("lag/stale_tokens", [])),
             "steps": r["steps"]})
@@ -519,7 +578,14 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
     unstreamed = by.get("partial-lag3")
     res["targets"] = {
         "split_inflight_over_without_at_least_1.3": split and split["over_without_inflight"],
+        "split_inflight_over_without_after_fill_at_least_1.3": split and split[
+            "over_without_inflight_after_fill"],
         "split_trained_mean_within_5pct_of_sync": split and split["trained_mean_over_sync"],
+        "split_trained_p99_within_5pct_of_sync": split and split["trained_p99_over_sync"],
+        "split_trained_mean_within_5pct_of_sync_after_fill": split and split[
+            "trained_mean_over_sync_after_fill"],
+        "split_trained_p99_within_5pct_of_sync_after_fill": split and split[
+            "trained_p99_over_sync_after_fill"],
         "one_gpu_streamed_inflight_over_unstreamed_partial_at_least_1": ratio(
             stream and stream["samples_per_s"], unstreamed and unstreamed["samples_per_s"]),
         "predicted_within_25pct": {p["mode"]: p["predicted_over_measured"] for p in plans},
@@ -552,8 +618,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-inflight")
     parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
+    parser.add_argument("--stop-after-s", type=float,
+                        help="a mode still running this many seconds after the start stops "
+                             "after its running tasks (its figures cover the steps it finished)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    stop_at = STARTED + args.stop_after_s if args.stop_after_s else None
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"
     if args.length_bias:
@@ -574,13 +644,19 @@ def main() -> int:
         res = merge(args.merge)
         res["command"] = " ".join(sys.argv)
         path.write_text(json.dumps(res, indent=1, default=str) + "\n")
-        print(f"{'plan':<72}{'GPUs':>5}{'samples/s':>11}{'x without':>10}"
-              f"{'mean/sync':>10}{'p99/sync':>9}{'pred/meas':>10}")
+        def cells(p: dict[str, Any], keys: tuple[str, ...]) -> str:
+            return "".join(f"{'-' if p[k] is None else p[k]:>10}" for k in keys)
+
+        print(f"{'plan':<72}{'GPUs':>5}{'samples/s':>10}{'x without':>10}"
+              f"{'mean/sync':>10}{'p99/sync':>10}{'pred/meas':>10}")
         for p in res["plans"]:
-            figures = [p[k] or 0 for k in ("over_without_inflight", "trained_mean_over_sync",
-                                            "trained_p99_over_sync", "predicted_over_measured")]
-            print(f"{p['name']:<72}{p['gpus']:>5}{p['samples_per_s'] or 0:>11.2f}"
-                  f"{figures[0]:>10.3f}{figures[1]:>10.3f}{figures[2]:>9.3f}{figures[3]:>10.3f}")
+            print(f"{p['name']:<72}{p['gpus']:>5}" + cells(p, (
+                "samples_per_s", "over_without_inflight", "trained_mean_over_sync",
+                "trained_p99_over_sync", "predicted_over_measured")))
+            print(f"{'  after the fill (versions max_lag + 1 on)':<77}" + cells(p, (
+                "samples_per_s_after_fill", "over_without_inflight_after_fill",
+                "trained_mean_over_sync_after_fill", "trained_p99_over_sync_after_fill",
+                "predicted_over_measured_after_fill")))
         print(json.dumps(res["targets"], indent=1))
         return 0
     import torch
@@ -606,7 +682,7 @@ def main() -> int:
         save()
     modes = [m for m in args.modes.split(",") if m]
     if modes:
-        throughput(modes, args.steps, overrides, args.out, res, save)
+        throughput(modes, args.steps, overrides, args.out, res, save, stop_at)
     for mode, r in res["modes"].items():
         if "error" in r:
             print(f"{mode:<34} failed: {r['error'][:90]}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device call of bench/gpu_inflight.py, every part side by side where the GPUs allow,
 # then the merge into OUT/gpu-inflight.json.
-#   OUT=DIR [STEPS=8] [PHASE_S=240] [PARTS=...] bash bench/gpu_inflight.sh [key=value ...]
+#   OUT=DIR [STEPS=8] [PHASE_S=240] [PARTS=split|all] [STEPS1=STEPS] [PHASE1_S=PHASE_S]
+#     bash bench/gpu_inflight.sh [key=value ...]
 # 4 GPUs or more: the one-GPU plans (colocated streamed with and without in-flight updates,
 # the unstreamed partial rollout) and the kv gap one GPU each, then the two-GPU split plan
 # with and without in-flight updates on two GPU pairs. 2 GPUs: the split plan with, then
@@ -9,20 +10,27 @@
 # in-flight updates beside the unstreamed partial rollout. Each phase is cut at PHASE_S
 # seconds (a mode cut short leaves its metrics mirrored in OUT). STEPS=8: the rounds after the
 # fill (max_lag + 1 versions) are rated apart (samples_per_s_after_fill); 3 fit a small budget.
+# STEPS1 and PHASE1_S: the same for the one-GPU plans (their target compares throughput only).
+# A mode still running STOP_S (50) seconds before its phase ends stops after its running tasks
+# and keeps the steps it finished, so STEPS may ask for more than fit.
 set -u
 OUT=${OUT:?OUT=DIR}
 STEPS=${STEPS:-8}
 PHASE_S=${PHASE_S:-240}
 PARTS=${PARTS:-split}
+STEPS1=${STEPS1:-$STEPS}
+PHASE1_S=${PHASE1_S:-$PHASE_S}
+STOP_S=${STOP_S:-50}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]0' || echo H100)
 WORKLOAD=("cluster.gpu=$GPU" "$@")
 
-part() {  # part NAME GPUS ARGS...
+part() {  # [STEPS=.. PHASE_S=..] part NAME GPUS ARGS...
   local name=$1 gpus=$2
   shift 2
   CUDA_VISIBLE_DEVICES=$gpus PYTHONUNBUFFERED=1 timeout "$PHASE_S" python3 bench/gpu_inflight.py \
-    --steps "$STEPS" --out "$OUT" --name "$name" "$@" "${WORKLOAD[@]}" > "$OUT/$name.log" 2>&1
+    --steps "$STEPS" --stop-after-s "$((PHASE_S - STOP_S))" --out "$OUT" --name "$name" "$@" \
+    "${WORKLOAD[@]}" > "$OUT/$name.log" 2>&1
   echo "$name exit $? at $SECONDS s"
 }
 
@@ -37,8 +45,9 @@ if [ "$GPUS" -ge 4 ]; then
   wait
 else
   if [ "$PARTS" = all ]; then
-    part part-stream-inflight 0 --modes stream4-colocated-lag3-inflight &
-    part part-partial 1 --modes partial-lag3 &
+    STEPS=$STEPS1 PHASE_S=$PHASE1_S part part-stream-inflight 0 \
+      --modes stream4-colocated-lag3-inflight &
+    STEPS=$STEPS1 PHASE_S=$PHASE1_S part part-partial 1 --modes partial-lag3 &
     wait
   fi
   part part-split-inflight 0,1 --modes split-partial-lag3-inflight

@@ -42,6 +42,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,12 @@ def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     steady = [int(uid.rsplit(":", 1)[1]) for r in ledger
               if r["step"] >= spec.schedule.mini_batches
               for uid in r["prompt_uids"]]
+    # partial rollout fills its cache over max_lag + 1 versions: the steps after hold its
+    # steady mix of carried and new rows
+    fill = (spec.schedule.max_lag + 1 if spec.schedule.partial_rollout else 1) \
+        * spec.schedule.mini_batches
+    after_fill = [int(uid.rsplit(":", 1)[1]) for r in ledger if r["step"] >= fill
+                  for uid in r["prompt_uids"]]
     last = rows[-1] if rows else {}
     admitted = int(last.get("rollout/admitted_total", len(trained) * n)) // n
     started = list(range(admitted)) if "rollout/admitted_total" in last else trained
@@ -150,6 +157,10 @@ def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
     restarted = last.get("rollout/restarted_total", 0.0)
     return {"trained": length_stats(lengths(trained)), "started": length_stats(lengths(started)),
             "trained_after_step_0": length_stats(lengths(steady)),
+            "trained_after_fill": length_stats(lengths(after_fill)),
+            "trained_by_step": [lengths([int(uid.rsplit(":", 1)[1]) for uid in r["prompt_uids"]])
+                                for r in sorted(ledger, key=lambda r: r["step"])],
+            "fill_steps": fill, "trained_prompts_before_fill": len(trained) - len(after_fill),
             "started_not_trained_in_flight_at_end": len(set(started) - set(trained)) * n,
             "share_dropped": round(dropped / max(1, admitted * n), 4),
             "share_restarted": round(restarted / max(1, admitted * n), 4)}
@@ -161,10 +172,13 @@ def per_step(rows: list[dict], key: str) -> list[float]:
 
 
 def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Path,
-             forced: bool, progress: Path | None = None) -> dict[str, Any]:
+             forced: bool, progress: Path | None = None,
+             stop_at: float | None = None) -> dict[str, Any]:
     """One schedule of `graph` for `steps` train steps (see the module docstring); with
     `progress` (a folder), its metrics are mirrored there as `NAME.metrics.jsonl` while it
-    runs (`common.mirrored`), so a call cut off mid-mode keeps its finished steps."""
+    runs (`common.mirrored`), so a call cut off mid-mode keeps its finished steps. With
+    `stop_at` (a `time.time()`), the run stops there after its running tasks
+    (`Runner.request_stop`) and its figures cover the steps it finished."""
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
@@ -173,13 +187,26 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     plan = compile_plan(spec)
     run_dir = runs / name
     began = time.time()
+    timers: list[threading.Timer] = []
+
+    def stop_on_time(runner: Runner) -> None:
+        if stop_at is not None:
+            timers.append(threading.Timer(max(0.0, stop_at - time.time()), runner.request_stop))
+            timers[-1].daemon = True
+            timers[-1].start()
+
     options = RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
-                         checkpoint_every_s=0)  # no periodic checkpoints
-    if progress is None:
-        result = Runner(plan, options).run()
-    else:
-        with mirrored(run_dir / "metrics.jsonl", progress / f"{name}.metrics.jsonl"):
+                         checkpoint_every_s=0, final_checkpoint=False,  # none at all
+                         on_ready=stop_on_time)
+    try:
+        if progress is None:
             result = Runner(plan, options).run()
+        else:
+            with mirrored(run_dir / "metrics.jsonl", progress / f"{name}.metrics.jsonl"):
+                result = Runner(plan, options).run()
+    finally:
+        for timer in timers:
+            timer.cancel()
     rows = result.rows
     k = spec.schedule.mini_batches  # rows per version: one per optimizer step when streaming
     after = rows[k:]  # the versions after the first (warm-up)
@@ -230,6 +257,7 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),
+        "stopped_on_time": bool(result.stopped), "steps_asked": steps,
     }
     train_s = node_steps.get("train", [])
     tokens = res["per_step"]["tokens"]

@@ -78,6 +78,14 @@ SKIPPED = {
                                                  "call earlier",
 }
 STEP_KEYS = ("step_s_steady_mean", "step_s", "step_s_mean", "step_s_median")
+# Result files measured on a static engine revision they do not record (their machine record
+# predates `engine_revision`): file -> revision, with when it ran. Every other file that
+# records none ran before the one-copy read reached main (2026-11-27 11:02 UTC): per_slot.
+ENGINE_OF = {
+    "gpu-agentic.json": ("one_copy", "run at e342a45, 2026-11-27 11:18 UTC"),
+    "gpu-inflight.json": ("one_copy", "parts dated 2026-11-27 11:15-11:17 UTC"),
+}
+OLDEST_ENGINE = "per_slot"
 
 
 @dataclasses.dataclass
@@ -186,7 +194,8 @@ def gpu_rows() -> list[dict[str, Any]]:
             graph, overrides = ran
             run = found.run
             cluster = spec_of(graph, overrides).cluster
-            overrides = overrides + one_gpu_driven(run)
+            engine = engine_revision_of(found)
+            overrides = overrides + one_gpu_driven(run) + [f"pricing.engine_revision={engine}"]
             nodes = run.get("node_s_median") or per_step_nodes(run)
             superseded = SUPERSEDED.get(file.name) or SUPERSEDED_SECTIONS.get(
                 (file.name, found.section))
@@ -198,6 +207,28 @@ def gpu_rows() -> list[dict[str, Any]]:
                               if found.section else file.name)
                         | {"cluster_gpus": cluster.nodes * cluster.gpus_per_node})
     return rows
+
+
+def engine_revision_of(found: Found) -> str:
+    """The static engine revision a run was measured on: the one its run, part or file
+    records (`engine_revision`, bench/common.py `machine`), else `ENGINE_OF`'s, else the
+    revision before the field existed (`OLDEST_ENGINE`)."""
+    node: Any = found.result
+    recorded = None
+    for key in (None, *found.path):  # from the file down to the run: the innermost wins
+        if isinstance(node, list):
+            node = next((x for i, x in enumerate(node)
+                         if str(x.get("name", i) if isinstance(x, dict) else i) == key), None)
+        elif key is not None:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            break
+        for holder in (node, node.get("machine")):
+            if isinstance(holder, dict) and isinstance(holder.get("engine_revision"), str):
+                recorded = holder["engine_revision"]
+    if recorded is not None:
+        return recorded
+    return ENGINE_OF.get(found.file, (OLDEST_ENGINE, ""))[0]
 
 
 def measured_step(run: dict[str, Any]) -> float:

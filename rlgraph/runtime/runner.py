@@ -71,6 +71,7 @@ class RunOptions:
     on_ready: Callable[[Runner], None] | None = None
     tensorboard: bool = True
     fuse: bool = True  # chained tasks on one actor share one call (runtime.executor)
+    final_checkpoint: bool = True  # False: a run that ends normally writes none (benchmarks)
 
 
 class Runner:
@@ -361,6 +362,8 @@ class Runner:
             result.wall_s = time.time() - t0
             self._write_trace(tracer)
         result.next_step = pipeline.trained_steps()
+        if not opts.final_checkpoint:
+            return result
         if not abandoned:
             self._checkpoint(pipeline, tracer)
             return result
