@@ -60,9 +60,14 @@ def spread(values: list[float], digits: int | None = None) -> dict[str, float]:
 
 
 def machine() -> dict:
-    """Where the figures come from."""
+    """Where the figures come from, and which revision of the static decode engine made them
+    (`rlgraph.pricing.system.CURRENT_ENGINE`: bench/own_runs.py prices a result as the
+    revision it records)."""
+    from rlgraph.pricing.system import CURRENT_ENGINE
+
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "engine_revision": CURRENT_ENGINE}
 
 
 def device_info(dry: bool = False) -> dict:

@@ -11,7 +11,9 @@ trajectory after a forced number of turns drawn per trajectory (lognormal, mean 
 data.response_len divided by the mean turns, eos ignored), so both plans decode the same work
 per trajectory. Every task sits on the one GPU (a colocated group). sync: max_lag 0, every
 trajectory of a batch ends before train; partial: partial rollout, max_lag 2, oversample 2,
-trajectories still running (mid-turn or waiting for the env) carry to the next step.
+trajectories still running (mid-turn or waiting for the env) carry to the next step;
+partial-inflight: the same with in-flight updates (`generate.inflight`, kv: keep), where a
+carried trajectory goes on in its slot with its KV instead of prefilling its context again.
 
 Every plan but sync-waves decodes on the turn engine (engines/turn_decode.py): a trajectory
 keeps its KV in its slot across turns and only each observation is prefilled; sync-waves is
@@ -50,9 +52,14 @@ MODEL_CPU = dict(model_type="llama", vocab_size=64, hidden_size=64, num_hidden_l
                  max_position_embeddings=256, tie_word_embeddings=True)
 MODES = {"sync": {"max_lag": 0, "partial_rollout": False},
          "partial": {"max_lag": 2, "partial_rollout": True},
+         # partial rollout with in-flight updates (kv: keep): a carried trajectory goes on
+         # in its slot, its KV kept, instead of prefilling its context again
+         "partial-inflight": {"max_lag": 2, "partial_rollout": True},
          # the synchronous plan on the waves of the dynamic KV cache (every turn re-encodes
          # the whole trajectory): what keeping the KV across turns saves
          "sync-waves": {"max_lag": 0, "partial_rollout": False}}
+NODE = {"sync-waves": {"cuda_decode": "dynamic"},  # generate's keys a plan changes
+        "partial-inflight": {"inflight": True, "kv": "keep"}}
 WAVES_STEPS = 2  # sync-waves runs few steps: each is long
 
 
@@ -72,7 +79,7 @@ def graph(cpu: bool, mode: str, gpu: str = "H100") -> dict[str, Any]:
         "nodes": {
             "generate": {"kind": "generate", "forced_lengths": True, "oversample": 2.0,
                          "stale": "finish",
-                         "cuda_decode": "dynamic" if mode == "sync-waves" else "graphs",
+                         "cuda_decode": "graphs", **NODE.get(mode, {}),
                          "env": {"fn": "delay", "max_turns": 8, "turns": 2,
                                  "latency_s": 0.05, "observation_len": 3, "threads": 64,
                                  "sleep_s": 0.05, "rounds": 2, "rounds_max": 8,
@@ -87,9 +94,7 @@ def graph(cpu: bool, mode: str, gpu: str = "H100") -> dict[str, Any]:
 def overrides_of(mode: str) -> list[str]:
     """The plan `mode` as overrides of the recorded graph (the sync plan's)."""
     out = [f"schedule.{k}={json.dumps(v)}" for k, v in MODES[mode].items()]
-    if mode == "sync-waves":
-        out.append('nodes.generate.cuda_decode="dynamic"')
-    return out
+    return out + [f"nodes.generate.{k}={json.dumps(v)}" for k, v in NODE.get(mode, {}).items()]
 
 
 def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
@@ -130,6 +135,7 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
         "mode": mode, "schedule": MODES[mode], "steps": steps,
         "overrides": overrides_of(mode),
         "cuda_decode": spec.nodes["generate"].cuda_decode,
+        "inflight": spec.nodes["generate"].inflight,
         "step_s": [round(s, 3) for s in step_s],
         "step_s_steady_mean": round(measured, 3),
         "trajectories_per_s": round(samples / measured, 2),
@@ -149,6 +155,7 @@ def run_mode(cpu: bool, mode: str, steps: int, gpu: str) -> dict[str, Any]:
             "env/ended_done", "env/ended_length", "env/ended_timeout", "env/ended_error",
             "env/trajectories", "rollout/carried")},
         "in_flight_at_end": (run.node_metrics.get("generate") or [{}])[-1].get("env/in_flight"),
+        "decode_host_ms_per_step": host_ms_per_step(gen_rows),
         "setup_s": round(run.setup_s, 2), "wall_s": round(run.wall_s, 2),
     }
 
@@ -240,6 +247,17 @@ def engine_timings(model: Any, device: str, rows: int = 32) -> dict[str, float]:
     return timings
 
 
+def host_ms_per_step(rows: list[dict[str, float]]) -> float | None:
+    """The host's ms a decode step on the turn engine (CUDA): the time in its decode calls
+    (env/step_s) less their device time, per decode step, over the steps given."""
+    steps = sum(r.get("env/decode_steps", 0.0) for r in rows)
+    device = sum(r.get("env/decode_ms_per_step", 0.0) * r.get("env/decode_steps", 0.0)
+                 for r in rows)
+    if not steps or not device:
+        return None
+    return round((sum(r.get("env/step_s", 0.0) for r in rows) * 1e3 - device) / steps, 4)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -282,11 +300,21 @@ def main() -> int:
     if not {"sync", "partial"} <= set(result["modes"]):
         return 0
     sync, partial = result["modes"]["sync"], result["modes"]["partial"]
+    for mode, m in result["modes"].items():  # the headline figures of each plan
+        key = mode.replace("-", "_")
+        result[f"{key}_step_s_steady_mean"] = m["step_s_steady_mean"]
+        result[f"{key}_predicted_over_measured"] = m["predicted_over_measured"]
+    result["decode_host_ms_per_step_measured"] = sync["decode_host_ms_per_step"]
     result["partial_over_sync"] = round(sync["step_s_steady_mean"]
                                         / partial["step_s_steady_mean"], 3)
     result["predicted_partial_over_sync"] = round(sync["predicted_period_s"]
                                                   / partial["predicted_period_s"], 3)
     path.write_text(json.dumps(result, indent=1))
+    if "partial-inflight" in result["modes"]:
+        kept = result["modes"]["partial-inflight"]
+        result["partial_inflight_over_partial"] = round(
+            partial["step_s_steady_mean"] / kept["step_s_steady_mean"], 3)
+        path.write_text(json.dumps(result, indent=1))
     if "sync-waves" in result["modes"]:
         waves = result["modes"]["sync-waves"]
         result["kv_kept_over_waves"] = round(waves["step_s_steady_mean"]

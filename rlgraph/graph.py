@@ -125,6 +125,17 @@ def _check_algorithm(spec: Spec) -> None:
                                     for n in spec.nodes.values()):
         raise SpecError(f"algorithm {algo.name} takes its advantages from a critic, and the "
                         f"graph has none", ("algorithm", "name"), hint=need[1])
+    if algo.reward_kl_coef > 0:
+        if algo.advantage == "gae":
+            raise SpecError("a KL in the reward is charged where train computes the "
+                            "advantages; the critic's GAE does not take it",
+                            ("algorithm", "reward_kl_coef"),
+                            hint="write reward_kl_coef: 0 and kl_coef (the KL in the loss)")
+        if not any("ref_logp" in KINDS[n.kind].provides for n in spec.nodes.values()):
+            raise SpecError("a KL in the reward needs the reference model's log-probs, and "
+                            "the graph has no ref_logp node", ("algorithm", "reward_kl_coef"),
+                            hint="add a ref_logp node (nodes: {ref_logp: {kind: ref_logp}}) "
+                            "in a group, or write reward_kl_coef: 0")
     if algo.advantage == "greedy_baseline":
         for name, node in spec.nodes.items():
             if getattr(node, "engine", "native") != "native":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import importlib
 import json
 import re
@@ -286,12 +287,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+SHORT_COMMANDS = ("compile", "schema", "timeline")  # a process that answers in under a second
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `rlgraph` console script; returns the exit status."""
+    """Entry point of the `rlgraph` console script; returns the exit status.
+
+    Called as a program (`argv` None) for a short command, the cyclic garbage collector is
+    off while the command imports its libraries and runs, and what it built is frozen
+    before exit, so the interpreter neither collects during ~0.5 s of imports nor walks
+    every object at shutdown (about 0.15 s of a 0.75 s compile on 2 cores:
+    bench/compile_bench.py). Reference counting still frees everything as usual.
+    """
     try:
         args = parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
+    short = argv is None and args.command in SHORT_COMMANDS and gc.isenabled()
+    if short:
+        gc.disable()
     try:
         return args.func(args)
     except RLGraphError as err:
@@ -302,6 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `rlgraph compile --json | head`
         return 0
+    finally:
+        if short:
+            gc.freeze()  # the process exits next: nothing left for the collector to walk
+            gc.enable()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.envs.load import check_envs
 from rlgraph.errors import RLGraphError, SpecError, shown
+from rlgraph.pricing.system import CURRENT_ENGINE
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
 from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult
@@ -189,12 +190,22 @@ def continue_command(args: argparse.Namespace, out: Path, steps: int | None = No
 
 def refuse_other_system(spec: Spec) -> None:
     """`rlgraph run` runs rlgraph's runtime: a graph priced as another system
-    (`pricing.system: verl`) describes a run this runtime would not be, so it is refused."""
+    (`pricing.system: verl`), or as an older revision of its static engine
+    (`pricing.engine_revision`), describes a run this runtime would not be, so it is
+    refused."""
     if spec.pricing.system != "rlgraph" and not spec.cluster.local:
         err = SpecError(f"this graph is priced as {spec.pricing.system} (pricing.system); "
                         f"rlgraph run runs rlgraph's own runtime", ("pricing", "system"),
                         hint="set pricing.system: rlgraph to run it here, or compare with "
                         "`rlgraph compile --baseline verl`")
+        err.source = spec.source
+        raise err
+    revision = spec.pricing.engine_revision
+    if revision not in (None, CURRENT_ENGINE) and not spec.cluster.local:
+        err = SpecError(f"this graph is priced as the {revision} revision of the static "
+                        f"engine (pricing.engine_revision); rlgraph run runs today's "
+                        f"({CURRENT_ENGINE})", ("pricing", "engine_revision"),
+                        hint="remove pricing.engine_revision to run it here")
         err.source = spec.source
         raise err
 

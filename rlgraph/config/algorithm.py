@@ -29,7 +29,8 @@ ALGORITHMS: tuple[str, ...] = AlgorithmName.__args__  # type: ignore[attr-define
 # clip_ratio_low 3e-4, clip_ratio_high 4e-4, loss_agg_mode seq-mean-token-mean), and
 # verl/trainer/ppo/core_algos.py for RLOO, REINFORCE++ and ReMax (token-mean, clip 0.2);
 # ReMax's example (examples/remax_trainer) sets use_kl_loss False and puts a 0.001 KL in the
-# reward instead, which rlgraph does not offer: no KL term by default.
+# reward instead (`reward_kl_coef: 0.001` with a ref_logp node here); verl's default
+# (use_kl_in_reward False) is every family's default: no KL in the reward.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": {"advantage": "group", "loss_agg": "token-mean", "clip_low": 0.2,
              "clip_high": 0.2, "norm_adv_by_std": True, "kl_coef": 0.001},
@@ -83,6 +84,13 @@ class AlgorithmSpec(StrictModel):
     kl_coef: float = Field(default=0.001, ge=0, le=100,
                            description="KL(policy || reference) loss weight")
     kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
+    reward_kl_coef: float = Field(
+        default=0.0, ge=0, le=100, description="KL(policy || reference) penalty subtracted "
+        "from each response token's reward before the advantages (verl: use_kl_in_reward "
+        "with a fixed kl_ctrl.kl_coef); 0: off; needs a ref_logp node")
+    reward_kl_type: Literal["k1", "abs", "k2", "low_var_kl"] = Field(
+        default="k1", description="the reward's KL estimator (verl: kl_penalty; its kl is k1, "
+        "mse is k2)")
     clip: float = Field(default=0.2, ge=1e-4, le=10, description="symmetric clip range: the "
                         "default of clip_low and clip_high where the family has none of its own")
     clip_low: float = Field(default=0.2, ge=1e-6, le=10,

@@ -192,7 +192,8 @@ class PricingSpec(StrictModel):
     it, `rlgraph` by default; `verl` prices verl's hybrid engine (a colocated group switches
     between training and its rollout engine every step). `refit`: verl's path for the
     weights into the engine, `bucketed` (its default today) or `per_tensor` (older releases);
-    none: the system's default."""
+    none: the system's default. `engine_revision`: the revision of rlgraph's static decode
+    engine the plan is priced as (none: today's)."""
 
     system: Literal["rlgraph", "verl", "areal"] = Field(
         default="rlgraph", description="the system that runs the plan: rlgraph (its own "
@@ -202,6 +203,11 @@ class PricingSpec(StrictModel):
         default=None, description="verl: how the weights reach the rollout engine at each "
         "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "
         "system's default (bucketed)")
+    engine_revision: Literal["one_copy", "per_slot"] | None = Field(
+        default=None, description="rlgraph: the static decode engine's revision whose host "
+        "time between decode steps the plan pays (one_copy: today's, 0.15 ms a step; "
+        "per_slot: before 2026-11-27, 0.66 ms), to price a result measured on an older "
+        "engine; none: today's (`rlgraph.pricing.system.ENGINE_REVISIONS`)")
 
 
 class CheckpointSpec(StrictModel):

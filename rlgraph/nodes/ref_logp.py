@@ -27,6 +27,7 @@ KIND = NodeKind(
     colour="#f28e2b",
     doc="reference-model log-probs for the KL penalty",
     models=frozenset({"reference"}),
+    provides=frozenset({"ref_logp"}),
 )
 
 

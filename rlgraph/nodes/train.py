@@ -107,7 +107,7 @@ class TrainWorker:
 
         from rlgraph.engines.cpu_decode import token_logp_passes
         from rlgraph.nodes.logp import on_policy
-        from rlgraph.rl.advantages import compute_advantages
+        from rlgraph.rl.advantages import compute_advantages, reward_kl
         from rlgraph.rl.batch import check_step, merge, sample_table
         from rlgraph.rl.lr_schedule import lr_at
         from rlgraph.versions import oldest_trainable
@@ -199,6 +199,11 @@ class TrainWorker:
             "train/new_pass_shapes": float(self.new_shapes),
             **{f"train/{k}": v - allocator[k] for k, v in _allocator_counters(device).items()},
         })
+        charged = reward_kl(algo, batch) if algo.advantage != "gae" else None
+        if charged is not None:  # verl's names: each sequence's token mean, averaged
+            per_seq = charged.sum(1) / batch["response_mask"].sum(1).clamp(min=1)
+            metrics["actor/reward_kl_penalty"] = float(per_seq.mean())
+            metrics["actor/reward_kl_penalty_coeff"] = algo.reward_kl_coef
         uids = list(dict.fromkeys(batch["prompt_uid"]))
         out = {"step": step, "policy_version": version, "metrics": metrics,
                "trained_uids": uids, "stale_tokens": int(stale.sum())}

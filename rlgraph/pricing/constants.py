@@ -44,8 +44,6 @@ class CostConstants:
     usable_memory_fraction: float = 0.90
     logits_bytes_forward: float = 28.0
     split_kv_block_bytes_per_s: float = 11e9
-    static_decode_host_seconds_per_step: float = 0.66e-3
-    inflight_decode_host_seconds_per_step: float = 0.106e-3
     logits_bytes_backward: float = 34.0
     eager_activation_bytes_per_hidden: float = 278.0
     eager_pass_host_seconds_per_layer: float = 1.53e-3
@@ -206,21 +204,6 @@ COST_SOURCES: dict[str, str] = {
                                   "for the sync mix (longest 3626, and far shorter at those "
                                   "widths): ~4.5 ms for one block to stream the longest row's "
                                   "K/V of one KV head (8038 x 6144 B = 49 MB), 11 GB/s",
-    "inflight_decode_host_seconds_per_step": "bench/results/gpu-inflight.json "
-                                             "split-partial-lag3-inflight (2x H200, one "
-                                             "call): generate/device_idle_s 0.246 s over the "
-                                             "2320 decode steps (290 looks) of rounds 1-2: "
-                                             "with in-flight updates the static engine launches "
-                                             "a look's steps before the host reads the last "
-                                             "(StaticDecoder.step lookahead), so only the read "
-                                             "and the launch idle the device, 0.106 ms a step",
-    "static_decode_host_seconds_per_step": "bench/results/gpu-longtail-1gpu.json decode_varlen "
-                                           "(H100, sync/varlen): 15.845 s of wall time over "
-                                           "3632 decode steps of 3.70 device ms each: 0.66 ms "
-                                           "a step of host work between the static engine's "
-                                           "graph replays (launch, finished-row checks every "
-                                           "sync_every steps, compaction); 0.85 / 0.91 ms in "
-                                           "the same call's sync/sdpa and partial/varlen",
     "eager_activation_bytes_per_hidden": "bench/results/gpu-node-profile-h200x2.json "
                                          "`profile` (one H200, qwen2.5-0.5b shape with the "
                                          "character vocabulary: 24 layers, hidden 896, 358M "

@@ -24,6 +24,7 @@ from rlgraph.pricing import rollout_rounds
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.passes import compute_units, efficiency, thread_handoff, thread_slowdown
+from rlgraph.pricing.system import engine_of
 
 if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
@@ -82,9 +83,9 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
     (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
     least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
-    context) and the host spends COSTS.static_decode_host_seconds_per_step between its
-    steps (COSTS.inflight_decode_host_seconds_per_step with in-flight updates, whose looks
-    overlap the launched steps). A local CPU cluster: max(compute at
+    context) and the host spends the engine revision's `host_seconds_per_step` between its
+    steps (`inflight_host_seconds_per_step` with in-flight updates, whose looks overlap the
+    launched steps; `rlgraph.pricing.system.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
@@ -105,8 +106,9 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     gemms = max(weights, flops / (gpu.bf16_flops * COSTS.gemm_efficiency))
     host = 0.0
     if static_engine(node, ctx):  # in flight, the host's looks overlap the launched steps
-        host = (COSTS.inflight_decode_host_seconds_per_step if getattr(node, "inflight", False)
-                else COSTS.static_decode_host_seconds_per_step)
+        engine = engine_of(ctx.spec)
+        host = (engine.inflight_host_seconds_per_step if getattr(node, "inflight", False)
+                else engine.host_seconds_per_step)
     return gemms + kv + sampling + fixed + host
 
 

@@ -16,6 +16,14 @@ policy loss multiplies: a [B] tensor (one per sequence) or a [B, R] one (per res
   batch's valid tokens, and the returns the critic regresses on (verl
   `compute_gae_advantage_return`).
 - `batch_advantages`: outcome rewards whitened over the batch (PPO without a critic).
+
+With `algorithm.reward_kl_coef` beta > 0 (verl's `use_kl_in_reward`, `apply_kl_penalty`),
+each response token's reward is its outcome reward (on the last token) minus
+beta * KL(policy || reference) of that token, the KL taken on the log-probs of the policy the
+step starts from (a logp node's `old_logp`, else the sampler's `behavior_logp`, verl's
+`old_log_probs`). The outcome estimators then see each sequence's reward sum (GRPO, RLOO,
+batch), the token returns (REINFORCE++) or the returns-to-go minus the greedy reward (ReMax),
+as verl's do with `token_level_rewards`.
 """
 
 from __future__ import annotations
@@ -97,6 +105,31 @@ def remax_advantages(rewards: torch.Tensor, baselines: torch.Tensor) -> torch.Te
     return rewards - baselines
 
 
+def remax_token_advantages(per_token: torch.Tensor, baselines: torch.Tensor, mask: torch.Tensor
+                           ) -> torch.Tensor:
+    """ReMax on per-token rewards: each token's reward-to-go (undiscounted) minus the greedy
+    response's reward, on the valid tokens (verl `compute_remax_outcome_advantage`)."""
+    mask = mask.to(per_token.dtype)
+    to_go = (per_token * mask).flip(-1).cumsum(-1).flip(-1)
+    return (to_go - baselines.to(per_token.dtype)[:, None]) * mask
+
+
+def reward_kl(algorithm: Any, batch: Mapping[str, Any]) -> torch.Tensor | None:
+    """[B, R] per-token KL(policy || reference) the reward is charged (0 off the response), or
+    None when `algorithm.reward_kl_coef` is 0. The policy's log-probs are the proximal ones
+    where a logp node gave them, else the sampler's."""
+    if not algorithm.reward_kl_coef:
+        return None
+    if "ref_logp" not in batch:
+        raise ValueError(f"algorithm.reward_kl_coef {algorithm.reward_kl_coef} found no "
+                         "'ref_logp' in the batch: it needs a ref_logp node feeding train")
+    from rlgraph.rl.loss import kl_penalty
+
+    logp = batch["old_logp"] if "old_logp" in batch else batch["behavior_logp"]
+    mask = batch["response_mask"].to(logp.dtype)
+    return kl_penalty(logp.float(), batch["ref_logp"].float(), algorithm.reward_kl_type) * mask
+
+
 def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                    gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, R] whitened GAE advantages, [B, R] returns = raw advantages + values) for outcome
@@ -124,14 +157,23 @@ def batch_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def compute_advantages(algorithm: Any, batch: Mapping[str, Any]) -> torch.Tensor:
     """The advantages `algorithm.advantage` names for a step's batch ([B] or [B, R]). GAE's
     come from the critic node (`advantages` in the batch); ReMax's baselines from the
-    reward node (`reward_baselines`)."""
+    reward node (`reward_baselines`); a KL in the reward (`reward_kl`) is charged first."""
     rewards, kind = batch["rewards"], algorithm.advantage
+    kl = reward_kl(algorithm, batch) if kind != "gae" else None
+    per_token = None
+    if kl is not None:
+        mask = batch["response_mask"].float()
+        per_token = token_rewards(rewards.float(), mask) - algorithm.reward_kl_coef * kl
+        rewards = per_token.sum(1)  # the sequence's score, as verl's outcome estimators sum
     if kind == "group":
         return grpo_advantages(rewards, batch["group"], norm_std=algorithm.norm_adv_by_std)
     if kind == "leave_one_out":
         return rloo_advantages(rewards, batch["group"])
     if kind == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, batch["response_mask"].float(), algorithm.gamma)
+        mask = batch["response_mask"].float()
+        if per_token is None:
+            return reinforce_pp_advantages(rewards, mask, algorithm.gamma)
+        return masked_whiten(discounted_returns(per_token, mask, algorithm.gamma), mask) * mask
     if kind == "batch":
         return batch_advantages(rewards)
     needs = {"gae": ("advantages", "a critic node feeding train (nodes: {critic: {}})"),
@@ -142,4 +184,7 @@ def compute_advantages(algorithm: Any, batch: Mapping[str, Any]) -> torch.Tensor
                          f"the batch: it needs {what}")
     if kind == "gae":
         return batch["advantages"]
+    if per_token is not None:
+        return remax_token_advantages(per_token, batch["reward_baselines"],
+                                      batch["response_mask"])
     return remax_advantages(rewards, batch["reward_baselines"])

@@ -26,17 +26,22 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate: k1 = log ratio; k3 = exp(-x) + x - 1 (>= 0, unbiased);
-    low_var_kl = k3 clamped to [-10, 10] (verl's default)."""
+    """Per-token KL(pi || ref) estimate of the log ratio x = logp - ref_logp: k1 = x;
+    abs = |x|; k2 = x^2 / 2 (verl's mse); k3 = exp(-x) + x - 1 (>= 0, unbiased);
+    low_var_kl = k3 clamped to [-10, 10] (verl's default for the loss)."""
     log_ratio = logp - ref_logp
     if kind == "k1":
         return log_ratio
+    if kind == "abs":
+        return log_ratio.abs()
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
     k3 = torch.exp(-log_ratio) + log_ratio - 1
     if kind == "k3":
         return k3
     if kind == "low_var_kl":
         return k3.clamp(-10, 10)
-    raise ValueError(f"unknown kl type {kind!r} (k1, k3 or low_var_kl)")
+    raise ValueError(f"unknown kl type {kind!r} (k1, abs, k2, k3 or low_var_kl)")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

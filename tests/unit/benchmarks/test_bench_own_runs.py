@@ -53,3 +53,24 @@ def test_a_scale_plan_kept_only_as_its_summary_row_gets_its_script_overrides() -
     assert graph.name == "colocated-sync.yaml"
     assert "nodes.train.sharding=fsdp" in overrides
     assert "cluster.gpus_per_node=4" in overrides and "schedule.max_lag=3" in overrides
+
+
+def test_a_run_is_priced_as_the_engine_revision_that_measured_it() -> None:
+    recorded = {"machine": {"engine_revision": "one_copy"},
+                "modes": {"a": {"graph": "g.yaml", "step_s_median": 1.0},
+                          "b": {"graph": "g.yaml", "step_s_median": 1.0,
+                                "machine": {"engine_revision": "per_slot"}}}}
+    found = {f.name: f for f in own_runs.find_runs("new.json", recorded)}
+    assert own_runs.engine_revision_of(found["a"]) == "one_copy"  # the file's record
+    assert own_runs.engine_revision_of(found["b"]) == "per_slot"  # the run's own wins
+    silent = {"runs": [{"name": "x", "graph": "g.yaml", "step_s_median": 1.0}]}
+    (old,) = own_runs.find_runs("gpu-e2e-dp.json", silent)
+    assert own_runs.engine_revision_of(old) == own_runs.OLDEST_ENGINE
+    (tagged,) = own_runs.find_runs("gpu-inflight.json", silent)
+    assert own_runs.engine_revision_of(tagged) == "one_copy"
+
+
+def test_only_a_run_whose_policy_chose_its_lengths_is_priced_at_its_trained_mean() -> None:
+    forced = own_runs.spec_of(own_runs.ROOT / "bench/graphs_gpu/longtail-1gpu.yaml", [])
+    chosen = own_runs.spec_of(own_runs.ROOT / "graphs/longtail.yaml", [])
+    assert not own_runs.policy_lengths(forced) and own_runs.policy_lengths(chosen)

@@ -150,6 +150,66 @@ def test_remax_loss_by_hand() -> None:
     close(grad, [[-0.2, -0.2], [0, 0], [0.2, 0], [0.2, 0]])
 
 
+# two responses of 3 and 2 tokens: log-probs under the policy and the reference; k1 = their
+# difference: [.2, -.5, 0] and [0, .5, -] (the third token of row 1 is padding)
+KL_BATCH = {"behavior_logp": torch.tensor([[-0.5, -1.0, -0.2], [-0.3, -0.4, 0.0]]),
+            "ref_logp": torch.tensor([[-0.7, -0.5, -0.2], [-0.3, -0.9, -5.0]]),
+            "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+            "rewards": torch.tensor([1.0, 0.0]), "group": torch.tensor([0, 0])}
+
+
+def test_remax_kl_in_reward_by_hand() -> None:
+    # verl's use_kl_in_reward, beta .1: token rewards [-.02, .05, 1] and [0, -.05, -]; the
+    # returns-to-go [1.03, 1.05, 1] and [-.05, -.05] minus the greedy rewards 0 and 1
+    algo = AlgorithmSpec(name="remax", reward_kl_coef=0.1)
+    assert AlgorithmSpec(name="remax").reward_kl_coef == 0.0  # verl's default: off
+    batch = {**KL_BATCH, "reward_baselines": torch.tensor([0.0, 1.0])}
+    close(compute_advantages(algo, batch), [[1.03, 1.05, 1.0], [-1.05, -1.05, 0.0]])
+    # a logp node's proximal log-probs take the sampler's place: k1 [.1, -.5, 0] and [0, 0]
+    old = torch.tensor([[-0.6, -1.0, -0.2], [-0.3, -0.9, 0.0]])
+    close(compute_advantages(algo, {**batch, "old_logp": old}),
+          [[1.04, 1.05, 1.0], [-1.0, -1.0, 0.0]])
+    # off, the sequence-level advantage stays r - b
+    close(compute_advantages(AlgorithmSpec(name="remax"), batch), [1.0, -1.0])
+
+
+def test_kl_in_reward_enters_outcome_estimators_as_the_sequence_sum() -> None:
+    # scores 1 - .1 * (.2 - .5) = 1.03 and 0 - .1 * .5 = -.05; Dr. GRPO: minus their mean .49
+    algo = AlgorithmSpec(name="dr_grpo", reward_kl_coef=0.1)
+    close(compute_advantages(algo, KL_BATCH), [0.54, -0.54])
+    # k2 (verl's mse) x^2/2: sums .145 and .125 -> scores .9855 and -.0125
+    algo = AlgorithmSpec(name="rloo", reward_kl_coef=0.1, reward_kl_type="k2")
+    close(compute_advantages(algo, KL_BATCH), [0.998, -0.998])
+    # abs: token rewards [-.02, -.05, 1] and [0, -.05]; REINFORCE++ whitens their returns
+    # [.93, .95, 1] and [-.05, -.05]
+    algo = AlgorithmSpec(name="reinforce_pp", reward_kl_coef=0.1, reward_kl_type="abs")
+    returns = torch.tensor([0.93, 0.95, 1.0, -0.05, -0.05])
+    whitened = ((returns - returns.mean()) / returns.std()).tolist()
+    close(compute_advantages(algo, KL_BATCH), [whitened[:3], [*whitened[3:], 0.0]])
+
+
+def test_kl_in_reward_needs_a_reference_and_no_critic() -> None:
+    with pytest.raises(SpecError, match="no ref_logp node"):
+        build_graph(make_spec(algorithm={"name": "remax", "reward_kl_coef": 0.001}))
+    build_graph(make_spec(algorithm={"name": "remax", "reward_kl_coef": 0.001},
+                          extra_nodes={"ref_logp": {"kind": "ref_logp"}}))
+    with pytest.raises(SpecError, match="GAE"):
+        build_graph(make_spec(algorithm={"name": "ppo", "reward_kl_coef": 0.001},
+                              extra_nodes={"critic": {}, "ref_logp": {"kind": "ref_logp"}}))
+
+
+def test_remax_with_kl_in_reward_runs_serially_and_reports_it() -> None:
+    from rlgraph.runtime.serial import run_serial
+
+    spec = make_spec(algorithm={"name": "remax", "reward_kl_coef": 0.5},
+                     extra_nodes={"ref_logp": {"kind": "ref_logp"}}, train={"lr": 1e-2},
+                     max_lag=0, steps=2)
+    rows = [m["metrics"] for m in run_serial(spec, 2).metrics]
+    assert [r["actor/reward_kl_penalty_coeff"] for r in rows] == [0.5, 0.5]
+    # version 0 samples with the reference's own weights: no KL; version 1 has moved away
+    assert abs(rows[0]["actor/reward_kl_penalty"]) < 1e-5 < abs(rows[1]["actor/reward_kl_penalty"])
+
+
 def _loss(log_ratio: list[float], adv: float, **kw: object) -> float:
     logp = torch.tensor([log_ratio])
     zeros = torch.zeros_like(logp)

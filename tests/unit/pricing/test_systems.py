@@ -3,15 +3,24 @@ table of systems, `--baseline`, and calibration carried across plans."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from rl_support import COST_NODES, cost_spec, costs_of
 
 from rlgraph.cli.run import refuse_other_system
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.calibrate import carried_scale, carry
+from rlgraph.config.schema import PricingSpec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.pricing.system import SOURCES, SYSTEMS
+from rlgraph.pricing.system import (
+    CURRENT_ENGINE,
+    ENGINE_REVISIONS,
+    ENGINE_SOURCES,
+    SOURCES,
+    SYSTEMS,
+)
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
@@ -73,3 +82,24 @@ def test_rlgraph_run_refuses_a_plan_priced_as_another_system() -> None:
     with pytest.raises(SpecError, match="priced as verl") as err:
         refuse_other_system(cost_spec(pricing={"system": "verl"}))
     assert err.value.key == ("pricing", "system")
+
+
+def test_the_static_engine_is_priced_as_the_revision_that_ran() -> None:
+    assert CURRENT_ENGINE in ENGINE_REVISIONS
+    for name, revision in ENGINE_REVISIONS.items():
+        assert revision.name == name
+        assert set(ENGINE_SOURCES[name]) == {"host_seconds_per_step",
+                                             "inflight_host_seconds_per_step"}
+    literal = PricingSpec.model_fields["engine_revision"].annotation
+    assert set(typing.get_args(typing.get_args(literal)[0])) == set(ENGINE_REVISIONS)
+    steps = 512  # a fixed length: every replica decodes 512 steps
+    today = costs_of(cost_spec())["generate"].modelled
+    older = costs_of(cost_spec(pricing={"engine_revision": "per_slot"}))["generate"].modelled
+    gap = (ENGINE_REVISIONS["per_slot"].host_seconds_per_step
+           - ENGINE_REVISIONS[CURRENT_ENGINE].host_seconds_per_step)
+    assert older - today == pytest.approx(steps * gap, rel=1e-6)
+    assert today == pytest.approx(costs_of(cost_spec(pricing={
+        "engine_revision": CURRENT_ENGINE}))["generate"].modelled)
+    with pytest.raises(SpecError, match="revision") as err:  # rlgraph run runs today's
+        refuse_other_system(cost_spec(pricing={"engine_revision": "per_slot"}))
+    assert err.value.key == ("pricing", "engine_revision")
