@@ -500,9 +500,12 @@ def test_compiler_prices_turns_and_env_latency() -> None:
     assert "waves" in detail and waves > sync
 
 
-def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
+def test_tune_gives_the_fewest_env_workers_that_hold_the_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
     from rl_support import cost_spec
 
+    from rlgraph.cli.main import main
     from rlgraph.tune.space import env_workers
 
     spec = cost_spec(nodes={"generate": {"env": {"fn": "delay", "workers": 16, "threads": 8}},
@@ -513,6 +516,12 @@ def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
     few = node.model_copy(update={"env": node.env.model_copy(update={"threads": 64})})
     assert env_workers(few, spec, partial=False).env.workers == 2
     assert env_workers(spec.nodes["train"], spec, partial=False) is spec.nodes["train"]
+    # rlgraph tune writes them into tuned.yaml and says so, also where the user's plan wins
+    graph = Path(__file__).parents[3] / "graphs" / "agentic-calculator.yaml"
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", str(graph), "nodes.generate.env.workers=8", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["nodes"]["generate"]["env"]["workers"] == 1
+    assert "env workers: generate 1 (the graph's 8)" in capsys.readouterr().out
 
 
 def test_env_calls_have_their_own_timeline_lane(tmp_path: Path) -> None:
