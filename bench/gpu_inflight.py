@@ -116,9 +116,11 @@ def sync_spread(spec: Any, prompts: int, windows: int = 16) -> dict[str, Any]:
 
 
 def throughput(modes: list[str], steps: int, overrides: list[str], out: Path,
-               res: dict[str, Any], save: Any, stop_at: float | None = None) -> None:
-    """Run each mode (gpu_longtail.run_mode; a mode still running at `stop_at` stops after
-    its running tasks) and add its figures and sync's lengths."""
+               res: dict[str, Any], save: Any, stop_at: float | None = None,
+               until_prefix: int | None = None) -> None:
+    """Run each mode (gpu_longtail.run_mode; a mode still running at `stop_at`, or that has
+    trained every data position below `until_prefix`, stops after its running tasks) and
+    add its figures and sync's lengths."""
     from rlgraph.config.load import load_spec
 
     runs = Path(tempfile.mkdtemp(prefix="rlgraph-inflight-"))
@@ -127,7 +129,7 @@ def throughput(modes: list[str], steps: int, overrides: list[str], out: Path,
         ov = [*MODES[mode], *overrides]
         try:
             r = run_mode(mode, graph, ov, steps, runs, forced=True, progress=out,
-                         stop_at=stop_at)
+                         stop_at=stop_at, until_prefix=until_prefix)
         except Exception as exc:  # record it and go on to the next mode
             res["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
             print(mode, res["modes"][mode], flush=True)
@@ -509,6 +511,32 @@ def merge(parts: list[Path]) -> dict[str, Any]:
     return plan_table(res)
 
 
+def seconds_to_prefix(r: dict[str, Any], prefix: int) -> float | None:
+    """Seconds from the end of the warm-up version's train step to the end of the first
+    train step after which every data position below `prefix` is trained."""
+    done = r["lengths"].get("prefix_by_step") or []
+    k = r.get("mini_batches", 1)
+    ends = {e["step"]: e["end"] for e in r.get("events") or [] if e["node"] == "train"}
+    step = next((s for s, p in enumerate(done) if p >= prefix), None)
+    if step is None or step not in ends or k - 1 not in ends or step < k:
+        return None
+    return round(ends[step] - ends[k - 1], 3)
+
+
+def same_work(r: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """The same work for a plan and the same plan without in-flight updates: every data
+    position below P trained, P the smaller of the two runs' final prefixes. A window of
+    steps rates whatever long samples fell into it (one of 8192 tokens decodes for ~30 s
+    at any width); a prefix holds the same ones for both."""
+    if base is None or "error" in base:
+        return {}
+    ours, theirs = (x["lengths"].get("prefix_by_step") or [0] for x in (r, base))
+    prefix = min(ours[-1], theirs[-1])
+    with_s, without_s = seconds_to_prefix(r, prefix), seconds_to_prefix(base, prefix)
+    return {"prefix": prefix, "seconds": with_s, "without_inflight_seconds": without_s,
+            "over_without_inflight": ratio(without_s, with_s)}
+
+
 def same_steps(r: dict[str, Any], base: dict[str, Any] | None
                ) -> tuple[dict[str, float], dict[str, float]]:
     """Trained lengths of `r` and of `base` (the same plan without in-flight updates) over
@@ -549,6 +577,7 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             "samples_per_s_after_fill": after,
             "over_without_inflight_after_fill": ratio(after, base_after),
             "over_without_inflight": ratio(rate, base_rate),
+            "same_work": same_work(r, base),
             "without_inflight_samples_per_s": base_rate,
             "trained_mean_over_sync": ratio(trained["mean"], sync["mean"]),
             "trained_p99_over_sync": ratio(trained["p99"], sync["p99"]),
@@ -580,6 +609,8 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
         "split_inflight_over_without_at_least_1.3": split and split["over_without_inflight"],
         "split_inflight_over_without_after_fill_at_least_1.3": split and split[
             "over_without_inflight_after_fill"],
+        "split_inflight_over_without_same_work_at_least_1.3": split and split[
+            "same_work"].get("over_without_inflight"),
         "split_trained_mean_within_5pct_of_sync": split and split["trained_mean_over_sync"],
         "split_trained_p99_within_5pct_of_sync": split and split["trained_p99_over_sync"],
         "split_trained_mean_within_5pct_of_sync_after_fill": split and split[
@@ -588,6 +619,9 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             "trained_p99_over_sync_after_fill"],
         "one_gpu_streamed_inflight_over_unstreamed_partial_at_least_1": ratio(
             stream and stream["samples_per_s"], unstreamed and unstreamed["samples_per_s"]),
+        "one_gpu_streamed_inflight_over_unstreamed_partial_same_work": same_work(
+            res["modes"]["stream4-colocated-lag3-inflight"], res["modes"]["partial-lag3"]).get(
+            "over_without_inflight") if stream and unstreamed else None,
         "predicted_within_25pct": {p["mode"]: p["predicted_over_measured"] for p in plans},
         "no_lag_violation": all(p["lag_violations"] == 0 and p["stale_tokens"] == 0
                                 for p in plans),
@@ -618,6 +652,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--name", default="gpu-inflight")
     parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
+    parser.add_argument("--until-prefix", type=int, metavar="P",
+                        help="a mode stops after the train step that has trained every data "
+                             "position below P (the same work for every plan, long tails "
+                             "included)")
     parser.add_argument("--stop-after-s", type=float,
                         help="a mode still running this many seconds after the start stops "
                              "after its running tasks (its figures cover the steps it finished)")
@@ -682,7 +720,8 @@ def main() -> int:
         save()
     modes = [m for m in args.modes.split(",") if m]
     if modes:
-        throughput(modes, args.steps, overrides, args.out, res, save, stop_at)
+        throughput(modes, args.steps, overrides, args.out, res, save, stop_at,
+                   args.until_prefix)
     for mode, r in res["modes"].items():
         if "error" in r:
             print(f"{mode:<34} failed: {r['error'][:90]}")

@@ -12,7 +12,9 @@
 # fill (max_lag + 1 versions) are rated apart (samples_per_s_after_fill); 3 fit a small budget.
 # STEPS1 and PHASE1_S: the same for the one-GPU plans (their target compares throughput only).
 # A mode still running STOP_S (50) seconds before its phase ends stops after its running tasks
-# and keeps the steps it finished, so STEPS may ask for more than fit.
+# and keeps the steps it finished, so STEPS may ask for more than fit. UNTIL_PREFIX=P
+# (UNTIL_PREFIX1 for the one-GPU plans): a mode stops once it has trained every data position
+# below P, so the plans compared do the same work, long tails included (`same_work`).
 set -u
 OUT=${OUT:?OUT=DIR}
 STEPS=${STEPS:-8}
@@ -21,6 +23,8 @@ PARTS=${PARTS:-split}
 STEPS1=${STEPS1:-$STEPS}
 PHASE1_S=${PHASE1_S:-$PHASE_S}
 STOP_S=${STOP_S:-50}
+UNTIL_PREFIX=${UNTIL_PREFIX:-}
+UNTIL_PREFIX1=${UNTIL_PREFIX1:-$UNTIL_PREFIX}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]0' || echo H100)
 WORKLOAD=("cluster.gpu=$GPU" "$@")
@@ -29,7 +33,8 @@ part() {  # [STEPS=.. PHASE_S=..] part NAME GPUS ARGS...
   local name=$1 gpus=$2
   shift 2
   CUDA_VISIBLE_DEVICES=$gpus PYTHONUNBUFFERED=1 timeout "$PHASE_S" python3 bench/gpu_inflight.py \
-    --steps "$STEPS" --stop-after-s "$((PHASE_S - STOP_S))" --out "$OUT" --name "$name" "$@" \
+    --steps "$STEPS" --stop-after-s "$((PHASE_S - STOP_S))" ${UNTIL_PREFIX:+--until-prefix \
+    "$UNTIL_PREFIX"} --out "$OUT" --name "$name" "$@" \
     "${WORKLOAD[@]}" > "$OUT/$name.log" 2>&1
   echo "$name exit $? at $SECONDS s"
 }
@@ -45,9 +50,10 @@ if [ "$GPUS" -ge 4 ]; then
   wait
 else
   if [ "$PARTS" = all ]; then
-    STEPS=$STEPS1 PHASE_S=$PHASE1_S part part-stream-inflight 0 \
+    STEPS=$STEPS1 PHASE_S=$PHASE1_S UNTIL_PREFIX=$UNTIL_PREFIX1 part part-stream-inflight 0 \
       --modes stream4-colocated-lag3-inflight &
-    STEPS=$STEPS1 PHASE_S=$PHASE1_S part part-partial 1 --modes partial-lag3 &
+    STEPS=$STEPS1 PHASE_S=$PHASE1_S UNTIL_PREFIX=$UNTIL_PREFIX1 part part-partial 1 \
+      --modes partial-lag3 &
     wait
   fi
   part part-split-inflight 0,1 --modes split-partial-lag3-inflight

@@ -160,10 +160,24 @@ def forced_lengths(spec, run_dir: Path, rows: list[dict]) -> dict[str, Any]:
             "trained_after_fill": length_stats(lengths(after_fill)),
             "trained_by_step": [lengths([int(uid.rsplit(":", 1)[1]) for uid in r["prompt_uids"]])
                                 for r in sorted(ledger, key=lambda r: r["step"])],
+            "prefix_by_step": prefix_by_step(ledger),
             "fill_steps": fill, "trained_prompts_before_fill": len(trained) - len(after_fill),
             "started_not_trained_in_flight_at_end": len(set(started) - set(trained)) * n,
             "share_dropped": round(dropped / max(1, admitted * n), 4),
             "share_restarted": round(restarted / max(1, admitted * n), 4)}
+
+
+def prefix_by_step(ledger: list[dict]) -> list[int]:
+    """After each train step (ledger order), the count P of data positions 0..P-1 all
+    trained: partial rollout trains positions out of order, the long ones late."""
+    seen: set[int] = set()
+    out, prefix = [], 0
+    for r in sorted(ledger, key=lambda r: r["step"]):
+        seen.update(int(uid.rsplit(":", 1)[1]) for uid in r["prompt_uids"])
+        while prefix in seen:
+            prefix += 1
+        out.append(prefix)
+    return out
 
 
 def per_step(rows: list[dict], key: str) -> list[float]:
@@ -173,12 +187,15 @@ def per_step(rows: list[dict], key: str) -> list[float]:
 
 def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Path,
              forced: bool, progress: Path | None = None,
-             stop_at: float | None = None) -> dict[str, Any]:
+             stop_at: float | None = None, until_prefix: int | None = None
+             ) -> dict[str, Any]:
     """One schedule of `graph` for `steps` train steps (see the module docstring); with
     `progress` (a folder), its metrics are mirrored there as `NAME.metrics.jsonl` while it
     runs (`common.mirrored`), so a call cut off mid-mode keeps its finished steps. With
     `stop_at` (a `time.time()`), the run stops there after its running tasks
-    (`Runner.request_stop`) and its figures cover the steps it finished."""
+    (`Runner.request_stop`) and its figures cover the steps it finished; with
+    `until_prefix` P, it stops likewise after the train step that has trained every data
+    position below P (`prefix_by_step`)."""
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import load_spec
     from rlgraph.runtime.runner import Runner, RunOptions
@@ -188,8 +205,18 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
     run_dir = runs / name
     began = time.time()
     timers: list[threading.Timer] = []
+    runners: list[Runner] = []
+
+    def stop_on_prefix(row: dict[str, Any]) -> None:
+        if until_prefix is not None and runners:
+            from rlgraph.runtime.checkpoint import read_ledger
+
+            done = prefix_by_step(read_ledger(run_dir / "ledger.jsonl"))
+            if done and done[-1] >= until_prefix:
+                runners[0].request_stop()
 
     def stop_on_time(runner: Runner) -> None:
+        runners.append(runner)
         if stop_at is not None:
             timers.append(threading.Timer(max(0.0, stop_at - time.time()), runner.request_stop))
             timers[-1].daemon = True
@@ -197,7 +224,7 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
 
     options = RunOptions(out_dir=run_dir, steps=steps, tensorboard=False,
                          checkpoint_every_s=0, final_checkpoint=False,  # none at all
-                         on_ready=stop_on_time)
+                         on_ready=stop_on_time, on_step=stop_on_prefix)
     try:
         if progress is None:
             result = Runner(plan, options).run()
@@ -257,7 +284,8 @@ def run_mode(name: str, graph: Path, overrides: list[str], steps: int, runs: Pat
         "events": [{"node": e["node"], "step": e["step"], "start": round(e["start"] - t0, 4),
                     "end": round(e["end"] - t0, 4)} for e in result.events],
         "wall_s": round(time.time() - began, 2),
-        "stopped_on_time": bool(result.stopped), "steps_asked": steps,
+        "stopped_early": bool(result.stopped), "steps_asked": steps,
+        "until_prefix": until_prefix,
     }
     train_s = node_steps.get("train", [])
     tokens = res["per_step"]["tokens"]

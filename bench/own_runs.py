@@ -417,8 +417,10 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
     """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
     run's logp node ran its forward, priced even where today's runtime skips it), and where
     the run recorded its mean trained response `length`, the prediction again at that mean
-    (the graph's other length terms kept): the cost model's error with the workload the
-    policy actually produced, a diagnostic beside the figure, not the figure."""
+    (the graph's other length terms kept). That is the run's figure where its policy chose
+    its lengths (`policy_lengths`: no generate forces them), so the workload priced is the
+    one the run trained; a run of forced lengths decoded the graph's distribution, and its
+    trained mean (biased by which samples a window trains) is a diagnostic beside it."""
     spec = spec_of(graph, overrides)
     with logp_forward_priced(logp_ran):
         refused = memory_refusal(spec)
@@ -426,24 +428,30 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
         plan = compile_plan(spec)
         at_length = None
         stated = spec.data.response_len
+        at_mean: list[str] = []
         if length and stated.mean < stated.max:  # a fixed length has no distribution to move
-            mean = stated_mean(stated, float(length))
-            at_length = compile_plan(spec_of(graph, [*overrides,
-                                                     f"data.response_len.mean={mean:.4g}"]))
-    predicted = plan["schedule"]["period_s"]
+            at_mean = [f"data.response_len.mean={stated_mean(stated, float(length)):.4g}"]
+            at_length = compile_plan(spec_of(graph, [*overrides, *at_mean]))
+    predicted = at_graph = plan["schedule"]["period_s"]
     measured_length = {}
+    chosen = policy_lengths(spec)
     if at_length is not None:
         again = at_length["schedule"]["period_s"]
         measured_length = {"measured_length_mean": round(float(length), 2),
                            "graph_length_mean": stated.mean,
                            "predicted_at_measured_length_s": round(again, 4),
-                           "ratio_at_measured_length": round(again / measured, 3)}
+                           "ratio_at_measured_length": round(again / measured, 3),
+                           "predicted_at_graph_length_s": round(at_graph, 4),
+                           "ratio_at_graph_length": round(at_graph / measured, 3)}
+        if chosen:
+            predicted, overrides = again, [*overrides, *at_mean]
     return {"run": name, "graph": graph_name(graph), "graph_data": graph_data(graph),
             "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
             "within_target": within(predicted / measured),
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
+            "priced_at_trained_length": chosen and at_length is not None,
             "no_steady_state": unsteady,
             "logp_forward_priced": logp_ran and logp_kind.skip_reason(spec) is not None,
             "bottleneck": plan["schedule"]["bottleneck"], **measured_length,
@@ -451,6 +459,12 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
             "memory_check_refused": refused,
             "gpus": sum(g["gpus"] for g in plan["placement"]["groups"]),
             "colocated_sync": is_colocated_sync(spec)}
+
+
+def policy_lengths(spec: Any) -> bool:
+    """Whether the run's policy chose its response lengths: no generate node forces them
+    (`forced_lengths`, benchmark mode, draws them from the graph's distribution)."""
+    return not any(getattr(node, "forced_lengths", False) for node in spec.nodes.values())
 
 
 def spec_of(graph: Path | dict[str, Any], overrides: list[str]) -> Any:
@@ -565,17 +579,22 @@ def verdicts(cpu: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README table of our runs."""
     out = ["| run | measured s/step | predicted s/step | predicted / measured | within ±25% | "
-           "at the run's mean length (graph's) |", "|---|---:|---:|---:|:---:|---:|"]
+           "at the run's mean length (graph's) | at the graph's lengths |",
+           "|---|---:|---:|---:|:---:|---:|---:|"]
     for r in rows:
         mark = "yes" if r["within_target"] else "**no**"
         if r["superseded_runtime"]:
             mark += " (older runtime)"
         if r["no_steady_state"]:
             mark += " (no steady state)"
+        if r.get("priced_at_trained_length"):
+            mark += " (at its trained length)"
         again = (f"{r['ratio_at_measured_length']:.2f} at {r['measured_length_mean']:.3g} "
                  f"({r['graph_length_mean']:g})" if "ratio_at_measured_length" in r else "–")
+        graph = (f"{r['ratio_at_graph_length']:.2f}" if "ratio_at_graph_length" in r
+                 else f"{r['ratio']:.2f}")
         out.append(f"| {r['run']} | {r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
-                   f"{r['ratio']:.2f} | {mark} | {again} |")
+                   f"{r['ratio']:.2f} | {mark} | {again} | {graph} |")
     return "\n".join(out)
 
 

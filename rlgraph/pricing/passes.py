@@ -238,11 +238,20 @@ def mask_traffic(ctx: CostContext, model: lengths.LengthModel, square: float,
     return shape.layers * (shape.heads or shape.kv_heads) * square * 2 * reads / hbm
 
 
+def bias_blocks(ctx: CostContext, model: lengths.LengthModel) -> float:
+    """How many times the causal half of attention's length x length product a pass
+    computes: twice where rlgraph's passes carry the padding mask's bias (`mask_traffic`:
+    the memory-efficient kernel takes an arbitrary bias, so it evaluates every block, the
+    causal half's included, where flash's causal kernel skips them), once otherwise."""
+    return 2.0 if mask_traffic(ctx, model, 1.0, 2) else 1.0
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
     matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
-    (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence) at
+    (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence;
+    the whole square where rlgraph's padded passes run the bias kernel, `bias_blocks`) at
     `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a local
     CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
     rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
@@ -273,7 +282,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         square = rows * (prompt + longest) ** 2
     passes = flops_per_param / 2
     matmul = flops_per_param * ctx.shape.matmul_active * tokens
-    attention = passes * ctx.shape.attention_flops(1.0) * square
+    attention = passes * ctx.shape.attention_flops(1.0) * square * bias_blocks(ctx, model)
     if runtime_pass_hbm(ctx) is not None:
         return runtime_pass_cost(node, ctx, flops_per_param, matmul + attention, tokens,
                                  square, how, mini_batches, epochs)

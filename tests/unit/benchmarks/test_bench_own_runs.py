@@ -68,3 +68,9 @@ def test_a_run_is_priced_as_the_engine_revision_that_measured_it() -> None:
     assert own_runs.engine_revision_of(old) == own_runs.OLDEST_ENGINE
     (tagged,) = own_runs.find_runs("gpu-inflight.json", silent)
     assert own_runs.engine_revision_of(tagged) == "one_copy"
+
+
+def test_only_a_run_whose_policy_chose_its_lengths_is_priced_at_its_trained_mean() -> None:
+    forced = own_runs.spec_of(own_runs.ROOT / "bench/graphs_gpu/longtail-1gpu.yaml", [])
+    chosen = own_runs.spec_of(own_runs.ROOT / "graphs/longtail.yaml", [])
+    assert not own_runs.policy_lengths(forced) and own_runs.policy_lengths(chosen)

@@ -224,3 +224,9 @@ def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backwa
     assert mask_traffic(context(verl), model, 1e9, 6) == 0
     costs = costs_of(varied)
     assert "padding-mask bias" in costs["train"].detail and "fp32 logits" in costs["train"].detail
+    # the bias kernel evaluates every block of the square; flash's causal one only half
+    from rlgraph.pricing.passes import bias_blocks
+
+    assert bias_blocks(ctx, model) == 2.0
+    assert bias_blocks(context(fixed), lengths.of(fixed.data.response_len)) == 1.0
+    assert bias_blocks(context(verl), model) == 1.0
