@@ -5,12 +5,11 @@ value-model steps (figures and weights after two steps); a sharded critic is ref
 from __future__ import annotations
 
 import io
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from rank_support import run_ranks
 from rl_support import make_spec
 
 from rlgraph.errors import SpecError
@@ -58,12 +57,6 @@ def _rank(rank: int, port: int, batches: list[dict], queue: Any) -> None:
     queue.put(data.getvalue())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_critic_replicas_train_as_one_process() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -71,16 +64,7 @@ def test_two_critic_replicas_train_as_one_process() -> None:
         batches, ref_outs, ref_weights = _one_process()
     finally:
         torch.set_num_threads(threads)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, batches, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [torch.load(io.BytesIO(queue.get())) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_ranks(_rank, 2, batches)
     for rank, outs, weights in results:
         for got, ref in zip(outs, ref_outs):
             for key in KEYS:

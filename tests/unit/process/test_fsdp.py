@@ -5,12 +5,11 @@ counts, and the whole weights come out a bucket at a time."""
 from __future__ import annotations
 
 import io
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from rank_support import run_ranks
 from rl_support import make_spec
 
 from rlgraph.errors import SpecError
@@ -87,24 +86,9 @@ def _rank(rank: int, port: int, batches: list[dict], out: Any) -> None:
     out.put(data.getvalue())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_fsdp_ranks_train_as_one_process() -> None:
     batches, figures, weights, logps = _batches()
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, batches, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted((torch.load(io.BytesIO(out.get())) for _ in procs), key=lambda r: r[0])
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_ranks(_rank, 2, batches)
     rows = len(batches[0]["rewards"])
     logp = torch.cat([results[0][1], results[1][1]])
     torch.testing.assert_close(logp, logps[0], atol=1e-5, rtol=1e-5)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
+from rank_support import free_port, run_ranks
 
 from rlgraph.errors import MissingDependencyError
 from rlgraph.weights import BucketMiB, sync_group
@@ -80,14 +78,8 @@ def _run(rank: int, port: int) -> None:
     group.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_gloo_sync_bit_exact_versioned_and_bucketed() -> None:
-    mp.spawn(_run, args=(_free_port(),), nprocs=2, join=True)
+    run_ranks(_run, 2, collect=False)
 
 
 def test_layout_pieces_cover_every_byte_once() -> None:
@@ -132,4 +124,4 @@ def test_bucket_sizes_checked() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_nccl_without_gpu_names_what_is_missing() -> None:
     with pytest.raises(MissingDependencyError, match="CUDA GPU"):
-        sync_group.init(0, 2, "127.0.0.1", _free_port(), backend="nccl")
+        sync_group.init(0, 2, "127.0.0.1", free_port(), backend="nccl")
