@@ -407,7 +407,7 @@ def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path
 def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: Path) -> None:
     # in-flight updates (kv: keep) against re-encoding at a swap and at each round, with
     # the same weights under both versions: the same greedy trajectories, fewer prefills;
-    # a resume from the checkpoint after round 0 re-encodes and goes on as the live run
+    # a resume from the checkpoint after step 0 re-encodes and goes on as the live run
     policy = micro_policy()
     states: list[dict] = []
 
@@ -430,7 +430,7 @@ def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: P
         trained, prefilled, carried = [], 0.0, set()
         for step in range(2) if state is None else [1]:
             swap = (lambda: 1 if next(calls) == 1 else None) if step == 0 else (lambda: None)
-            with torch.no_grad():  # round 0 swaps in version 1 after its second decode call
+            with torch.no_grad():  # step 0 swaps in version 1 after its second decode call
                 groups, metrics = agent_round(cache, agent, step, policy, step, swap, row_of,
                                               eos_id=TOK.eos_id, pad_id=TOK.pad_id,
                                               temperature=0.0)
@@ -450,7 +450,7 @@ def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: P
     assert {v for tokens, versions, _ in kept for v in versions} - {-1} == {0, 1}
     assert keep_prefill < recompute_prefill
     resumed, _, _, _ = run("keep", states[-1])
-    assert resumed == kept[4:]  # round 1's two groups, as the live run trained them
+    assert resumed == kept[4:]  # step 1's two groups, as the live run trained them
 
 
 # ---------------------------------------------------------------- the compiler
