@@ -511,30 +511,35 @@ def merge(parts: list[Path]) -> dict[str, Any]:
     return plan_table(res)
 
 
-def seconds_to_prefix(r: dict[str, Any], prefix: int) -> float | None:
-    """Seconds from the end of the warm-up version's train step to the end of the first
-    train step after which every data position below `prefix` is trained."""
+def rate_to_prefix(r: dict[str, Any], prefix: int) -> tuple[float | None, int]:
+    """Samples a second from the end of the warm-up version's train step to the end of the
+    first train step after which every data position below `prefix` is trained, counting
+    every sample trained in between (positions beyond `prefix` too); and that step."""
     done = r["lengths"].get("prefix_by_step") or []
     k = r.get("mini_batches", 1)
     ends = {e["step"]: e["end"] for e in r.get("events") or [] if e["node"] == "train"}
     step = next((s for s, p in enumerate(done) if p >= prefix), None)
-    if step is None or step not in ends or k - 1 not in ends or step < k:
-        return None
-    return round(ends[step] - ends[k - 1], 3)
+    if step is None or step < k or step not in ends or k - 1 not in ends:
+        return None, -1
+    samples = r["samples_per_step"] * (step + 1 - k)  # per train step (a mini-batch's)
+    return round(samples / (ends[step] - ends[k - 1]), 3), step
 
 
 def same_work(r: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    """The same work for a plan and the same plan without in-flight updates: every data
-    position below P trained, P the smaller of the two runs' final prefixes. A window of
-    steps rates whatever long samples fell into it (one of 8192 tokens decodes for ~30 s
-    at any width); a prefix holds the same ones for both."""
+    """A plan against another (the same plan without in-flight updates) over windows that
+    hold the same long samples: each run's window ends at the train step after which every
+    data position below P is trained, P the smaller of the two runs' final prefixes. A
+    window of so many steps rates whatever long samples fell into it (one of 8192 tokens
+    decodes for ~30 s at any width), and partial rollout trains the long ones late."""
     if base is None or "error" in base:
         return {}
     ours, theirs = (x["lengths"].get("prefix_by_step") or [0] for x in (r, base))
     prefix = min(ours[-1], theirs[-1])
-    with_s, without_s = seconds_to_prefix(r, prefix), seconds_to_prefix(base, prefix)
-    return {"prefix": prefix, "seconds": with_s, "without_inflight_seconds": without_s,
-            "over_without_inflight": ratio(without_s, with_s)}
+    (rate, step), (base_rate, base_step) = rate_to_prefix(r, prefix), rate_to_prefix(base,
+                                                                                     prefix)
+    return {"prefix": prefix, "samples_per_s": rate, "until_step": step,
+            "other_samples_per_s": base_rate, "other_until_step": base_step,
+            "over_other": ratio(rate, base_rate)}
 
 
 def same_steps(r: dict[str, Any], base: dict[str, Any] | None
@@ -610,7 +615,7 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
         "split_inflight_over_without_after_fill_at_least_1.3": split and split[
             "over_without_inflight_after_fill"],
         "split_inflight_over_without_same_work_at_least_1.3": split and split[
-            "same_work"].get("over_without_inflight"),
+            "same_work"].get("over_other"),
         "split_trained_mean_within_5pct_of_sync": split and split["trained_mean_over_sync"],
         "split_trained_p99_within_5pct_of_sync": split and split["trained_p99_over_sync"],
         "split_trained_mean_within_5pct_of_sync_after_fill": split and split[
@@ -621,7 +626,7 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             stream and stream["samples_per_s"], unstreamed and unstreamed["samples_per_s"]),
         "one_gpu_streamed_inflight_over_unstreamed_partial_same_work": same_work(
             res["modes"]["stream4-colocated-lag3-inflight"], res["modes"]["partial-lag3"]).get(
-            "over_without_inflight") if stream and unstreamed else None,
+            "over_other") if stream and unstreamed else None,
         "predicted_within_25pct": {p["mode"]: p["predicted_over_measured"] for p in plans},
         "no_lag_violation": all(p["lag_violations"] == 0 and p["stale_tokens"] == 0
                                 for p in plans),

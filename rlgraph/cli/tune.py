@@ -33,6 +33,10 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
     data, source = read_graph(path)
     apply_overrides(data, overrides, source)
     best = result.best
+    for name, workers in env_workers_of(best).items():  # a multi-turn generate's env workers
+        raw = data["nodes"].get(name)
+        if isinstance(raw, dict) and isinstance(raw.get("env"), dict):
+            raw["env"]["workers"] = workers
     if best.origin == "input":
         return data
     slots = best.spec.cluster.slots()
@@ -58,11 +62,16 @@ def tuned_graph_data(path: str | Path, overrides: Sequence[str], result: TuneRes
             raw["tp"] = best.tp
         if isinstance(raw, dict) and "inflight" in raw:  # tried only where the user set it
             raw["inflight"] = bool(getattr(node, "inflight", False))
-    for name, node in best.spec.nodes.items():  # a multi-turn generate's env workers
-        env, raw = getattr(node, "env", None), data["nodes"].get(name)
-        if env is not None and isinstance(raw, dict) and isinstance(raw.get("env"), dict):
-            raw["env"]["workers"] = env.workers
     return data
+
+
+def env_workers_of(plan: RankedPlan) -> dict[str, int]:
+    """The env workers of each multi-turn generate of `plan` (`tune.space.env_workers`: the
+    fewest whose threads step every trajectory in flight at once), the user's plan too."""
+    from rlgraph.tune.space import env_workers
+
+    return {name: env_workers(node, plan.spec, plan.partial_rollout).env.workers
+            for name, node in plan.spec.nodes.items() if getattr(node, "env", None) is not None}
 
 
 def tuned_yaml(path: str | Path, overrides: Sequence[str], result: TuneResult) -> str:
@@ -186,6 +195,11 @@ def print_tune(result: TuneResult, footer: str, file: IO[str] | None = None) -> 
                       f"would take {beyond['period_s']:.3g} s a step "
                       f"({beyond['speedup_vs_best']:.2f}x plan 1); allow it with "
                       f"schedule.partial_rollout=true schedule.max_lag={beyond['max_lag']}")
+    for name, workers in env_workers_of(result.best).items():
+        env = result.best.spec.nodes[name].env
+        console.print(f"env workers: {name} {workers} (the graph's {env.workers}): the fewest "
+                      f"whose {env.threads} threads each step every trajectory plan 1 holds in "
+                      f"flight at once; more never shorten its step")
     console.print(footer)
 
 

@@ -23,7 +23,16 @@ from rlgraph import lengths
 from rlgraph.pricing import rollout_rounds
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
-from rlgraph.pricing.passes import compute_units, efficiency, thread_handoff, thread_slowdown
+from rlgraph.pricing.passes import (
+    bias_blocks,
+    compute_units,
+    eager_activation_traffic,
+    efficiency,
+    mask_traffic,
+    runtime_pass_hbm,
+    thread_handoff,
+    thread_slowdown,
+)
 from rlgraph.pricing.system import engine_of
 
 if TYPE_CHECKING:
@@ -135,9 +144,10 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
 
 
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
-                   model: lengths.LengthModel) -> tuple[float, float, float, float]:
+                   model: lengths.LengthModel) -> tuple[float, float, float, float, float]:
     """(decode seconds, decode steps, mean live rows, re-encoded tokens with the padding of
-    the engine's prefill chunks, `rollout_rounds.chunk_padding`) of one steady-state
+    the engine's prefill chunks, `rollout_rounds.chunk_padding`, and the sum of the
+    re-encoded rows' squared lengths) of one steady-state
     partial-rollout round of a replica: the simulated round's stretches (live rows, their
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
@@ -166,7 +176,31 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     busy = sum(steps for steps, *_ in profile.segments)
     live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
     return (seconds * stride, profile.steps * stride, live,
-            (profile.reencoded_tokens + profile.padding_tokens) * stride)
+            (profile.reencoded_tokens + profile.padding_tokens) * stride,
+            profile.reencoded_square * stride)
+
+
+def eager_prefill_seconds(tokens: float, square: float, calls: int, node: Any,
+                          ctx: CostContext) -> float | None:
+    """The static engine's prefill of carried rows on a GPU: an eager forward of the model
+    over its padded chunks (`StaticDecoder._prefill`, the transformers model with the padding
+    mask), priced as rlgraph's own passes are (`passes.runtime_pass_cost`): the matmuls and
+    attention (the whole square under the mask's bias, `passes.bias_blocks`) at
+    COSTS.gemm_efficiency, the eager activation traffic and the bias at HBM speed, while the
+    host launches the layers of `calls` chunks a replica, one after the other
+    (COSTS.eager_pass_host_seconds_per_layer): the longer of the two. `tokens` and `square`
+    (the rows' summed squared lengths) are the group's. None off the static engine, or where
+    rlgraph's passes are not priced this way (a CPU cluster, another system)."""
+    if not static_engine(node, ctx) or runtime_pass_hbm(ctx) is None or tokens <= 0:
+        return None
+    shape, gpu = ctx.shape, ctx.gpu
+    model = lengths.of(ctx.spec.data.response_len)
+    flops = (2 * shape.matmul_active * tokens
+             + shape.attention_flops(1.0) * square * bias_blocks(ctx, model))
+    device = (flops / (gpu.bf16_flops * COSTS.gemm_efficiency * compute_units(ctx))
+              + eager_activation_traffic(ctx, tokens, 1.0) + mask_traffic(ctx, model, square, 2))
+    host = max(0, calls) * shape.layers * COSTS.eager_pass_host_seconds_per_layer
+    return max(device, host)
 
 
 def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
@@ -210,9 +244,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     how = ("synchronous batch streamed through the KV cache, then its longest tail"
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len
+    reencoded = reencoded_square = 0.0  # carried rows' prompt + prefix, the group's
     inflight = getattr(node, "inflight", False)
     if ctx.spec.schedule.partial_rollout or inflight:
-        partial, partial_steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        partial, partial_steps, live, reencode, square = partial_rounds(per_replica, node,
+                                                                        ctx, model)
         decode, steps = partial, partial_steps
         how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
@@ -221,16 +257,26 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
             how = (f"in-flight updates (kv {node.kv}): rows never stop, finished groups "
                    f"refilled inside the call, {live:.0f} rows decoding on average; "
                    f"{reencode:.3g} tokens re-encoded; the swap's pause is switch_cost")
-        prefill_tokens += reencode * replicas
+        reencoded, reencoded_square = reencode * replicas, square * replicas
     if (ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout
             and not inflight):  # the cache's mini-batch calls, a sample within one version
-        decode, steps, live, reencode = partial_rounds(per_replica, node, ctx, model)
+        decode, steps, live, reencode, _ = partial_rounds(per_replica, node, ctx, model)
         how = (f"streaming: {ctx.spec.schedule.mini_batches} calls a version, finished groups "
                f"refilled while the version can train them, {live:.0f} rows decoding on "
                f"average (rounds simulated, `rollout_rounds`)")
+    # the new prompts' prefill: its FLOPs (its launches are in the call's host overhead,
+    # generate_call_overhead_s, fitted over synchronous runs whose calls prefill once)
     prefill = (2 * shape.matmul_active * prefill_tokens
                / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
                * thread_slowdown(ctx))
+    if reencoded:  # the carried rows' re-encode: chunks of long prefixes
+        chunks = math.ceil((prefill_tokens + reencoded) / replicas
+                           / rollout_rounds.PREFILL_TOKENS)
+        eager = eager_prefill_seconds(reencoded, reencoded_square, chunks - 1, node, ctx)
+        prefill += eager if eager is not None else (
+            2 * shape.matmul_active * reencoded
+            / (gpu.bf16_flops * efficiency(ctx, COSTS.prefill_mfu) * compute_units(ctx))
+            * thread_slowdown(ctx))
     host = 0.0
     if node.engine == "native" and not ctx.local:
         host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica

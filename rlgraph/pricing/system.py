@@ -173,17 +173,19 @@ ENGINE_SOURCES: dict[str, dict[str, str]] = {
                                           "refill prefills included)",
     },
     "one_copy": {
-        "host_seconds_per_step": "bench/results/gpu-inflight.json split-partial-lag3 (2x "
-                                 "H200, 2026-11-27 11:17 UTC, static engine, sync_every 8): "
+        "host_seconds_per_step": "bench/results/gpu-inflight.json as of commit 911cb2f, "
+                                 "split-partial-lag3 (2x H200, 2026-11-27 11:17 UTC, static "
+                                 "engine, sync_every 8): "
                                  "generate/device_idle_s 0.186 + 0.339 s over 1544 + 1936 "
                                  "decode steps (193 + 242 looks) of rounds 1-2: 0.15 ms a "
                                  "step with the device idle (0.150 ms over all three "
                                  "rounds); the turn engine (the same decoder, multi-turn) "
                                  "measured 0.123 ms a step on one H100 "
-                                 "(bench/results/gpu-agentic.json "
+                                 "(bench/results/gpu-agentic.json at 5206825, "
                                  "decode_host_ms_per_step_measured)",
-        "inflight_host_seconds_per_step": "bench/results/gpu-inflight.json "
-                                          "split-partial-lag3-inflight (2x H200, one call): "
+        "inflight_host_seconds_per_step": "bench/results/gpu-inflight.json as of commit "
+                                          "911cb2f, split-partial-lag3-inflight (2x H200, "
+                                          "one call): "
                                           "generate/device_idle_s 0.246 s over the 2320 "
                                           "decode steps (290 looks) of rounds 1-2: the "
                                           "engine launches a look's steps before the host "

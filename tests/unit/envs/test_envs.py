@@ -407,7 +407,7 @@ def test_partial_rollout_carries_trajectories_and_resumes_exactly(env_file: Path
 def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: Path) -> None:
     # in-flight updates (kv: keep) against re-encoding at a swap and at each round, with
     # the same weights under both versions: the same greedy trajectories, fewer prefills;
-    # a resume from the checkpoint after round 0 re-encodes and goes on as the live run
+    # a resume from the checkpoint after step 0 re-encodes and goes on as the live run
     policy = micro_policy()
     states: list[dict] = []
 
@@ -430,7 +430,7 @@ def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: P
         trained, prefilled, carried = [], 0.0, set()
         for step in range(2) if state is None else [1]:
             swap = (lambda: 1 if next(calls) == 1 else None) if step == 0 else (lambda: None)
-            with torch.no_grad():  # round 0 swaps in version 1 after its second decode call
+            with torch.no_grad():  # step 0 swaps in version 1 after its second decode call
                 groups, metrics = agent_round(cache, agent, step, policy, step, swap, row_of,
                                               eos_id=TOK.eos_id, pad_id=TOK.pad_id,
                                               temperature=0.0)
@@ -450,7 +450,7 @@ def test_inflight_trajectories_keep_their_kv_across_swaps_and_rounds(env_file: P
     assert {v for tokens, versions, _ in kept for v in versions} - {-1} == {0, 1}
     assert keep_prefill < recompute_prefill
     resumed, _, _, _ = run("keep", states[-1])
-    assert resumed == kept[4:]  # round 1's two groups, as the live run trained them
+    assert resumed == kept[4:]  # step 1's two groups, as the live run trained them
 
 
 # ---------------------------------------------------------------- the compiler
@@ -500,9 +500,12 @@ def test_compiler_prices_turns_and_env_latency() -> None:
     assert "waves" in detail and waves > sync
 
 
-def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
+def test_tune_gives_the_fewest_env_workers_that_hold_the_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
     from rl_support import cost_spec
 
+    from rlgraph.cli.main import main
     from rlgraph.tune.space import env_workers
 
     spec = cost_spec(nodes={"generate": {"env": {"fn": "delay", "workers": 16, "threads": 8}},
@@ -513,6 +516,12 @@ def test_tune_gives_the_fewest_env_workers_that_hold_the_batch() -> None:
     few = node.model_copy(update={"env": node.env.model_copy(update={"threads": 64})})
     assert env_workers(few, spec, partial=False).env.workers == 2
     assert env_workers(spec.nodes["train"], spec, partial=False) is spec.nodes["train"]
+    # rlgraph tune writes them into tuned.yaml and says so, also where the user's plan wins
+    graph = Path(__file__).parents[3] / "graphs" / "agentic-calculator.yaml"
+    out = tmp_path / "tuned.yaml"
+    assert main(["tune", str(graph), "nodes.generate.env.workers=8", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["nodes"]["generate"]["env"]["workers"] == 1
+    assert "env workers: generate 1 (the graph's 8)" in capsys.readouterr().out
 
 
 def test_env_calls_have_their_own_timeline_lane(tmp_path: Path) -> None:

@@ -230,3 +230,27 @@ def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backwa
     assert bias_blocks(ctx, model) == 2.0
     assert bias_blocks(context(fixed), lengths.of(fixed.data.response_len)) == 1.0
     assert bias_blocks(context(verl), model) == 1.0
+
+
+def test_carried_rows_are_re_encoded_by_an_eager_forward_of_the_static_engine() -> None:
+    # the matmuls at the GEMM efficiency, both halves of the square under the mask's bias,
+    # the activation traffic; the host's launches of every chunk past the call's first
+    from rlgraph.pricing.generate import eager_prefill_seconds
+
+    varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
+                           "response_len": {"mean": 512, "max": 4096}})
+    node, ctx = varied.nodes["generate"], context(varied)
+    shape, h100 = ctx.shape, GPU_PRESETS["H100"]
+    tokens, square = 1e5, 1e9
+    gemm = 2 * shape.matmul_active * tokens / (h100.bf16_flops * COSTS.gemm_efficiency * 4)
+    attention = 2 * shape.attention_flops(1.0) * square / (
+        h100.bf16_flops * COSTS.gemm_efficiency * 4)
+    device = eager_prefill_seconds(tokens, square, 0, node, ctx)
+    assert device > gemm + attention
+    many = 10_000  # host-bound: the launches of many chunks
+    assert eager_prefill_seconds(tokens, square, many, node, ctx) == pytest.approx(
+        many * shape.layers * COSTS.eager_pass_host_seconds_per_layer)
+    sglang = spec_of(data=varied.data.model_dump(),
+                     nodes=dict(NODES, generate={"engine": "sglang"}))
+    assert eager_prefill_seconds(tokens, square, 1, sglang.nodes["generate"],
+                                 context(sglang)) is None
