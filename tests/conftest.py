@@ -3,6 +3,7 @@
 session on first use (each start costs seconds of both cores) and shut down at its end."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,3 +65,18 @@ def memory_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
         return memory_check.check_memory(*args, **{**kwargs, "refuse": False})
 
     monkeypatch.setattr(placement, "check_memory", measure_only)
+
+
+@pytest.fixture(scope="session")
+def warm_start_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One warm-start cache for the session's learning tests (not the user's ~/.cache): the
+    quickstart's 30-step warm start of the tiny preset is computed once and read by every
+    test that builds the same model on the same data (the cache key says when it is)."""
+    return tmp_path_factory.mktemp("warm_start_cache")
+
+
+@pytest.fixture
+def warm_cache(warm_start_folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """RLGRAPH_CACHE pointed at the session's warm-start cache for one test."""
+    monkeypatch.setenv("RLGRAPH_CACHE", str(warm_start_folder))
+    return warm_start_folder

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import shlex
 import signal
 import sys
@@ -262,7 +263,13 @@ def _run(args: argparse.Namespace, spec: Spec, plan: Plan, out: Path, log: RunLo
 
     resume = bool(getattr(args, "resume", None))
     steps, per_step = spec.schedule.steps, spec.schedule.mini_batches
-    print_summary(plan, footer=f"running {steps} steps into {out}/")
+    footer = f"running {steps} steps into {out}/"
+    warm = spec.model.warm_start.steps
+    if warm and not resume:  # minutes with no step to show, the first time
+        cache = os.environ.get("RLGRAPH_CACHE", "~/.cache/rlgraph")
+        footer += (f"; first a supervised warm start of {warm} steps (the first run of this "
+                   f"model and data computes it, later ones read it from {cache})")
+    print_summary(plan, footer=footer)
     write_plan(out, plan)
     progress: RunProgress | None = None
 

@@ -2,7 +2,8 @@
 
 Each run is a few steps of the quickstart graph shrunk to a small batch. Checked: every
 trained token's lag is within the plan's proven bound for max_lag 0, 1 and 2; with 1 and 2
-the overlap is real (lag > 0 occurs and generate(t+1) overlaps train(t) in trace.json);
+the overlap is real (lag > 0 occurs and generate(t+1) overlaps train(t) in trace.json); a
+validate node scores held-out prompts on its steps and the final weights at the end;
 metrics.jsonl has the contract's keys; a run stopped after step k and resumed continues at
 k with the same version and data position and trains exactly the prompts an uninterrupted
 run trains; missing resources are clear errors that keep what the run dir already holds.
@@ -38,14 +39,20 @@ SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
 
 
 
+# a validate node on the rollout group, every 2 steps (in the max_lag 0 run)
+WITH_VALIDATE = ["nodes.validate={kind: validate, every: 2, prompts: 8}",
+                 "groups.rollout.tasks=[generate, validate]"]
+
+
 def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
         stop_after: int | None = None, tensorboard: bool = False, checkpoint_every: int = 0,
-        sleep: dict[tuple[str, int], float] | None = None):
+        sleep: dict[tuple[str, int], float] | None = None, extra: tuple[str, ...] = ()):
     """One run; `sleep`: tasks that sleep that long first (`actor_hooks`)."""
     if sleep:
         with mock.patch.object(actors, "GroupActor", hooked_actor(sleep=sleep)):
-            return run(out, max_lag, steps, resume, stop_after, tensorboard, checkpoint_every)
-    spec = load_spec(QUICKSTART, [*SMALL, f"schedule.max_lag={max_lag}"])
+            return run(out, max_lag, steps, resume, stop_after, tensorboard, checkpoint_every,
+                       extra=extra)
+    spec = load_spec(QUICKSTART, [*SMALL, f"schedule.max_lag={max_lag}", *extra])
     plan = compile_plan(spec)
     runner: Runner | None = None
 
@@ -62,12 +69,14 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
 
 @pytest.fixture(scope="module")
 def runs(cluster, tmp_path_factory):
-    """Uninterrupted runs at max_lag 0, 1, 2 (shared by several tests)."""
+    """Uninterrupted runs at max_lag 0 (with a validate node), 1, 2 (shared by several
+    tests)."""
     out = {}
     for lag in (0, 1, 2):
         folder = tmp_path_factory.mktemp(f"lag{lag}")
         plan, result = run(folder, lag, tensorboard=lag == 1,
-                           checkpoint_every=2 if lag == 2 else 0)
+                           checkpoint_every=2 if lag == 2 else 0,
+                           extra=tuple(WITH_VALIDATE) if lag == 0 else ())
         out[lag] = (folder, plan, result)
     return out
 
@@ -105,6 +114,23 @@ def test_every_trained_token_is_within_the_proven_lag(runs, max_lag):
         assert len(ahead_overlaps) >= 2, ahead_overlaps
         if max_lag == 1:
             assert next_overlaps, "generate(t+1) should overlap train(t)"
+
+
+def test_a_run_writes_val_metrics_on_validation_steps(runs):
+    folder, _, result = runs[0]
+    rows = result.rows
+    assert [("val/reward/mean" in r) for r in rows] == [True, False, True, False, True, True]
+    # after the last step the final weights are validated on the trainer
+    assert rows[-1]["val/policy_version"] == STEPS and 0.0 <= rows[-1]["val/accuracy"] <= 1.0
+    assert [r["val/policy_version"] for r in rows[:5:2]] == [0, 2, 4]
+    written = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert written[-1]["val/policy_version"] == STEPS
+    assert 0.0 <= rows[-1]["reward/accuracy"] <= rows[-1]["reward/mean"] + 1e-9
+    spans = {(e["node"], e["step"]): e for e in result.events}
+    for t in (0, 2, 4):  # validation steps (the others are completed by the driver, no decode)
+        assert spans["generate", t]["end"] <= spans["validate", t]["start"]
+        assert spans["validate", t]["end"] <= spans["train", t]["start"]
+    assert spans["validate", 1]["end"] == spans["validate", 1]["start"]
 
 
 def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):

@@ -12,7 +12,6 @@ with the wrong sign or no gradient loses reward or stays within noise of where i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,8 @@ from rlgraph.runtime.serial import run_serial
 STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One warm start for every family (the cache key is the model, task and seed)."""
-    folder = tmp_path_factory.mktemp("warm")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RLGRAPH_CACHE", str(folder))
-        yield folder
-
-
 @pytest.mark.parametrize("name", ["ppo", "rloo", "reinforce_pp", "dapo", "gspo"])
-def test_family_learns(name: str, shared_cache: Path) -> None:
+def test_family_learns(name: str, warm_cache: Path) -> None:
     torch.set_num_threads(1)
     extra = {"critic": {"lr": 1e-3}} if name == "ppo" else {}
     spec = make_spec(
