@@ -36,6 +36,7 @@ from rlgraph.compiler.calibrate import carried_scale, carry
 from rlgraph.config.load import apply_overrides, load_spec, validate_spec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import logp as logp_kind
+from rlgraph.pricing.system import ENGINE_REVISIONS
 
 TARGET = 0.25
 CROSS_TARGET = 0.10  # cross-plan calibrated: within +-10%
@@ -78,14 +79,17 @@ SKIPPED = {
                                                  "call earlier",
 }
 STEP_KEYS = ("step_s_steady_mean", "step_s", "step_s_mean", "step_s_median")
-# Result files measured on a static engine revision they do not record (their machine record
-# predates `engine_revision`): file -> revision, with when it ran. Every other file that
-# records none ran before the one-copy read reached main (2026-11-27 11:02 UTC): per_slot.
+# Result files measured on a static engine revision they do not record and whose dates do
+# not say it (a date without its time): file -> revision, with when it ran. A file that
+# records neither the revision nor a dated time predates both: per_slot.
 ENGINE_OF = {
     "gpu-agentic.json": ("one_copy", "run at e342a45, 2026-11-27 11:18 UTC"),
-    "gpu-inflight.json": ("one_copy", "parts dated 2026-11-27 11:15-11:17 UTC"),
+    "gpu-scale-2gpu.json": ("per_slot", "dated 11:03 UTC when written, after its two calls "
+                                        "(445 s and 420 s limits) began on the tree before "
+                                        "the one-copy read reached main at 11:02"),
 }
 OLDEST_ENGINE = "per_slot"
+DATED = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2})")
 
 
 @dataclasses.dataclass
@@ -210,9 +214,10 @@ def gpu_rows() -> list[dict[str, Any]]:
 
 
 def engine_revision_of(found: Found) -> str:
-    """The static engine revision a run was measured on: the one its run, part or file
-    records (`engine_revision`, bench/common.py `machine`), else `ENGINE_OF`'s, else the
-    revision before the field existed (`OLDEST_ENGINE`)."""
+    """The static engine revision a run was measured on: the one its run or file records
+    (`engine_revision`, bench/common.py `machine`), else `ENGINE_OF`'s, else the newest
+    revision that had reached main by the latest date and time the file records (its parts'
+    included), else the oldest (`OLDEST_ENGINE`)."""
     node: Any = found.result
     recorded = None
     for key in (None, *found.path):  # from the file down to the run: the innermost wins
@@ -228,7 +233,24 @@ def engine_revision_of(found: Found) -> str:
                 recorded = holder["engine_revision"]
     if recorded is not None:
         return recorded
-    return ENGINE_OF.get(found.file, (OLDEST_ENGINE, ""))[0]
+    if found.file in ENGINE_OF:
+        return ENGINE_OF[found.file][0]
+    latest = max(dates(found.result), default="")
+    landed = [r for r in ENGINE_REVISIONS.values() if r.landed <= latest]
+    return max(landed, key=lambda r: r.landed).name if landed else OLDEST_ENGINE
+
+
+def dates(node: Any) -> Iterator[str]:
+    """Every 'YYYY-MM-DD HH:MM' a result records under a `date` key, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "date" and isinstance(value, str) and DATED.match(value):
+                yield DATED.match(value).group(1)
+            else:
+                yield from dates(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from dates(item)
 
 
 def measured_step(run: dict[str, Any]) -> float:

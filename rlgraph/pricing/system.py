@@ -138,6 +138,7 @@ class EngineRevision:
 
     name: str
     what: str  # what the revision does differently, and when it reached the main branch
+    landed: str  # when it reached the main branch (UTC, "YYYY-MM-DD HH:MM")
     host_seconds_per_step: float  # a look's read, checks, refills and launches, per step
     inflight_host_seconds_per_step: float  # the same with in-flight updates (`inflight`)
 
@@ -146,12 +147,12 @@ ENGINE_REVISIONS: dict[str, EngineRevision] = {
     "per_slot": EngineRevision(
         name="per_slot", what="each slot's finished flag and position read from the host "
         "copy one by one; in-flight updates read a look, then launch the next (2026-11-22 "
-        "to 2026-11-27 11:02 UTC)",
+        "to 2026-11-27 11:02 UTC)", landed="2026-11-22 07:44",
         host_seconds_per_step=0.66e-3, inflight_host_seconds_per_step=0.66e-3),
     "one_copy": EngineRevision(
         name="one_copy", what="the slots read in one host copy (`tolist`); in-flight "
         "updates launch a look's steps before the host reads the last (lookahead); since "
-        "2026-11-27 11:02 UTC",
+        "2026-11-27 11:02 UTC", landed="2026-11-27 11:02",
         host_seconds_per_step=0.15e-3, inflight_host_seconds_per_step=0.106e-3),
 }
 CURRENT_ENGINE = "one_copy"  # the revision `rlgraph run` runs today

@@ -66,8 +66,13 @@ def test_a_run_is_priced_as_the_engine_revision_that_measured_it() -> None:
     silent = {"runs": [{"name": "x", "graph": "g.yaml", "step_s_median": 1.0}]}
     (old,) = own_runs.find_runs("gpu-e2e-dp.json", silent)
     assert own_runs.engine_revision_of(old) == own_runs.OLDEST_ENGINE
-    (tagged,) = own_runs.find_runs("gpu-inflight.json", silent)
+    (tagged,) = own_runs.find_runs("gpu-agentic.json", silent)  # a date without its time
     assert own_runs.engine_revision_of(tagged) == "one_copy"
+    for date, engine in (("2026-11-27 13:58 UTC", "one_copy"), ("2026-11-27 08:13 UTC",
+                                                                  "per_slot")):
+        dated = dict(silent, parts={"a": {"date": date}})
+        (run,) = own_runs.find_runs("new.json", dated)
+        assert own_runs.engine_revision_of(run) == engine, date
 
 
 def test_only_a_run_whose_policy_chose_its_lengths_is_priced_at_its_trained_mean() -> None:
