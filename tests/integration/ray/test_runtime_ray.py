@@ -3,7 +3,8 @@
 Each run is a few steps of the quickstart graph shrunk to a small batch. Checked: every
 trained token's lag is within the plan's proven bound for max_lag 0, 1 and 2; with 1 and 2
 the overlap is real (lag > 0 occurs and generate(t+1) overlaps train(t) in trace.json); a
-validate node scores held-out prompts on its steps and the final weights at the end;
+validate node scores held-out prompts on its steps and the final weights at the end; a run
+whose weights go over `transport: nccl` (gloo here) writes the sync metrics;
 metrics.jsonl has the contract's keys; a run stopped after step k and resumed continues at
 k with the same version and data position and trains exactly the prompts an uninterrupted
 run trains; missing resources are clear errors that keep what the run dir already holds.
@@ -40,8 +41,12 @@ SMALL = ["data.prompts_per_step=4", "data.samples_per_prompt=4",
 
 
 # a validate node on the rollout group, every 2 steps (in the max_lag 0 run)
-WITH_VALIDATE = ["nodes.validate={kind: validate, every: 2, prompts: 8}",
-                 "groups.rollout.tasks=[generate, validate]"]
+WITH_VALIDATE = ("nodes.validate={kind: validate, every: 2, prompts: 8}",
+                 "groups.rollout.tasks=[generate, validate]")
+# the weights over `transport: nccl` (gloo on CPU) in small buckets (in the max_lag 1 run;
+# the max_lag 0 and 2 runs sync through the object store)
+NCCL = ("nodes.param_update.transport=nccl",
+        "nodes.param_update.bucket_mb={produce: 0.5, consume: 0.125}")
 
 
 def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
@@ -69,14 +74,14 @@ def run(out: Path, max_lag: int, steps: int = STEPS, resume: bool = False,
 
 @pytest.fixture(scope="module")
 def runs(cluster, tmp_path_factory):
-    """Uninterrupted runs at max_lag 0 (with a validate node), 1, 2 (shared by several
-    tests)."""
+    """Uninterrupted runs at max_lag 0 (with a validate node), 1 (weights over gloo), 2
+    (shared by several tests)."""
     out = {}
     for lag in (0, 1, 2):
         folder = tmp_path_factory.mktemp(f"lag{lag}")
         plan, result = run(folder, lag, tensorboard=lag == 1,
                            checkpoint_every=2 if lag == 2 else 0,
-                           extra=tuple(WITH_VALIDATE) if lag == 0 else ())
+                           extra={0: WITH_VALIDATE, 1: NCCL}.get(lag, ()))
         out[lag] = (folder, plan, result)
     return out
 
@@ -131,6 +136,19 @@ def test_a_run_writes_val_metrics_on_validation_steps(runs):
         assert spans["generate", t]["end"] <= spans["validate", t]["start"]
         assert spans["validate", t]["end"] <= spans["train", t]["start"]
     assert spans["validate", 1]["end"] == spans["validate", 1]["start"]
+
+
+def test_a_run_over_the_nccl_transport_writes_sync_metrics(runs):
+    folder, plan, _ = runs[1]
+    assert plan.spec.nodes["param_update"].transport == "nccl"
+    rows = read_rows(folder / "metrics.jsonl")
+    synced = [r for r in rows if r.get("sync/bytes")]
+    assert synced and all(r["sync/GBps"] > 0 and r["time/param_update_s"] > 0 for r in synced)
+    # a generate that switched in a synced version reports the pause it cost
+    assert any(r.get("generate/pause_s", 0) > 0 for r in rows)
+    events = events_from_trace(json.loads((folder / "trace.json").read_text()))
+    assert {tuple(e["occupies"]) for e in events if e["node"] == "param_update"} == \
+        {("trainer",)}
 
 
 def test_metrics_jsonl_and_tensorboard_have_the_contract_keys(runs):

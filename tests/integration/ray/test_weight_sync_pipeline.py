@@ -1,12 +1,12 @@
 """The overlapped weight sync: the receive lands beside a running generate (Ray `receive`
 concurrency group), into the second buffer, in consume-sized pieces, and the new version
 goes live only at `Workspace.swap_if_staged`; the object-store and gloo transports move
-the weights bit for bit; a run with `transport: nccl` (gloo on CPU) writes the sync metrics.
+the weights bit for bit (a whole run with `transport: nccl`, gloo on CPU, and its sync
+metrics: test_runtime_ray.py's max_lag 1 run).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,16 +18,12 @@ ray = pytest.importorskip("ray")
 
 from sim_drive import drive  # noqa: E402
 
-from rlgraph.compiler import compile_plan  # noqa: E402
 from rlgraph.config.load import load_spec  # noqa: E402
 from rlgraph.graph import build_graph  # noqa: E402
 from rlgraph.process.workspace import Workspace  # noqa: E402
-from rlgraph.report.chrome_trace import events_from_trace  # noqa: E402
 from rlgraph.runtime import weight_sync  # noqa: E402
 from rlgraph.runtime.actors import start_actor  # noqa: E402
-from rlgraph.runtime.metrics import read_rows  # noqa: E402
 from rlgraph.runtime.pipeline import Pipeline  # noqa: E402
-from rlgraph.runtime.runner import Runner, RunOptions  # noqa: E402
 from rlgraph.weights import BucketMiB  # noqa: E402
 from rlgraph.weights.buckets import WeightSyncError  # noqa: E402
 
@@ -207,21 +203,3 @@ def test_workspace_dual_buffer_rules() -> None:
     assert receiver.take_pause_s() > 0 and receiver.take_pause_s() == 0
     with pytest.raises(WeightSyncError, match="staged"):
         receiver.stage_weights(3)  # nothing of version 3 arrived
-
-
-def test_run_with_nccl_transport_on_cpu_writes_sync_metrics(cluster, tmp_path):
-    spec = load_spec(QUICKSTART, [*SMALL, "nodes.param_update.transport=nccl",
-                                  "nodes.param_update.bucket_mb={produce: 0.5, consume: 0.125}"])
-    plan = compile_plan(spec)
-    result = Runner(plan, RunOptions(out_dir=tmp_path, steps=3,
-                                     tensorboard=False)).run()
-    assert result.lag_violations == 0
-    rows = read_rows(tmp_path / "metrics.jsonl")
-    assert [r["policy/version"] for r in rows] == [1, 2, 3]
-    synced = [r for r in rows if r.get("sync/bytes")]
-    assert synced and all(r["sync/GBps"] > 0 and r["time/param_update_s"] > 0 for r in synced)
-    # a generate that switched in a synced version reports the pause it cost
-    assert any(r.get("generate/pause_s", 0) > 0 for r in rows)
-    events = events_from_trace(json.loads((tmp_path / "trace.json").read_text()))
-    assert {tuple(e["occupies"]) for e in events if e["node"] == "param_update"} == \
-        {("trainer",)}
