@@ -101,9 +101,11 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
     kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
-    if node.engine == "native" and gpu.sms and not static_engine(node, ctx):
+    varlen = static_engine(node, ctx) and engine_of(ctx.spec).varlen_attention
+    if node.engine == "native" and gpu.sms and not varlen:
         kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
-    kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
+    if varlen:
+        kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)

@@ -141,13 +141,22 @@ class EngineRevision:
     landed: str  # when it reached the main branch (UTC, "YYYY-MM-DD HH:MM")
     host_seconds_per_step: float  # a look's read, checks, refills and launches, per step
     inflight_host_seconds_per_step: float  # the same with in-flight updates (`inflight`)
+    varlen_attention: bool = True  # decode attention by the split-KV varlen kernel, else SDPA
 
 
 ENGINE_REVISIONS: dict[str, EngineRevision] = {
+    "sdpa": EngineRevision(
+        name="sdpa", what="compacted slots, each slot's state read on its own, decode "
+        "attention through transformers' SDPA (one block per row and KV head, a CUDA graph "
+        "per width and attention length), before the varlen split-KV kernel became the "
+        "default (2026-11-24 18:43 to 2026-11-25 00:30 UTC)",
+        landed="2026-11-24 18:43", host_seconds_per_step=0.85e-3,
+        inflight_host_seconds_per_step=0.85e-3, varlen_attention=False),
     "per_slot": EngineRevision(
         name="per_slot", what="each slot's finished flag and position read from the host "
-        "copy one by one; in-flight updates read a look, then launch the next (2026-11-22 "
-        "to 2026-11-27 11:02 UTC)", landed="2026-11-22 07:44",
+        "copy one by one, decode attention by the varlen split-KV kernel; in-flight updates "
+        "read a look, then launch the next (2026-11-25 "
+        "to 2026-11-27 11:02 UTC)", landed="2026-11-25 00:30",
         host_seconds_per_step=0.66e-3, inflight_host_seconds_per_step=0.66e-3),
     "one_copy": EngineRevision(
         name="one_copy", what="the slots read in one host copy (`tolist`); in-flight "
@@ -158,6 +167,16 @@ ENGINE_REVISIONS: dict[str, EngineRevision] = {
 CURRENT_ENGINE = "one_copy"  # the revision `rlgraph run` runs today
 
 ENGINE_SOURCES: dict[str, dict[str, str]] = {
+    "sdpa": {
+        "host_seconds_per_step": "bench/results/gpu-longtail-1gpu.json decode_varlen (H100), "
+                                 "the sync/sdpa variant: 18.827 s of wall time over 3632 "
+                                 "decode steps of 4.332 device ms: 0.85 ms a step of host "
+                                 "work (132 CUDA graphs, one per width and attention length, "
+                                 "against the varlen variant's 6 and 0.66 ms in the same "
+                                 "call)",
+        "inflight_host_seconds_per_step": "no in-flight updates in this revision: the same "
+                                          "0.85 ms",
+    },
     "per_slot": {
         "host_seconds_per_step": "bench/results/gpu-longtail-1gpu.json decode_varlen (H100, "
                                  "sync/varlen, 2026-11-24/25): 15.845 s of wall time over 3632 "
