@@ -13,7 +13,8 @@ between a kept and a recomputed KV cache after a version change.
 Modes (bench/graphs_gpu/longtail-1gpu.yaml in BENCHMARK MODE: generate.forced_lengths draws
 each sample's length from data.response_len and ignores eos until it; see gpu_longtail.py):
 split-partial-lag3[-inflight] put train and logp on one GPU and generate on another, with
-partial rollout at max_lag 3 (the plan the issue's 2-GPU figure ran); stream4-colocated-
+partial rollout at max_lag 3 (the plan the issue's 2-GPU figure ran; split-partial-lag6 and
+-lag8 the same at max_lag 6 and 8, where the long tails fit the lag); stream4-colocated-
 lag3[-inflight] keep every task on one GPU and stream 4 mini-batches a version with partial
 rollout; partial-lag3 is the unstreamed partial rollout on one GPU (what the streamed one
 must beat). A mode runs `--steps` versions with `gpu_longtail.run_mode` (the first is
@@ -68,17 +69,20 @@ ONE = ["cluster.gpus_per_node=1"]
 PARTIAL = ["schedule.partial_rollout=true", "schedule.max_lag=3"]
 STREAM = ["schedule.stream={mini_batches: 4}"]
 INFLIGHT = ["nodes.generate.inflight=true"]
+SPLIT_LAGS = (3, 6, 8)  # the split pair's max_lag: 3 is the issue's plan, 6 and 8 its tails'
 MODES = {
-    "split-partial-lag3": [*SPLIT, *PARTIAL],
-    "split-partial-lag3-inflight": [*SPLIT, *PARTIAL, *INFLIGHT],
+    **{f"split-partial-lag{lag}{suffix}": [*SPLIT, "schedule.partial_rollout=true",
+                                           f"schedule.max_lag={lag}", *extra]
+       for lag in SPLIT_LAGS for suffix, extra in (("", []), ("-inflight", INFLIGHT))},
     "stream4-colocated-lag3": [*ONE, *PARTIAL, *STREAM],
     "stream4-colocated-lag3-inflight": [*ONE, *PARTIAL, *STREAM, *INFLIGHT],
     "partial-lag3": [*ONE, *PARTIAL],
 }
 PLANS = [  # (name, GPUs, mode, the same plan without in-flight updates)
-    ("split + partial rollout + in-flight, max_lag 3", 2, "split-partial-lag3-inflight",
-     "split-partial-lag3"),
-    ("split + partial rollout, max_lag 3", 2, "split-partial-lag3", None),
+    *(plan for lag in SPLIT_LAGS for plan in (
+        (f"split + partial rollout + in-flight, max_lag {lag}", 2,
+         f"split-partial-lag{lag}-inflight", f"split-partial-lag{lag}"),
+        (f"split + partial rollout, max_lag {lag}", 2, f"split-partial-lag{lag}", None))),
     ("colocated streamed (4 mini-batches) + partial + in-flight, max_lag 3", 1,
      "stream4-colocated-lag3-inflight", "stream4-colocated-lag3"),
     ("colocated streamed (4 mini-batches) + partial, max_lag 3", 1, "stream4-colocated-lag3",
@@ -607,8 +611,9 @@ def plan_table(res: dict[str, Any]) -> dict[str, Any]:
             "steps": r["steps"]})
     res["plans"] = plans
     by = {p["mode"]: p for p in plans}
-    split, stream = by.get("split-partial-lag3-inflight"), by.get(
-        "stream4-colocated-lag3-inflight")
+    split = next((by[m] for m in (f"split-partial-lag{lag}-inflight" for lag in SPLIT_LAGS)
+                  if m in by), None)  # the issue's lag 3 first, where the file has it
+    stream = by.get("stream4-colocated-lag3-inflight")
     unstreamed = by.get("partial-lag3")
     res["targets"] = {
         "split_inflight_over_without_at_least_1.3": split and split["over_without_inflight"],

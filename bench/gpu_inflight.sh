@@ -2,7 +2,7 @@
 # The device call of bench/gpu_inflight.py, every part side by side where the GPUs allow,
 # then the merge into OUT/gpu-inflight.json.
 #   OUT=DIR [STEPS=8] [PHASE_S=240] [PARTS=split|all] [STEPS1=STEPS] [PHASE1_S=PHASE_S]
-#     bash bench/gpu_inflight.sh [key=value ...]
+#     [LAG=3] bash bench/gpu_inflight.sh [key=value ...]
 # 4 GPUs or more: the one-GPU plans (colocated streamed with and without in-flight updates,
 # the unstreamed partial rollout) and the kv gap one GPU each, then the two-GPU split plan
 # with and without in-flight updates on two GPU pairs. 2 GPUs: the split plan with, then
@@ -15,6 +15,8 @@
 # and keeps the steps it finished, so STEPS may ask for more than fit. UNTIL_PREFIX=P
 # (UNTIL_PREFIX1 for the one-GPU plans): a mode stops once it has trained every data position
 # below P, so the plans compared do the same work, long tails included (`same_work`).
+# LAG (3, 6 or 8): the split pair's max_lag (the one-GPU plans keep 3). NAME: the merged file's
+# name (gpu-inflight).
 set -u
 OUT=${OUT:?OUT=DIR}
 STEPS=${STEPS:-8}
@@ -25,6 +27,8 @@ PHASE1_S=${PHASE1_S:-$PHASE_S}
 STOP_S=${STOP_S:-50}
 UNTIL_PREFIX=${UNTIL_PREFIX:-}
 UNTIL_PREFIX1=${UNTIL_PREFIX1:-$UNTIL_PREFIX}
+LAG=${LAG:-3}
+NAME=${NAME:-gpu-inflight}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]0' || echo H100)
 WORKLOAD=("cluster.gpu=$GPU" "$@")
@@ -45,8 +49,8 @@ if [ "$GPUS" -ge 4 ]; then
   part part-partial 2 --modes partial-lag3 &
   part part-kv 3 --kv-gap &
   wait
-  part part-split-inflight 0,1 --modes split-partial-lag3-inflight &
-  part part-split 2,3 --modes split-partial-lag3 &
+  part part-split-inflight 0,1 --modes split-partial-lag$LAG-inflight &
+  part part-split 2,3 --modes split-partial-lag$LAG &
   wait
 else
   if [ "$PARTS" = all ]; then
@@ -56,8 +60,8 @@ else
       --modes partial-lag3 &
     wait
   fi
-  part part-split-inflight 0,1 --modes split-partial-lag3-inflight
-  part part-split 0,1 --modes split-partial-lag3
+  part part-split-inflight 0,1 --modes split-partial-lag$LAG-inflight
+  part part-split 0,1 --modes split-partial-lag$LAG
 fi
-python3 bench/gpu_inflight.py --merge "$OUT"/part-*.json --out "$OUT" --name gpu-inflight
+python3 bench/gpu_inflight.py --merge "$OUT"/part-*.json --out "$OUT" --name "$NAME"
 tail -n 4 "$OUT"/part-*.log

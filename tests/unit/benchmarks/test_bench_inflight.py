@@ -47,3 +47,14 @@ def test_a_run_stopped_on_time_is_rated_up_to_its_last_train() -> None:
     # the next step's generate ended 20 s after the last train: it holds no trained sample
     stopped = run([1, 2, 3], [10.0, 12.0, 14.0], later_generate=34.0)
     assert gpu_inflight.window_rate(stopped) == 20 / 4.0
+
+
+def test_each_split_pair_runs_at_its_own_max_lag() -> None:
+    for lag in gpu_inflight.SPLIT_LAGS:
+        for mode in (f"split-partial-lag{lag}", f"split-partial-lag{lag}-inflight"):
+            lags = [o for o in gpu_inflight.MODES[mode] if o.startswith("schedule.max_lag=")]
+            assert lags == [f"schedule.max_lag={lag}"]
+            assert ("nodes.generate.inflight=true" in gpu_inflight.MODES[mode]) == (
+                mode.endswith("-inflight"))
+        plan = next(p for p in gpu_inflight.PLANS if p[2] == f"split-partial-lag{lag}-inflight")
+        assert plan[0].endswith(f"max_lag {lag}") and plan[3] == f"split-partial-lag{lag}"
