@@ -65,14 +65,15 @@ def overrides_of(command: str | None) -> list[str]:
 
 
 CONTAINERS = {"runs", "modes", "plans"}  # keys that only hold runs: left out of a run's name
-# Sections of a result file made by an older runtime than the one the model prices (file,
-# section): what differed.
-SUPERSEDED_SECTIONS = {
-    ("gpu-longtail-1gpu.json", "throughput"): "sdpa decode attention, before the varlen "
-                                              "decode kernel (its table keeps them)",
-    ("gpu-longtail-1gpu.json", "throughput_sigma_1.5"): "sdpa decode attention, before the "
-                                                        "varlen decode kernel",
+# Sections of a result file measured on another engine revision than the file's dates say
+# (file, section) -> (revision, why): the long-tail file's first rounds ran before the varlen
+# decode attention (calls 1-8, 2026-11-24 18:49-20:59 UTC; its table keeps them)
+ENGINE_OF_SECTIONS = {
+    ("gpu-longtail-1gpu.json", "throughput"): ("sdpa", "2026-11-24 calls 4-5, before varlen"),
+    ("gpu-longtail-1gpu.json", "throughput_sigma_1.5"): ("sdpa", "2026-11-24 calls 1-3 and "
+                                                                 "6-8, before varlen"),
 }
+SUPERSEDED_SECTIONS: dict[tuple[str, str], str] = {}
 # Runs a result file keeps that are no measurement of their own: (file, name) -> why.
 SKIPPED = {
     ("gpu-stream-1gpu.json", "throughput/sync"): "the same sync as gpu-longtail-1gpu's, one "
@@ -233,6 +234,8 @@ def engine_revision_of(found: Found) -> str:
                 recorded = holder["engine_revision"]
     if recorded is not None:
         return recorded
+    if (found.file, found.section) in ENGINE_OF_SECTIONS:
+        return ENGINE_OF_SECTIONS[(found.file, found.section)][0]
     if found.file in ENGINE_OF:
         return ENGINE_OF[found.file][0]
     latest = max(dates(found.result), default="")

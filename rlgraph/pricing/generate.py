@@ -66,13 +66,16 @@ def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -
     at least 1 (torch's `flex_decoding.get_split_k`; width: the engine's compacted slot
     count, the power of two >= rows, 16 at least), each split reading its share of its own
     row's blocks: the step's attention lasts at least the longest row's K/V of one KV head
-    over its splits at one block's streaming rate (COSTS.split_kv_block_bytes_per_s)."""
+    over its splits at one block's streaming rate (COSTS.split_kv_block_bytes_per_s). An
+    engine revision without the varlen kernel (`sdpa`) runs SDPA's one block per row and KV
+    head: one split."""
     shape, gpu = ctx.shape, ctx.gpu
     if not static_engine(node, ctx) or not gpu.sms or longest <= 0:
         return 0.0
     heads = max(1, shape.kv_heads // node.tp)
     width = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
-    splits = max(1, gpu.sms // (width * heads) * 2)
+    splits = max(1, gpu.sms // (width * heads) * 2) if engine_of(ctx.spec).varlen_attention \
+        else 1
     per_head = longest * shape.kv_bytes_per_token() / node.tp / heads
     return per_head / splits / COSTS.split_kv_block_bytes_per_s
 
@@ -104,7 +107,7 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     varlen = static_engine(node, ctx) and engine_of(ctx.spec).varlen_attention
     if node.engine == "native" and gpu.sms and not varlen:
         kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
-    if varlen:
+    if static_engine(node, ctx):
         kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm

@@ -193,6 +193,9 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
     assert split_kv_seconds(wide, 16000, node, ctx) == pytest.approx(2 * one)
     splits = h100.sms // (16 * shape.kv_heads) * 2
     assert split_kv_seconds(3, 8000, node, ctx) == pytest.approx(one / splits)
+    # the engine before the varlen kernel (SDPA): one block per row and KV head, one split
+    sdpa = spec_of(pricing={"engine_revision": "sdpa"})
+    assert split_kv_seconds(3, 8000, sdpa.nodes["generate"], context(sdpa)) == pytest.approx(one)
     # a long row among many short ones: the step is at least its blocks, not the mean KV
     many = decode_step_seconds(wide, 500, node, ctx, longest=8000)
     assert many >= decode_step_seconds(wide, 500, node, ctx) + one - wide * 500 * (
