@@ -348,13 +348,18 @@ def slot_bytes(spec: Spec, shape: ModelShape) -> float:
 def _fit_engine_slots(mem: GroupMemory, spec: Spec, shape: ModelShape) -> None:
     """The native engine keeps as many slots as the memory left holds, the rest of a step's
     rows waiting in its queue (decoded in waves), one slot at least."""
+    # the largest transient (slots change only state): peak = resident + it, exactly the
+    # largest resident + transient_t (rounding is monotone), without asking every task
+    transient = max((sum(t.transient.values()) for t in mem.tasks.values()), default=0.0)
     for task in mem.tasks.values():
         if ENGINE_SLOTS not in task.state:
             continue
         wanted = task.state[ENGINE_SLOTS]
         task.state[ENGINE_SLOTS] = 0.0
-        resident = sum(mem.resident.values())  # once, not once per task
-        peak = max(mem.peak_of(t, resident) for t in mem.tasks)
+        if mem.exclusive:
+            peak = max(mem.peak_of(t) for t in mem.tasks)
+        else:
+            peak = sum(mem.resident.values()) + transient
         each = slot_bytes(spec, shape)
         held = max(1, min(round(wanted / each), math.floor((mem.capacity - peak) / each)))
         task.state[ENGINE_SLOTS] = held * each
