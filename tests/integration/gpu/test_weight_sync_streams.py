@@ -1,4 +1,4 @@
-"""NCCL weight sync while the receiver's own stream is busy, as in-flight generation keeps
+"""NCCL weight sync while the receiver's calling stream is busy, as in-flight generation keeps
 it: the header and the weights must arrive intact. Needs 2 CUDA GPUs; skipped elsewhere."""
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def _run(rank: int, port: int) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
 def test_receive_while_the_callers_stream_is_busy_keeps_header_and_weights():
-    """A header zeroed behind the caller's queued kernels would read all zeros ("bad
-    weight-sync header [0, 0, 0, 0, 0]"); the weights of each version arrive bit for bit."""
+    """Each version's header and weights arrive bit for bit while the caller's stream is a
+    second behind. (Whether a header zeroed on the caller's stream lands after the broadcast
+    depends on timing, so this guards the path rather than forcing that race.)"""
     run_ranks(_run, 2, collect=False, timeout=180)
