@@ -91,7 +91,10 @@ def _fed_by_other_group(graph: nx.DiGraph) -> set[str]:
 
 
 def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
-             shape: ModelShape, kinds: dict[str, frozenset[str]]) -> CostContext:
+             shape: ModelShape, kinds: dict[str, frozenset[str]], host_processes: int,
+             fitting: frozenset[str]) -> CostContext:
+    """The cost model's view of `name`; `host_processes` and `fitting` (the groups whose
+    memory fits) are the placement's, the same for every node."""
     attrs = graph.nodes[name]
     occupies = attrs["occupies"]
     home = attrs["group"] or (occupies[0] if occupies else None)
@@ -104,10 +107,10 @@ def _context(spec: Spec, graph: nx.DiGraph, placement: Placement, name: str,
     hosts = set().union(*(placement.groups[g].nodes() for g in ends)) if ends else set()
     replicas = placement.groups[home].replicas if home in placement.groups else 1
     extra = {"local": placement.local, "cross_node": len(hosts) > 1, "occupies": occupies,
-             "replicas": replicas, "host_processes": _host_processes(spec, placement),
+             "replicas": replicas, "host_processes": host_processes,
              "host_slots": placement.slots}
     memory = placement.memory.get(home) if home else None
-    if memory is not None and memory.fits and name in memory.tasks:  # (a baseline that
+    if memory is not None and home in fitting and name in memory.tasks:  # (a baseline that
         # does not fit keeps the paged estimate: a one-slot engine would inflate speedups)
         slots = engine_slots(memory.tasks[name], spec, shape)
         if slots:
@@ -140,11 +143,13 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
     fed = _fed_by_other_group(graph)
     kinds = {g: frozenset(spec.nodes[t].kind for t in group.tasks)
              for g, group in placement.groups.items()}
+    host_processes = _host_processes(spec, placement)
+    fitting = frozenset(g for g, memory in placement.memory.items() if memory.fits)
     costs: dict[str, NodeCost] = {}
     messages: list[str] = []
     for name in graph:
         node = spec.nodes[name]
-        ctx = _context(spec, graph, placement, name, shape, kinds)
+        ctx = _context(spec, graph, placement, name, shape, kinds, host_processes, fitting)
         if node.cost is not None and node.cost.seconds is not None:
             seconds, source = node.cost.seconds, "override"
             detail = f"cost.seconds {seconds:g}"

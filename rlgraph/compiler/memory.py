@@ -108,16 +108,24 @@ class GroupMemory:
                 out[name] = max(out.get(name, 0.0), size)
         return out
 
-    def peak_of(self, task: str) -> float:
-        """Bytes per GPU while `task` runs."""
+    def peak_of(self, task: str, resident: float | None = None) -> float:
+        """Bytes per GPU while `task` runs (`resident`: the resident total, when the caller
+        has it already)."""
         mem = self.tasks[task]
-        own = sum(mem.state.values()) if self.exclusive else sum(self.resident.values())
+        if self.exclusive:
+            own = sum(mem.state.values())
+        else:
+            own = sum(self.resident.values()) if resident is None else resident
         return own + sum(mem.transient.values())
 
     @property
     def worst(self) -> str | None:
-        """The task whose run needs the most memory."""
-        return max(self.tasks, key=self.peak_of) if self.tasks else None
+        """The task whose run needs the most memory (the resident total summed once: a
+        group of hundreds of tasks is asked this for each of its tasks)."""
+        if not self.tasks:
+            return None
+        resident = sum(self.resident.values())
+        return max(self.tasks, key=lambda task: self.peak_of(task, resident))
 
     @property
     def need(self) -> float:
@@ -340,12 +348,18 @@ def slot_bytes(spec: Spec, shape: ModelShape) -> float:
 def _fit_engine_slots(mem: GroupMemory, spec: Spec, shape: ModelShape) -> None:
     """The native engine keeps as many slots as the memory left holds, the rest of a step's
     rows waiting in its queue (decoded in waves), one slot at least."""
+    # the largest transient (slots change only state): peak = resident + it, exactly the
+    # largest resident + transient_t (rounding is monotone), without asking every task
+    transient = max((sum(t.transient.values()) for t in mem.tasks.values()), default=0.0)
     for task in mem.tasks.values():
         if ENGINE_SLOTS not in task.state:
             continue
         wanted = task.state[ENGINE_SLOTS]
         task.state[ENGINE_SLOTS] = 0.0
-        peak = max(mem.peak_of(t) for t in mem.tasks)
+        if mem.exclusive:
+            peak = max(mem.peak_of(t) for t in mem.tasks)
+        else:
+            peak = sum(mem.resident.values()) + transient
         each = slot_bytes(spec, shape)
         held = max(1, min(round(wanted / each), math.floor((mem.capacity - peak) / each)))
         task.state[ENGINE_SLOTS] = held * each

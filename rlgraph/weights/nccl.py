@@ -350,9 +350,11 @@ class WeightReceiver:
 
     def receive(self, wait: bool = True) -> SyncStats:
         """Receive one sync. Dual buffer: staged until `commit()`; direct: committed on return."""
-        dev = self.group.device
-        header = torch.zeros(5, dtype=torch.int64, device=dev)
-        with self._streams.on("recv"):  # not behind generation's kernels on the main stream
+        # On the receive stream, not behind generation's kernels on the caller's stream; the
+        # header is zeroed there too, or a zero fill queued behind those kernels could land
+        # after the broadcast has written it.
+        with self._streams.on("recv"):
+            header = torch.zeros(5, dtype=torch.int64, device=self.group.device)
             self.group.broadcast(header).wait()
             magic, version, key, total, chunk = header.tolist()  # waits for the sender
         start = time.perf_counter()
@@ -364,7 +366,8 @@ class WeightReceiver:
                 f"the sender broadcasts {chunk} B chunks, this receiver expects "
                 f"{self.consume_bytes} B: "
                 "give both sides the same bucket_mb.consume")
-        layout, chunks, _ = self._plan(key)
+        with self._streams.on("recv"):  # a new staging buffer is the receive stream's memory
+            layout, chunks, _ = self._plan(key)
         if self.dual_buffer:
             self._receive_staged(chunks)
             self.pending_version, self._pending = version, layout

@@ -25,9 +25,9 @@ STEPS = 30
 
 # Dr. GRPO's steps are smaller by its definition (no std division, token sums over the
 # response maximum): it learns at twice the others' rate (0.237 -> 0.290 at 6e-4, 0.199 ->
-# 0.279 at 1.2e-3). ReMax learns least on this task (0.248 -> 0.297 at 3e-4; +0.03 at 6e-4,
-# and it collapses at 9e-4: where the greedy answer is right, every wrong sample's
-# advantage is -1 and nothing positive balances it): it is asked half its measured gain, as
+# 0.279 at 1.2e-3). ReMax learns least on this task (0.248 -> 0.297 at 3e-4; +0.03 at 6e-4;
+# it collapsed at 9e-4, likely because where the greedy answer is right every wrong
+# sample's advantage is -1 and nothing positive balances it): it is asked half its gain, as
 # the others are; at 1.5e-4 it measured -0.007, what no learning gives.
 LR = {"dr_grpo": 1.2e-3, "remax": 3e-4}
 GAIN = {"remax": 0.025}

@@ -32,14 +32,14 @@ def mean(values: list[float]) -> float:
 
 def test_quickstart_learns_with_lag_one(warm_cache: Path) -> None:
     torch.set_num_threads(1)
-    steps = 70
+    steps = 50  # measured gain (last 10 over first 10): 0.263 at 50 steps, 0.423 at 70
     run = run_serial(make_spec(**QUICKSTART, max_lag=1), steps)
     # computed once, shared by the groups (and by test_algorithm_learning.py's runs)
     assert len(list(warm_cache.glob("warm_start/*.safetensors"))) == 1
     rewards = [m["metrics"]["reward/mean"] for m in run.metrics]
     first, last = mean(rewards[:10]), mean(rewards[-10:])
     print(f"reward first10 {first:.3f} last10 {last:.3f}; seconds per step {run.seconds}")
-    assert last - first >= 0.2, (first, last)  # the 100-step quickstart gains about 0.5
+    assert last - first >= 0.15, (first, last)  # the 100-step quickstart gains about 0.5
     lags = [m["metrics"]["lag/max"] for m in run.metrics]
     assert lags[0] == 0 and all(lag == 1 for lag in lags[1:])  # lag 1 happens, never more
     uids = [u for m in run.metrics for u in m["trained_uids"]]
