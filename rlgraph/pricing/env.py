@@ -207,9 +207,9 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
         extends = min(extends, decode_steps / chunk)  # at most one prefill call a chunk
         prefill = prefill_call(per_replica * data.prompt_len + (0 if kept else carried)
                                * context)
+        into = "in their slots (in flight, KV kept)" if kept else "and prefilled again"
         how = (f"partial rollout: {rows:.0f} trajectories in flight, {carried:.3g} carried "
-               f"into a round " + ("in their slots (in flight, KV kept)" if kept
-                                   else "and prefilled again"))
+               f"into a round {into}")
     else:
         batches = max(1, len(drawn) // per_replica)
         period = sum(max(_trajectory_seconds(t, chunk, step_s, env_s)
