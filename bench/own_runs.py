@@ -283,8 +283,9 @@ def steady_window(run: dict[str, Any]) -> float | None:
     gens = [e["end"] for e in events if e.get("node") == "generate"]
     last = len(trains) - 1
 
-    def holds(first: int) -> bool:
-        return sum(trains[first] < g <= trains[last] for g in gens) == last - first
+    def holds(first: int) -> bool:  # (more: the generator ran ahead, in-flight calls that
+        # found their batch complete and returned at once, gpu-inflight.json)
+        return sum(trains[first] < g <= trains[last] for g in gens) >= last - first
 
     if last < 1 or holds(0):
         return None
@@ -360,11 +361,14 @@ def fill_versions(run: dict[str, Any]) -> int:
 
 
 def only_filled(run: dict[str, Any]) -> bool:
-    """Whether a streamed run stopped within the max_lag + 1 versions that fill its pipeline:
-    no version of it ran in the steady state the plan's period describes, so its mean step
-    (the fill's) is no figure to price against."""
+    """Whether a run stopped while its pipeline was filling, so its mean step (the fill's)
+    is no figure to price against: a streamed run within the max_lag + 1 versions that fill
+    it; a lagged run of no more than max_lag steps, which never reached step max_lag, the
+    first whose batch must take the groups begun in step 0 (`RolloutRules.must_finish`):
+    none of the bound's stalls, which the plan's period holds, could happen in it."""
     if run.get("mini_batches", 1) <= 1:
-        return False
+        steps = len(run.get("step_s_all") or run.get("step_s") or [])
+        return 0 < steps <= int(run.get("max_lag", 0))
     versions = len(run.get("version_s") or []) or (
         len(run.get("step_s_all") or []) // int(run["mini_batches"]))
     return versions <= fill_versions(run)
