@@ -50,6 +50,11 @@ class SourceMap:
     positions: dict[Key, tuple[int, int]] = field(default_factory=dict)
     overrides: dict[Key, str] = field(default_factory=dict)
 
+    def written(self, key: Sequence[str | int]) -> bool:
+        """Whether the user wrote `key` (in the file or an override), not a default."""
+        key = tuple(key)
+        return key in self.positions or key in self.overrides
+
     def locate(self, key: Sequence[str | int]) -> str:
         """`file:line:col` of the longest known prefix of `key` (or the override that set it)."""
         key = tuple(key)

@@ -117,21 +117,29 @@ ADVANTAGE_NEEDS = {"gae": ("advantages", "add a critic node (nodes: {critic: {}}
 
 def _check_algorithm(spec: Spec) -> None:
     """The algorithm's needs are met by the graph: GAE needs a node that provides advantages
-    (the critic); dynamic sampling and ReMax's greedy baseline draw whole synchronous
-    batches, which partial rollout and streaming do not."""
+    (the critic); a KL in the reward, or a `kl_coef` the user wrote, needs a ref_logp node
+    (a family's default `kl_coef` applies only where there is one); dynamic sampling and
+    ReMax's greedy baseline draw whole synchronous batches, which partial rollout and
+    streaming do not."""
     algo = spec.algorithm
     need = ADVANTAGE_NEEDS.get(algo.advantage)
     if need is not None and not any(need[0] in KINDS[n.kind].provides
                                     for n in spec.nodes.values()):
         raise SpecError(f"algorithm {algo.name} takes its advantages from a critic, and the "
                         f"graph has none", ("algorithm", "name"), hint=need[1])
+    has_ref = any("ref_logp" in KINDS[n.kind].provides for n in spec.nodes.values())
+    if algo.kl_coef > 0 and not has_ref and spec.source.written(("algorithm", "kl_coef")):
+        raise SpecError("a KL in the loss needs the reference model's log-probs, and the "
+                        "graph has no ref_logp node", ("algorithm", "kl_coef"),
+                        hint="add a ref_logp node (nodes: {ref_logp: {kind: ref_logp}}) in a "
+                        "group, or write kl_coef: 0")
     if algo.reward_kl_coef > 0:
         if algo.advantage == "gae":
             raise SpecError("a KL in the reward is charged where train computes the "
                             "advantages; the critic's GAE does not take it",
                             ("algorithm", "reward_kl_coef"),
                             hint="write reward_kl_coef: 0 and kl_coef (the KL in the loss)")
-        if not any("ref_logp" in KINDS[n.kind].provides for n in spec.nodes.values()):
+        if not has_ref:
             raise SpecError("a KL in the reward needs the reference model's log-probs, and "
                             "the graph has no ref_logp node", ("algorithm", "reward_kl_coef"),
                             hint="add a ref_logp node (nodes: {ref_logp: {kind: ref_logp}}) "

@@ -24,6 +24,7 @@ from functools import lru_cache
 from statistics import NormalDist
 
 GRID = 400  # quantile points of the moments and survival integrals
+_STANDARD_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class LengthModel:
             x = low / max(1e-12, 1.0 - u) ** (1 / self.alpha)
         else:
             mu = math.log(self.mean) - self.sigma ** 2 / 2
-            x = math.exp(mu + self.sigma * NormalDist().inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
+            x = math.exp(mu + self.sigma * _STANDARD_NORMAL.inv_cdf(min(max(u, 1e-12),
+                                                                         1 - 1e-12)))
         return min(self.max, x)
 
     def length_at(self, u: float) -> int:

@@ -14,9 +14,11 @@ Each refusal names the key, so it prints as the user's `file:line:col`.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.machinery
 import os
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from rlgraph.config.schema import Spec
@@ -98,6 +100,33 @@ def _defines(source: str, attr: str) -> bool | None:
     return None if unknown else False
 
 
+def _stamp(path: str | Path) -> tuple[int, int, int]:
+    """(inode, size, modification time in ns) of a file: a new version changes one."""
+    info = os.stat(path)
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+_PARSED: dict[tuple[bytes, str], bool | None] = {}  # (digest of a source, name) -> _defines
+
+
+def _source_defines(source: str, attr: str) -> bool | None:
+    """`_defines`, each source parsed once (a compile checks a plan and its baseline; tune
+    compiles many plans of one graph)."""
+    key = (hashlib.blake2b(source.encode("utf-8", "surrogatepass")).digest(), attr)
+    if key not in _PARSED:
+        if len(_PARSED) >= 256:
+            _PARSED.clear()
+        _PARSED[key] = _defines(source, attr)
+    return _PARSED[key]
+
+
+@lru_cache(maxsize=256)
+def _file_checked(path: Path, stamp: tuple[int, int, int], key: Key) -> None:
+    """`check_file` of a data file, once per version (`stamp`) that passes it (a data file
+    may be large: its inode, size and time stand for its content)."""
+    check_file(path, key)
+
+
 def check_reward_fn(ref: str, key: Key, base: Path | None, what: str = "reward fn",
                     thing: str = "function") -> None:
     """Refuse a reward fn (or env class: `what`, `thing`) whose file or module, or whose
@@ -128,8 +157,7 @@ def check_reward_fn(ref: str, key: Key, base: Path | None, what: str = "reward f
     try:
         if os.path.getsize(origin) > MAX_SOURCE_BYTES:
             return
-        source = Path(origin).read_text(encoding="utf-8")
-        defines = _defines(source, attr)
+        defines = _source_defines(Path(origin).read_text(encoding="utf-8"), attr)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
         line = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
         raise SpecError(f"cannot read '{target}'{line}: {type(exc).__name__}: "
@@ -151,9 +179,12 @@ def check_data_files(files: list[str], key: Key, base: Path | None) -> None:
             raise SpecError(f"data file '{name}' is not a regular file", (*key, i),
                             hint="give a path to a .jsonl or .parquet file")
         try:
-            check_file(path, (*key, i))
+            _file_checked(path, _stamp(path), (*key, i))
         except DataError as err:
             raise SpecError(str(err), (*key, i)) from None
+        except OSError as exc:
+            raise SpecError(f"data file '{name}' cannot be read: {exc.strerror or exc}",
+                            (*key, i)) from None
 
 
 def code_from_files(spec: Spec) -> list[tuple[Key, str, str]]:

@@ -82,7 +82,9 @@ class AlgorithmSpec(StrictModel):
 
     name: AlgorithmName = "grpo"
     kl_coef: float = Field(default=0.001, ge=0, le=100,
-                           description="KL(policy || reference) loss weight")
+                           description="KL(policy || reference) loss weight; needs a "
+                           "ref_logp node (a value written above 0 without one is refused; "
+                           "the family's default then goes unused)")
     kl_type: Literal["k3", "low_var_kl", "k1"] = "low_var_kl"
     reward_kl_coef: float = Field(
         default=0.0, ge=0, le=100, description="KL(policy || reference) penalty subtracted "

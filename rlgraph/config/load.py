@@ -84,9 +84,22 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: Sour
                 )
             target = nxt
         target[keys[-1]] = value
-        source.overrides[tuple(keys)] = text
         for stale in [k for k in source.positions if k[:len(keys)] == tuple(keys)]:
             del source.positions[stale]  # the file's lines under it no longer hold its value
+        for stale in [k for k in source.overrides if k[:len(keys)] == tuple(keys)]:
+            del source.overrides[stale]  # nor do earlier overrides below it
+        for written in _key_paths(value, tuple(keys)):
+            source.overrides[written] = text
+
+
+def _key_paths(value: Any, key: Key) -> list[Key]:
+    """`key` and the key of every mapping entry below it in `value` (what an override
+    writes)."""
+    paths = [key]
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            paths += _key_paths(inner, (*key, name))
+    return paths
 
 
 NAMED_SECTIONS = {"groups": "group", "nodes": "node"}  # mappings whose keys the user names

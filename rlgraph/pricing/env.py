@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from rlgraph import lengths
@@ -153,12 +155,49 @@ def draw_trajectory(rng: random.Random, turns: lengths.LengthModel,
     return out or [1]
 
 
-def _trajectory_seconds(tokens: list[int], chunk: int, step_s: float, env_s: float) -> float:
-    """A trajectory on the turn engine, its own observation prefills aside: each turn's
-    chunks of decode steps, each env step, and each observation's wait for the running
-    chunk (half of one on average)."""
-    chunks = sum(math.ceil(n / chunk) for n in tokens)
-    return chunks * chunk * step_s + len(tokens) * env_s + (len(tokens) - 1) * chunk * step_s / 2
+@lru_cache(maxsize=64)
+def drawn_trajectories(turns: lengths.LengthModel, turn: lengths.LengthModel, budget: float,
+                       observation: float, count: int) -> tuple[tuple[int, ...], ...]:
+    """`count` trajectories drawn by `draw_trajectory` from `random.Random(0)`: the same
+    draws for every plan of one data shape, so they are drawn once (a compile prices the
+    plan and its synchronous baseline; tune prices many candidates)."""
+    rng = random.Random(0)
+    return tuple(tuple(draw_trajectory(rng, turns, turn, budget, observation))
+                 for _ in range(count))
+
+
+@lru_cache(maxsize=64)
+def _means(turns: lengths.LengthModel, turn: lengths.LengthModel, budget: float,
+           observation: float, count: int) -> tuple[float, float]:
+    """(model tokens, turns) of a trajectory of `drawn_trajectories(...)`, on average."""
+    drawn = drawn_trajectories(turns, turn, budget, observation, count)
+    return sum(sum(t) for t in drawn) / len(drawn), sum(len(t) for t in drawn) / len(drawn)
+
+
+@lru_cache(maxsize=64)
+def drawn_chunks(turns: lengths.LengthModel, turn: lengths.LengthModel, budget: float,
+                 observation: float, count: int, chunk: int) -> tuple[tuple[int, int], ...]:
+    """(decode chunks, turns) of each of `drawn_trajectories(...)`, `chunk` steps a chunk."""
+    return tuple((_chunks(t, chunk), len(t))
+                 for t in drawn_trajectories(turns, turn, budget, observation, count))
+
+
+def _chunks(tokens: Sequence[int], chunk: int) -> int:
+    """Decode chunks of a trajectory's turns: each turn is its own chunks."""
+    return sum(math.ceil(n / chunk) for n in tokens)
+
+
+def _seconds(chunks: int, turns: int, chunk: int, step_s: float, env_s: float) -> float:
+    """A trajectory of `turns` turns in `chunks` chunks on the turn engine, its own
+    observation prefills aside: its chunks of decode steps, each env step, and each
+    observation's wait for the running chunk (half of one on average)."""
+    return chunks * chunk * step_s + turns * env_s + (turns - 1) * chunk * step_s / 2
+
+
+def _trajectory_seconds(tokens: Sequence[int], chunk: int, step_s: float,
+                        env_s: float) -> float:
+    """`_seconds` of one trajectory's model tokens per turn."""
+    return _seconds(_chunks(tokens, chunk), len(tokens), chunk, step_s, env_s)
 
 
 def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
@@ -175,11 +214,10 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
     rows = per_replica * (float(node.oversample) if partial else 1.0)
     kept = partial and node.inflight and node.kv == "keep"  # carried trajectories' KV kept
     node = node.model_copy(update={"inflight": False})  # the turn engine's steps (module)
-    rng = random.Random(0)
-    drawn = [draw_trajectory(rng, turns, turn, data.response_len.max, env.observation_len)
-             for _ in range(max(DRAWS, per_replica * 8))]
-    tokens = sum(sum(t) for t in drawn) / len(drawn)  # a trajectory's model tokens
-    turns_mean = sum(len(t) for t in drawn) / len(drawn)
+    draw = (turns, turn, data.response_len.max, env.observation_len,
+            max(DRAWS, per_replica * 8))
+    drawn = drawn_trajectories(*draw)
+    tokens, turns_mean = _means(*draw)  # a trajectory's model tokens and turns
     env_s = env.latency_s * max(1.0, math.ceil(rows / (env.workers * env.threads)))
     context = data.prompt_len + (tokens + turns_mean * env.observation_len) / 2
     longest = data.prompt_len + data.response_len.max
@@ -212,8 +250,9 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
                f"into a round {into}")
     else:
         batches = max(1, len(drawn) // per_replica)
-        period = sum(max(_trajectory_seconds(t, chunk, step_s, env_s)
-                         for t in drawn[b * per_replica:(b + 1) * per_replica])
+        shapes = drawn_chunks(*draw, chunk)
+        period = sum(max(_seconds(c, n, chunk, step_s, env_s)
+                         for c, n in shapes[b * per_replica:(b + 1) * per_replica])
                      for b in range(batches)) / batches
         decode_steps = (period - turns_mean * env_s) / step_s
         extends = min(per_replica * (turns_mean - 1), decode_steps / chunk)
@@ -238,7 +277,7 @@ def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
     return period + observations + prefill + host
 
 
-def _partial_rounds(drawn: list[list[int]], prompts: int, k: int, oversample: float,
+def _partial_rounds(drawn: Sequence[Sequence[int]], prompts: int, k: int, oversample: float,
                     max_lag: int, stale: str, chunk: int, step_s: float, env_s: float
                     ) -> tuple[float, float, float, float]:
     """(seconds, decode steps, observation prefills, carried trajectories) of a steady

@@ -113,6 +113,26 @@ def test_resolved_spec_round_trips(minimal: Path) -> None:
     assert again.to_yaml_dict() == spec.to_yaml_dict()
 
 
+def test_a_written_kl_coef_needs_a_ref_logp_node(minimal: Path) -> None:
+    build_graph(load_spec(minimal))  # grpo's default kl_coef applies only with a reference
+    build_graph(load_spec(minimal, ["algorithm.kl_coef=0"]))
+    for overrides in (["algorithm.kl_coef=0.01"], ["algorithm={name: rloo, kl_coef: 0.01}"]):
+        spec = load_spec(minimal, overrides)
+        with pytest.raises(SpecError) as info:
+            build_graph(spec)
+        text = info.value.render(spec.source)
+        assert text.startswith(f"<override {overrides[0]}>: algorithm.kl_coef: "), text
+        assert "no ref_logp node" in text
+    minimal.write_text(MINIMAL + "algorithm: {kl_coef: 0.01}\n")
+    spec = load_spec(minimal)
+    with pytest.raises(SpecError, match="no ref_logp node") as info:
+        build_graph(spec)
+    assert info.value.render(spec.source).startswith(f"{minimal}:9:13: algorithm.kl_coef: ")
+    spec = load_spec(minimal, ["+nodes.ref_logp={kind: ref_logp}",
+                               "groups.trainer.tasks=[train, ref_logp]"])
+    assert build_graph(spec).nodes["ref_logp"]["kind"] == "ref_logp"
+
+
 def test_seed_vocabulary_hints(minimal: Path) -> None:
     for word, key in [("generate_ahead_steps", "schedule.max_lag"),
                       ("sperated_node_tasks", "groups.<name>.tasks")]:
