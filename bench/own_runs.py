@@ -283,8 +283,9 @@ def steady_window(run: dict[str, Any]) -> float | None:
     gens = [e["end"] for e in events if e.get("node") == "generate"]
     last = len(trains) - 1
 
-    def holds(first: int) -> bool:
-        return sum(trains[first] < g <= trains[last] for g in gens) == last - first
+    def holds(first: int) -> bool:  # (more: the generator ran ahead, in-flight calls that
+        # found their batch complete and returned at once, gpu-inflight.json)
+        return sum(trains[first] < g <= trains[last] for g in gens) >= last - first
 
     if last < 1 or holds(0):
         return None
@@ -360,11 +361,14 @@ def fill_versions(run: dict[str, Any]) -> int:
 
 
 def only_filled(run: dict[str, Any]) -> bool:
-    """Whether a streamed run stopped within the max_lag + 1 versions that fill its pipeline:
-    no version of it ran in the steady state the plan's period describes, so its mean step
-    (the fill's) is no figure to price against."""
+    """Whether a run stopped while its pipeline was filling, so its mean step (the fill's)
+    is no figure to price against: a streamed run within the max_lag + 1 versions that fill
+    it; a lagged run of no more than max_lag steps, which never reached step max_lag, the
+    first whose batch must take the groups begun in step 0 (`RolloutRules.must_finish`):
+    none of the bound's stalls, which the plan's period holds, could happen in it."""
     if run.get("mini_batches", 1) <= 1:
-        return False
+        steps = len(run.get("step_s_all") or run.get("step_s") or [])
+        return 0 < steps <= int(run.get("max_lag", 0))
     versions = len(run.get("version_s") or []) or (
         len(run.get("step_s_all") or []) // int(run["mini_batches"]))
     return versions <= fill_versions(run)
@@ -530,13 +534,15 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Calibrate on the colocated synchronous run of each machine (a result file, or one
     section of it), its node medians over the model's costs under its own plan
     (`carried_scale`), and predict every other plan of that machine with the ratios carried
-    to its own modelled costs (`carry`), as `rlgraph compile --calibrate RUN` does."""
+    to its own modelled costs (`carry`), as `rlgraph compile --calibrate RUN` does. A plan
+    that stopped while its pipeline filled (`only_filled`) is listed, not counted."""
     out = []
-    current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]
-               and r["machine_key"] and r["measured_nodes_s"]]
+    current = [r for r in rows if not r["superseded_runtime"] and r["machine_key"]
+               and r["measured_nodes_s"]]
     for key, size in dict.fromkeys((r["machine_key"], r["cluster_gpus"]) for r in current):
         same = [r for r in current if (r["machine_key"], r["cluster_gpus"]) == (key, size)]
-        anchor = next((r for r in same if r["colocated_sync"]), None)
+        anchor = next((r for r in same if r["colocated_sync"] and not r["no_steady_state"]),
+                      None)
         if anchor is None or len(same) < 2:
             continue
         with logp_forward_priced(anchor["logp_ran"]):
@@ -556,6 +562,7 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "ratio": round(period / r["measured_step_s"], 3),
                         "within_target": abs(period / r["measured_step_s"] - 1)
                         <= CROSS_TARGET,
+                        "no_steady_state": r["no_steady_state"],
                         "scale": {n: round(v, 3) for n, v in scale.items()}})
     return out
 
@@ -632,7 +639,8 @@ def cross_markdown(rows: list[dict[str, Any]]) -> str:
         plan = r["run"].split(": ", 1)[1]
         out.append(f"| {r['gpus']} | {r['machine']} | {plan} | {r['measured_step_s']:.3g} | "
                    f"{r['calibrated_step_s']:.3g} | {r['ratio']:.2f} | "
-                   f"{'yes' if r['within_target'] else '**no**'} | "
+                   f"{'yes' if r['within_target'] else '**no**'}"
+                   f"{' (no steady state)' if r.get('no_steady_state') else ''} | "
                    f"{r['uncalibrated_ratio']:.2f} |")
     return "\n".join(out)
 
@@ -642,6 +650,7 @@ def main() -> int:
     gpu, cpu = gpu_rows(), cpu_rows()
     rows = gpu + cpu
     crossed = cross_plan(gpu)
+    counted = [r for r in crossed if not r["no_steady_state"]]
     current = [r for r in rows if not r["superseded_runtime"] and not r["no_steady_state"]]
     timed = [r for r in current if "ratio_at_measured_length" in r]
     result = {"benchmark": "own_runs", "machine": machine(), "target": TARGET,
@@ -653,7 +662,7 @@ def main() -> int:
                               within(r["ratio_at_measured_length"]) for r in timed)},
               "split_vs_colocated_cpu": verdicts(cpu), "runs": rows,
               "cross_plan": {"target": CROSS_TARGET, "within_target": sum(
-                  r["within_target"] for r in crossed), "plans": len(crossed),
+                  r["within_target"] for r in counted), "plans": len(counted),
                   "rows": crossed}}
     write_result("own_runs.json", result)
     print(markdown(rows))
@@ -664,7 +673,7 @@ def main() -> int:
           f"within ±25% ({result['summary']['within_target_at_measured_length']}/{len(timed)} "
           "of those that recorded their mean length, priced at it); split vs colocated on CPU "
           f"{result['split_vs_colocated_cpu']}; cross-plan calibrated "
-          f"{result['cross_plan']['within_target']}/{len(crossed)} within ±10%; wrote "
+          f"{result['cross_plan']['within_target']}/{len(counted)} within ±10%; wrote "
           "bench/results/own_runs.json")
     return 0
 

@@ -78,25 +78,50 @@ class RolloutRules:
         """Whether a sample begun with `version` at call `step` may still be trained later."""
         return version > oldest_trainable(step, self.max_lag)
 
-    def target(self, step: int, version: int, taken: int = 0) -> int:
+    def window(self, step: int, version: int) -> int:
+        """Groups call `step` may hold when it admits with `version`: as many as the calls
+        that can still train a sample begun with it take (through `last_call(version)`)."""
+        return max(0, self.last_call(version) - step + 1) * self.prompts
+
+    def target(self, step: int, version: int, taken: int = 0, held: int = 0,
+               room: int | None = None) -> int:
         """How many groups call `step` (weights of `version`) holds after admitting;
-        `taken`: complete groups it will emit that a refill inside the round replaces."""
+        `taken`: complete groups it will emit that a refill inside the round replaces.
+        `room` (a refill inside the round on an engine that keeps rows across calls, with
+        `held` groups held now): the whole groups the engine's free slots take now; the round
+        then admits up to that, within the version's `window` (a complete group, or one with
+        a single long row left, holds no slot, so counting slots, not groups, keeps the
+        engine as wide as its memory allows)."""
+        if room is not None and self.can_carry(step, version):
+            return max(held, min(held + room, self.window(step, version)))
         if self.stride > 1:
             window = (version + self.max_lag) * self.stride + self.stride - step
             return min(self.in_flight + taken, max(1, window) * self.prompts)
         if not self.can_carry(step, version):
-            return 0 if taken else self.prompts
+            return 0 if taken or room is not None else self.prompts
         if taken:  # no more than the batches this version can still reach take
             return min(self.in_flight + taken,
                        (version + self.max_lag + 1 - step) * self.prompts)
         return self.in_flight
 
+    def last_call(self, oldest: int) -> int:
+        """The last call that may train a sample whose oldest token is of version `oldest`
+        (the largest step whose `floor` is <= oldest)."""
+        return (oldest + self.max_lag + 1) * self.stride - 1
+
     def must_finish(self, oldest: Sequence[int | None], step: int) -> set[int]:
         """`stale: finish`: of groups whose oldest token versions are `oldest` (None: no
-        token yet), in admission order, the indices that call `step` must take because the
-        next call could not; empty for the other policies."""
+        token yet), in admission order, the indices that call `step` must take, at most a
+        batch of them, oldest first; empty for the other policies. A group must be trained
+        by `last_call` of its oldest version; calls step..d take `prompts` groups each, so
+        of the N(d) groups due by call d, this call must take N(d) - (d - step) x prompts
+        (the most over every d): the groups due now, and, where more are due by a later call
+        than the calls until it can take (in-flight refills admit up to a version's
+        window), enough of the oldest that none is dropped."""
         if self.stale != "finish":
             return set()
-        floor = self.floor(step + 1)
-        old = [i for i, v in enumerate(oldest) if v is not None and v < floor]
-        return set(old[: self.prompts])
+        order = sorted((v, i) for i, v in enumerate(oldest) if v is not None)
+        need = 0
+        for n, (v, _) in enumerate(order, 1):
+            need = max(need, n - (self.last_call(v) - step) * self.prompts)
+        return {i for _, i in order[:min(need, self.prompts)]}

@@ -51,6 +51,9 @@ BENCHMARKS: dict[str, list[str]] = {
     "node_profile": ["gpu-node-profile-*.json"],
     "megatron_check": ["megatron-check.json"],
     "gpu_inflight": ["gpu-inflight*.json"],
+    "sdpa_bias": ["gpu-sdpa-bias.json"],
+    "train_split": ["gpu-train-split.json"],
+    "pass_profile": ["gpu-pass-profile.json"],
 }
 # Modules of bench/ that are not benchmarks: what they hold.
 SUPPORT = {"common": "what the benchmarks share: result paths, the machine record, mean and "

@@ -11,7 +11,10 @@ same code eagerly on the CPU) instead:
   on in the next call (its tokens so far are read back, `StaticDecoder.peek`, for the rollout
   cache's checkpoint state); only the rows the cache evicts are cancelled;
 - finished rows are refilled from the data queue inside the call (`RolloutCache.refill` with
-  `taken`): new prompt groups take the free slots at once and go to later batches;
+  `room`): new prompt groups take the free slots at once, a whole group at a time, and go
+  to later batches; a call admits no more than the batches its version can still reach
+  take (`RolloutRules.window`), and `must_finish` looks ahead over those batches, so a
+  group admitted this way is never dropped for want of a batch;
 - the host looks at the slots every `sync_every` steps while the next `sync_every` run
   (`StaticDecoder.step(lookahead=True)`): recording, refilling and checking groups do not
   idle the GPU, and a call ends one look after its batch is complete (the rows go on
@@ -88,6 +91,11 @@ class InflightDecode:
             sample.versions = list(c.versions)
             sample.finished = finished
 
+    def _free_slots(self) -> int:
+        """Engine slots neither decoding a row nor promised to a queued one."""
+        eng = self.rollout.engine
+        return len(eng.slots) - sum(r is not None for r in eng.slots) - len(eng.queue)
+
     def _reencode(self) -> int:
         """`kv: recompute`: every running row is re-encoded under the current weights before
         its next token; the tokens re-encoded."""
@@ -126,8 +134,9 @@ class InflightDecode:
                  if not s.finished and id(s) not in running]
         carried = float(sum(1 for _, s in fresh if s.tokens))  # a checkpoint's: re-encoded
         self._submit(fresh, cache, step, temperature, top_p)
-        must = cache.must_finish(step)
+        must = cache.must_finish(step, started=True)
         switches = refilled = 0
+        k = cache.samples_per_prompt
 
         def complete() -> set[int]:
             return {i for i, g in enumerate(cache.groups) if g.complete}
@@ -137,13 +146,15 @@ class InflightDecode:
 
         done = complete()
         while not enough(done):
-            # the groups complete so far free their slots: later batches' groups take them
+            # finished rows free their slots: later batches' groups take them, a whole group
+            # at a time, within the window of batches the version can still reach
             size = len(cache.groups)
-            added = cache.refill(step, version, taken=min(len(done), cache.prompts_per_step))
+            added = cache.refill(step, version, room=self._free_slots() // k)
             if added:
                 self._submit([(g.prompt, s) for g in cache.groups[size:] for s in g.samples],
                              cache, step, temperature, top_p)
                 refilled += added
+                must = cache.must_finish(step, started=True)  # more groups due by a call
             if not eng.busy:
                 break
             finished = eng.step(lookahead=True)  # the next steps run while we look

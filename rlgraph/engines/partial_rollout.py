@@ -96,6 +96,14 @@ class PromptGroup:
     position: int
     prompt: list[int]
     samples: list[Sample]
+    admitted: int | None = None  # the policy version when it was admitted (None: unknown)
+
+    def oldest(self, started: bool = False) -> int | None:
+        """The oldest token version of its samples; with `started`, a group that has no
+        token yet counts as begun with the version it was admitted under (its first token
+        can only be as new or newer: the bound it must meet, never a later one)."""
+        versions = [s.oldest() for s in self.samples if s.versions]
+        return min(versions) if versions else (self.admitted if started else None)
 
     @property
     def complete(self) -> bool:
@@ -166,35 +174,37 @@ class RolloutCache:
         self.totals["restarted"] += restarted
         return dropped, restarted
 
-    def refill(self, step: int, version: int, taken: int = 0) -> int:
+    def refill(self, step: int, version: int, taken: int = 0, room: int | None = None) -> int:
         """Admit new prompt groups in data order until `in_flight` are in flight, or only
         until batch `step` can be filled when nothing sampled with `version` could be
         carried to a later batch (see the module docstring); how many were admitted.
         `taken`: complete groups this round will emit (a refill inside the decode, in-flight
         updates): the groups admitted for them go to later batches, so only where `version`
-        can be carried there."""
+        can be carried there. `room`: instead, the whole groups the engine's free slots
+        take now (in-flight updates): up to that many, within the version's window
+        (`RolloutRules.target`)."""
         if self.next_position is None:
             self.next_position = step * self.prompts_per_step
-        target = self.rules.target(step, version, taken)
+        target = self.rules.target(step, version, taken, held=len(self.groups), room=room)
         added = 0
         while len(self.groups) < target:
             position = self.next_position
             budgets = [None if self.length_of is None else self.length_of(position, k)
                        for k in range(self.samples_per_prompt)]
             self.groups.append(PromptGroup(position, list(self.prompt_of(position)),
-                                           [Sample(budget=b) for b in budgets]))
+                                           [Sample(budget=b) for b in budgets], version))
             self.next_position += 1
             added += 1
         self.totals["admitted"] += added * self.samples_per_prompt
         return added
 
-    def must_finish(self, step: int) -> set[int]:
-        """`stale: finish`: indices of the groups that batch `step` must take because a later
-        batch could not (a token as old as the bound allows), at most a batch of them in
-        admission order; a round does not end while one is open. Empty for the other
-        policies."""
-        return self.rules.must_finish([min((s.oldest() for s in g.samples if s.versions),
-                                           default=None) for g in self.groups], step)
+    def must_finish(self, step: int, started: bool = False) -> set[int]:
+        """`stale: finish`: indices of the groups that batch `step` must take because later
+        batches could not (`RolloutRules.must_finish`), at most a batch of them, oldest
+        first; a round does not end while one is open. `started`: groups with no token yet
+        count as begun with their admission version (in-flight updates, whose running rows'
+        tokens reach the cache only when the call ends). Empty for the other policies."""
+        return self.rules.must_finish([g.oldest(started) for g in self.groups], step)
 
     def take(self) -> list[PromptGroup]:
         """Remove and return the first `prompts_per_step` complete groups (admission order)."""
@@ -214,8 +224,8 @@ class RolloutCache:
         return {
             "next_position": self.next_position,
             "totals": dict(self.totals),
-            "groups": [{"position": g.position, "samples": [s.state() for s in g.samples]}
-                       for g in self.groups],
+            "groups": [{"position": g.position, "admitted": g.admitted,
+                        "samples": [s.state() for s in g.samples]} for g in self.groups],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,7 +233,8 @@ class RolloutCache:
         self.next_position = state["next_position"]
         self.totals = dict(state["totals"])
         self.groups = [PromptGroup(g["position"], list(self.prompt_of(g["position"])),
-                                   [self.sample_type(**s) for s in g["samples"]])
+                                   [self.sample_type(**s) for s in g["samples"]],
+                                   g.get("admitted"))
                        for g in state["groups"]]
 
 

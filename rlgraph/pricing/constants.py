@@ -49,6 +49,8 @@ class CostConstants:
     eager_pass_host_seconds_per_layer: float = 1.53e-3
     replica_dispatch_s: float = 0.028
     moe_pass_factor: float = 0.55
+    bias_attention_forward_efficiency: float = 0.093
+    bias_attention_backward_efficiency: float = 0.081
 
 
 COSTS = CostConstants()
@@ -246,6 +248,24 @@ COST_SOURCES: dict[str, str] = {
                        "(small grouped GEMMs, router, token permutation) run at 59 / 108 = "
                        "0.55 of the dense figure (0.50-0.60 over the band 200-230); the "
                        "all-to-all stays its own term",
+    "bias_attention_forward_efficiency": "bench/results/gpu-pass-profile.json (one H200, "
+                                         "the qwen2.5-0.5b shape: 14 query heads of 64, 24 "
+                                         "layers; the long-tail batch at sigma 1.5 as train "
+                                         "and logp run it, `python bench/pass_profile.py`): "
+                                         "the memory-efficient kernel with the padding "
+                                         "mask's bias (fmha_cutlassF) took 0.641 s over "
+                                         "train's passes (rows' summed squares 7.27e8) and "
+                                         "1.113 s over logp's (1.14e9): the whole square's "
+                                         "1.61e14 FLOP at 91.7 TFLOP/s, 9.3% of the 989 "
+                                         "TFLOP/s bf16 peak (97.5 and 88.4 apart); "
+                                         "bench/results/gpu-sdpa-bias.json, the same kernel "
+                                         "alone with its K/V repeat: 57 / 77 / 84 TFLOP/s at "
+                                         "rows of 512 / 2048 / 8192",
+    "bias_attention_backward_efficiency": "bench/results/gpu-pass-profile.json, as the "
+                                          "forward: the kernel's backward (fmha_cutlassB) "
+                                          "took 1.565 s over train's passes, two forward-"
+                                          "equivalents of the whole square (1.25e14 FLOP): "
+                                          "79.9 TFLOP/s, 8.1% of peak",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }

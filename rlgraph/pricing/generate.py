@@ -24,11 +24,11 @@ from rlgraph.pricing import rollout_rounds
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
 from rlgraph.pricing.passes import (
-    bias_blocks,
+    bias_attention_seconds,
     compute_units,
     eager_activation_traffic,
     efficiency,
-    mask_traffic,
+    padding_mask,
     runtime_pass_hbm,
     thread_handoff,
     thread_slowdown,
@@ -148,6 +148,23 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
+def generate_lag(node: Any, ctx: CostContext) -> int:
+    """Versions generate's weights lag the step whose batch it samples, from the plan's
+    structure: 0 where generate shares train's group (the group runs it after the previous
+    train step, on the newest weights); else 1, a split plan's call t running beside train
+    t - 1 on version t - 1; with in-flight updates one more, since a call's refills admit
+    later batches' groups (`RolloutRules.target` with `taken`), so a later call can find its
+    batch complete and return at once and the generator's next call starts beside the same
+    train step (bench/results/gpu-inflight.json, split pair on 2x H200: the trained tokens'
+    mean age `lag/mean` 1.2-1.4 versions a step without in-flight updates, 1.5-2.3 with
+    them; their one-GPU colocated runs 0.5-1.0, the carried tokens' age alone); never more
+    than max_lag."""
+    max_lag = int(ctx.spec.schedule.max_lag)
+    if "train" in ctx.colocated or max_lag <= 0:
+        return 0
+    return min(max_lag, 2 if getattr(node, "inflight", False) else 1)
+
+
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                    model: lengths.LengthModel) -> tuple[float, float, float, float, float]:
     """(decode seconds, decode steps, mean live rows, re-encoded tokens with the padding of
@@ -159,9 +176,9 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     every step. Streaming (`schedule.stream`): the version's mini-batch calls, K of them.
     In-flight updates (`inflight`): rows never stop (kept rows are not re-encoded, except
     with kv: recompute) and a completed group's place is refilled inside the round.
-    Generate is assumed to run fresher than the bound (its weights as new as its
-    step allows), the case where carrying pays; a round that holds the oldest version the
-    bound allows admits no spares (`rollout_rounds.simulate`'s generate_lag)."""
+    Generate's weights lag the batch it samples by `generate_lag` versions (a round that
+    holds the oldest version the bound allows admits no spares, and the must-finish groups
+    come due sooner)."""
     data, schedule = ctx.spec.data, ctx.spec.schedule
     k = data.samples_per_prompt
     stride = schedule.mini_batches if schedule.stream is not None else 1
@@ -173,7 +190,9 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                                       float(node.oversample) if schedule.partial_rollout
                                       else 1.0,
                                       int(schedule.max_lag), str(node.stale), check,
-                                      int(data.prompt_len), stride=stride, inflight=inflight,
+                                      int(data.prompt_len),
+                                      generate_lag=generate_lag(node, ctx), stride=stride,
+                                      inflight=inflight,
                                       reencode=getattr(node, "kv", "keep") == "recompute",
                                       mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
@@ -189,9 +208,9 @@ def eager_prefill_seconds(tokens: float, square: float, calls: int, node: Any,
                           ctx: CostContext) -> float | None:
     """The static engine's prefill of carried rows on a GPU: an eager forward of the model
     over its padded chunks (`StaticDecoder._prefill`, the transformers model with the padding
-    mask), priced as rlgraph's own passes are (`passes.runtime_pass_cost`): the matmuls and
-    attention (the whole square under the mask's bias, `passes.bias_blocks`) at
-    COSTS.gemm_efficiency, the eager activation traffic and the bias at HBM speed, while the
+    mask), priced as rlgraph's own passes are (`passes.runtime_pass_cost`): the matmuls at
+    COSTS.gemm_efficiency, attention under the mask's bias at the kernel's measured rate
+    (`passes.bias_attention_seconds`), the eager activation traffic at HBM speed, while the
     host launches the layers of `calls` chunks a replica, one after the other
     (COSTS.eager_pass_host_seconds_per_layer): the longer of the two. `tokens` and `square`
     (the rows' summed squared lengths) are the group's. None off the static engine, or where
@@ -200,10 +219,14 @@ def eager_prefill_seconds(tokens: float, square: float, calls: int, node: Any,
         return None
     shape, gpu = ctx.shape, ctx.gpu
     model = lengths.of(ctx.spec.data.response_len)
-    flops = (2 * shape.matmul_active * tokens
-             + shape.attention_flops(1.0) * square * bias_blocks(ctx, model))
+    flops = 2 * shape.matmul_active * tokens
+    if padding_mask(ctx, model):
+        attention = bias_attention_seconds(ctx, square, backward=False)
+    else:
+        flops += shape.attention_flops(1.0) * square
+        attention = 0.0
     device = (flops / (gpu.bf16_flops * COSTS.gemm_efficiency * compute_units(ctx))
-              + eager_activation_traffic(ctx, tokens, 1.0) + mask_traffic(ctx, model, square, 2))
+              + attention + eager_activation_traffic(ctx, tokens, 1.0))
     host = max(0, calls) * shape.layers * COSTS.eager_pass_host_seconds_per_layer
     return max(device, host)
 

@@ -221,29 +221,29 @@ def logits_traffic(ctx: CostContext, tokens: float, flops_per_param: int) -> flo
     return tokens * ctx.shape.vocab * per_logit / hbm
 
 
-def mask_traffic(ctx: CostContext, model: lengths.LengthModel, square: float,
-                 flops_per_param: int) -> float:
-    """Seconds of the padding mask in rlgraph's passes on a GPU: rows of different lengths
-    give transformers a [rows, 1, S, S] bf16 additive mask, with which its SDPA path repeats
-    the K/V heads and runs the memory-efficient kernel with a bias (not flash: transformers'
-    `use_gqa_in_sdpa` takes GQA only without a mask), which reads the bias once per query
-    head and layer in the forward and twice in the backward (dQ, dK/dV): layers x heads x
-    sum of S^2 x 2 bytes x (1 or 3) at HBM speed. None with fixed lengths (no padding, no
-    mask), on a local CPU cluster or priced as verl (which packs sequences)."""
-    hbm = runtime_pass_hbm(ctx)
-    if hbm is None or model.mean >= model.max:
-        return 0.0
-    shape = ctx.shape
-    reads = 3 if flops_per_param > 2 else 1
-    return shape.layers * (shape.heads or shape.kv_heads) * square * 2 * reads / hbm
+def padding_mask(ctx: CostContext, model: lengths.LengthModel) -> bool:
+    """Whether rlgraph's passes carry the padding mask's bias on a GPU: rows of different
+    lengths give transformers a [rows, 1, S, S] bf16 additive mask, with which its SDPA path
+    repeats the K/V heads and runs the memory-efficient kernel with a bias (not flash:
+    transformers' `use_gqa_in_sdpa` takes GQA only without a mask). False with fixed lengths
+    (no padding, no mask), on a local CPU cluster or priced as verl (which packs sequences)."""
+    return runtime_pass_hbm(ctx) is not None and model.mean < model.max
 
 
-def bias_blocks(ctx: CostContext, model: lengths.LengthModel) -> float:
-    """How many times the causal half of attention's length x length product a pass
-    computes: twice where rlgraph's passes carry the padding mask's bias (`mask_traffic`:
-    the memory-efficient kernel takes an arbitrary bias, so it evaluates every block, the
-    causal half's included, where flash's causal kernel skips them), once otherwise."""
-    return 2.0 if mask_traffic(ctx, model, 1.0, 2) else 1.0
+def bias_attention_seconds(ctx: CostContext, square: float, backward: bool) -> float:
+    """Seconds of attention in rlgraph's padded passes on a GPU (`padding_mask`): the
+    memory-efficient kernel takes an arbitrary bias, so it evaluates every block of each
+    row's length x length product, the causal half's included (twice `attention_flops` of
+    the rows' summed squares, `square`), reading the bias as it goes, at its measured share
+    of the group's bf16 peak: COSTS.bias_attention_forward_efficiency for the forward and
+    COSTS.bias_attention_backward_efficiency for the backward's two forward-equivalents
+    (both measured with the bias reads inside the kernels' time)."""
+    forward = 2 * ctx.shape.attention_flops(1.0) * square
+    peak = ctx.gpu.bf16_flops * compute_units(ctx)
+    seconds = forward / (peak * COSTS.bias_attention_forward_efficiency)
+    if backward:
+        seconds += 2 * forward / (peak * COSTS.bias_attention_backward_efficiency)
+    return seconds
 
 
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
@@ -251,7 +251,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
     matmul parameters a token touches, `ModelShape.matmul_active`) plus causal attention's
     (flops_per_param / 2 forward-equivalents of 2 x layers x width x length^2 per sequence;
-    the whole square where rlgraph's padded passes run the bias kernel, `bias_blocks`) at
+    rlgraph's padded passes run the bias kernel at its own rate, `bias_attention_seconds`) at
     `efficiency(ctx, mfu)` of the group's peak (the roofline figure on GPUs, `mfu` on a local
     CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
     rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
@@ -282,10 +282,13 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         square = rows * (prompt + longest) ** 2
     passes = flops_per_param / 2
     matmul = flops_per_param * ctx.shape.matmul_active * tokens
-    attention = passes * ctx.shape.attention_flops(1.0) * square * bias_blocks(ctx, model)
+    attention = passes * ctx.shape.attention_flops(1.0) * square
     if runtime_pass_hbm(ctx) is not None:
-        return runtime_pass_cost(node, ctx, flops_per_param, matmul + attention, tokens,
-                                 square, how, mini_batches, epochs)
+        bias = bias_attention_seconds(ctx, square, flops_per_param > 2) \
+            if padding_mask(ctx, model) else 0.0
+        return runtime_pass_cost(node, ctx, flops_per_param,
+                                 matmul + (0.0 if bias else attention), tokens, bias, how,
+                                 mini_batches, epochs)
     mfu = efficiency(ctx, mfu) * moe_factor(ctx)
     peak = ctx.gpu.bf16_flops * mfu * compute_units(ctx)
     ctx.extra["detail"] = (f"{flops_per_param} x {ctx.shape.matmul_active:.3g} params x "
@@ -300,10 +303,6 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     if logits:
         seconds += logits
         ctx.extra["detail"] += f" + fp32 logits {logits:.3g} s"
-    mask = mask_traffic(ctx, model, square, flops_per_param)
-    if mask:
-        seconds += mask
-        ctx.extra["detail"] += f" + padding-mask bias {mask:.3g} s"
     exchange = expert_all_to_all(node, ctx, tokens, passes)
     if exchange:
         ctx.extra["detail"] += f" + expert all-to-all {exchange:.3g} s"
@@ -317,24 +316,24 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
 
 
 def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, flops: float,
-                      tokens: float, square: float, how: str, mini_batches: int,
+                      tokens: float, bias: float, how: str, mini_batches: int,
                       epochs: int) -> float:
-    """rlgraph's eager passes on GPUs: the device runs `flops` (matmuls and attention) at
-    COSTS.gemm_efficiency of the group's peak (times the pipeline bubble), then the eager
-    activation traffic, the fp32 log-prob head and the padding mask at HBM speed (and a MoE
-    model's all-to-all), while the host launches them (`host_floor` at
+    """rlgraph's eager passes on GPUs: the device runs `flops` (matmuls, and attention where
+    no mask pads the rows) at COSTS.gemm_efficiency of the group's peak (times the pipeline
+    bubble), the padded rows' attention under the mask's bias (`bias`: seconds, from
+    `bias_attention_seconds`), then the eager activation traffic and the fp32 log-prob head
+    at HBM speed (and a MoE model's all-to-all), while the host launches them (`host_floor` at
     COSTS.eager_pass_host_seconds_per_layer); kernels run asynchronously, so a call lasts
     the longer of the two, plus the data-parallel replicas' dispatch and gradient sum. With
     `sharding: fsdp` the device also runs FSDP's collectives, overlapped with its compute
     (`pricing.sharding`)."""
-    model = lengths.of(ctx.spec.data.response_len)
     passes = flops_per_param / 2
     units = compute_units(ctx)
     compute = flops / (ctx.gpu.bf16_flops * COSTS.gemm_efficiency * units)
     compute *= pipeline_bubble(node, ctx)
-    terms = {"activations": eager_activation_traffic(ctx, tokens, passes),
+    terms = {"attention under the padding mask's bias": bias * pipeline_bubble(node, ctx),
+             "activations": eager_activation_traffic(ctx, tokens, passes),
              "fp32 logits": logits_traffic(ctx, tokens, flops_per_param),
-             "padding-mask bias": mask_traffic(ctx, model, square, flops_per_param),
              "expert all-to-all": expert_all_to_all(node, ctx, tokens, passes)}
     device = compute + sum(terms.values())
     collectives, exposed = fsdp_collectives(node, ctx, flops_per_param > 2, tokens,

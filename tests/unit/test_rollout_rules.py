@@ -16,6 +16,18 @@ def test_admission_holds_in_flight_only_where_the_version_can_be_carried() -> No
     assert rules.target(step=5, version=5, taken=4) == min(6 + 4, (5 + 1 + 1 - 5) * 4)
 
 
+def test_a_refill_inside_the_round_by_free_slots_stays_within_the_versions_window() -> None:
+    rules = RolloutRules.of(prompts=4, oversample=1.5, max_lag=2)
+    assert rules.window(step=5, version=4) == (4 + 2 + 1 - 5) * 4 == 8
+    # free slots for 3 groups, 5 held: 8 (the window), not 5 + 3 + anything held complete
+    assert rules.target(step=5, version=4, held=5, room=3) == 8
+    assert rules.target(step=5, version=4, held=5, room=9) == 8  # the window caps the slots
+    assert rules.target(step=5, version=4, held=5, room=1) == 6
+    assert rules.target(step=5, version=4, held=9, room=4) == 9  # never below what is held
+    assert rules.target(step=5, version=3, held=2, room=4) == 0  # as old as the bound: none
+    assert rules.last_call(4) == 6 and not rules.is_stale(4, 6) and rules.is_stale(4, 7)
+
+
 def test_streaming_admits_only_while_the_versions_window_has_room() -> None:
     rules = RolloutRules.of(prompts=2, oversample=4.0, max_lag=0, stride=4)
     assert rules.in_flight == 8
@@ -30,6 +42,19 @@ def test_must_finish_takes_the_oldest_groups_in_admission_order_under_finish_onl
     assert finish.must_finish(oldest, step=2) == {2, 3}  # next call's floor is 2
     assert RolloutRules.of(prompts=2, oversample=2.0, max_lag=1).must_finish(oldest, 2) == set()
     assert finish.drops_stale and not RolloutRules(2, 4, 1, "restart").drops_stale
+
+
+def test_must_finish_looks_ahead_so_no_group_due_later_is_dropped() -> None:
+    rules = RolloutRules.of(prompts=2, oversample=2.0, max_lag=1, stale="finish")
+    # three groups due by call 3 (oldest 2), none by call 2: call 3 takes two of them, so
+    # call 2 must take one now (the oldest first)
+    assert rules.must_finish([2, 2, 2, 4, 4, 4], step=2) == {0}
+    assert rules.must_finish([2, 2, 4, 4, 4, 4], step=2) == set()  # calls 3..5 take them
+    # due now comes first; then as many as the batch holds
+    assert rules.must_finish([2, 1, 2, 2, 2, 2], step=2) == {1, 0}
+    streamed = RolloutRules.of(prompts=1, oversample=4.0, max_lag=0, stale="finish", stride=2)
+    assert streamed.last_call(1) == 3  # version 1's mini-batches are calls 2 and 3
+    assert streamed.must_finish([1, 1, 2], step=2) == {0}  # two due, call 3 takes one
 
 
 def test_without_mixing_a_sample_restarts_under_a_new_version() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,13 +98,14 @@ def length_of(position: int, sample: int) -> int:
     return random.Random(position * 31 + sample).randint(2, MAX_NEW)
 
 
-def setup(kv: str, max_lag: int = 2, prompts: int = 2, samples: int = 2
+def setup(kv: str, max_lag: int = 2, prompts: int = 2, samples: int = 2,
+          stale: str = "drop", lengths: Any = length_of
           ) -> tuple[RolloutCache, InflightDecode, Live]:
     live = Live()
     cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=samples, oversample=2.0,
-                         max_lag=max_lag, stale="drop", max_new_tokens=MAX_NEW,
+                         max_lag=max_lag, stale=stale, max_new_tokens=MAX_NEW,
                          prompt_of=lambda p: TOK.encode_prompt(f"{p % 10}+{p % 7}="),
-                         length_of=length_of)
+                         length_of=lengths)
     engine = StaticRollout(live.model, slots=cache.in_flight * samples,
                            max_len=PROMPT + MAX_NEW, eos_id=TOK.eos_id, compile=False,
                            top_p=1.0, sync_every=2)
@@ -191,6 +193,30 @@ def test_rows_stay_in_the_engine_across_calls_and_every_token_is_within_the_boun
     assert len(trained) == len(set(trained))  # no prompt trained twice
     live_rows = {id(s) for _, s in inflight.live.values()}
     assert live_rows <= {id(s) for g in cache.groups for s in g.samples}
+
+
+def test_refills_take_the_free_slots_and_no_group_is_dropped() -> None:
+    """Finished rows' slots are refilled a whole group at a time: a complete group, or one
+    with a single row left, holds no slot, so the call holds more groups than `in_flight`
+    plus a batch, never past the engine's slots or the batches the version still reaches;
+    with `stale: finish` no group is dropped and every token is within the bound."""
+    max_lag, prompts = 4, 2
+    cache, inflight, live = setup("keep", max_lag=max_lag, prompts=prompts, samples=2,
+                                  stale="finish",  # one short row, one long every 3rd
+                                  lengths=lambda p, k: 20 if k and p % 3 == 0 else 2)
+    engine = inflight.rollout.engine
+    held = []
+    for step in range(8):
+        live.set(max(0, step - 1))
+        groups, metrics = run_round(cache, inflight, live, step)
+        assert metrics["rollout/dropped"] == 0
+        assert len(engine.queue) + sum(r is not None for r in engine.slots) <= len(engine.slots)
+        held.append(len(cache.groups) + len(groups))
+        assert held[-1] <= (live.version + max_lag + 1 - step) * prompts  # the window
+        for g in groups:
+            for s in g.samples:
+                assert min(s.versions) >= step - max_lag
+    assert max(held) > cache.in_flight + prompts and cache.totals["dropped"] == 0
 
 
 def test_evicted_rows_leave_the_engine() -> None:

@@ -205,40 +205,41 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
     assert split_kv_seconds(wide, 8000, dynamic.nodes["generate"], context(dynamic)) == 0
 
 
-def test_padded_passes_read_the_mask_bias_once_per_head_forward_and_twice_backward() -> None:
-    # variable lengths: transformers' SDPA runs the bias-reading kernel, layers x query heads x
-    # sum of S^2 bf16 per read; fixed lengths: no padding, no mask; verl packs: none either
+def test_padded_passes_run_attention_at_the_bias_kernels_measured_rate() -> None:
+    # variable lengths: transformers' SDPA runs the memory-efficient kernel with the mask's
+    # bias over the whole square, at its measured rates (forward; backward two forwards'
+    # FLOPs); fixed lengths: no mask; verl packs: none either
     from rlgraph import lengths
-    from rlgraph.pricing.passes import mask_traffic
+    from rlgraph.pricing.passes import bias_attention_seconds, padding_mask
 
     varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
                            "response_len": {"mean": 512, "max": 4096}})
     ctx = context(varied)
     model = lengths.of(varied.data.response_len)
     shape, h100 = ctx.shape, GPU_PRESETS["H100"]
-    read = shape.layers * shape.heads * 1e9 * 2 / (h100.hbm_bytes_per_s
-                                                    * COSTS.decode_hbm_efficiency * 4)
-    assert mask_traffic(ctx, model, 1e9, 2) == pytest.approx(read)
-    assert mask_traffic(ctx, model, 1e9, 6) == pytest.approx(3 * read)
+    whole = 2 * shape.attention_flops(1.0) * 1e9
+    forward = whole / (h100.bf16_flops * 4 * COSTS.bias_attention_forward_efficiency)
+    backward = 2 * whole / (h100.bf16_flops * 4 * COSTS.bias_attention_backward_efficiency)
+    assert bias_attention_seconds(ctx, 1e9, backward=False) == pytest.approx(forward)
+    assert bias_attention_seconds(ctx, 1e9, backward=True) == pytest.approx(forward + backward)
+    assert padding_mask(ctx, model)
     fixed = spec_of()
-    assert mask_traffic(context(fixed), lengths.of(fixed.data.response_len), 1e9, 6) == 0
+    assert not padding_mask(context(fixed), lengths.of(fixed.data.response_len))
     verl = spec_of(data=varied.data.model_dump(), nodes=dict(NODES, generate={"engine": "sglang"}),
                    pricing=VERL)
-    assert mask_traffic(context(verl), model, 1e9, 6) == 0
+    assert not padding_mask(context(verl), model)
     costs = costs_of(varied)
-    assert "padding-mask bias" in costs["train"].detail and "fp32 logits" in costs["train"].detail
-    # the bias kernel evaluates every block of the square; flash's causal one only half
-    from rlgraph.pricing.passes import bias_blocks
-
-    assert bias_blocks(ctx, model) == 2.0
-    assert bias_blocks(context(fixed), lengths.of(fixed.data.response_len)) == 1.0
-    assert bias_blocks(context(verl), model) == 1.0
+    assert "padding mask's bias" in costs["train"].detail
+    assert "fp32 logits" in costs["train"].detail
+    # a fixed-length batch's attention stays in the GEMM-rate FLOPs
+    assert "bias" not in costs_of(fixed)["train"].detail
 
 
 def test_carried_rows_are_re_encoded_by_an_eager_forward_of_the_static_engine() -> None:
-    # the matmuls at the GEMM efficiency, both halves of the square under the mask's bias,
-    # the activation traffic; the host's launches of every chunk past the call's first
+    # the matmuls at the GEMM efficiency, the square under the mask's bias at the bias
+    # kernel's rate, the activation traffic; the host's launches of every chunk past the first
     from rlgraph.pricing.generate import eager_prefill_seconds
+    from rlgraph.pricing.passes import bias_attention_seconds
 
     varied = spec_of(data={"prompts_per_step": 32, "samples_per_prompt": 4, "prompt_len": 256,
                            "response_len": {"mean": 512, "max": 4096}})
@@ -246,8 +247,7 @@ def test_carried_rows_are_re_encoded_by_an_eager_forward_of_the_static_engine() 
     shape, h100 = ctx.shape, GPU_PRESETS["H100"]
     tokens, square = 1e5, 1e9
     gemm = 2 * shape.matmul_active * tokens / (h100.bf16_flops * COSTS.gemm_efficiency * 4)
-    attention = 2 * shape.attention_flops(1.0) * square / (
-        h100.bf16_flops * COSTS.gemm_efficiency * 4)
+    attention = bias_attention_seconds(ctx, square, backward=False)
     device = eager_prefill_seconds(tokens, square, 0, node, ctx)
     assert device > gemm + attention
     many = 10_000  # host-bound: the launches of many chunks

@@ -25,14 +25,15 @@ from rlgraph.pricing.rollout_rounds import (
 
 def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
                  stale: str, check: int, prompt_len: int, stride: int = 1,
-                 mix_versions: bool = True) -> tuple[float, float]:
+                 mix_versions: bool = True, lag: int = 0) -> tuple[float, float]:
     """(mean decode steps, mean re-encoded tokens) of the steady rounds of the runtime's
     cache, each round decoded one token a step for every unfinished sample (version = step,
     as in one colocated group) until `prompts` groups and the must-finish ones are complete,
     checked every `check` steps; lengths drawn in admission order with simulate's seed.
     `stride` K > 1: streaming, a call per mini-batch, version = call // K (as the worker
     builds the cache: oversample x K, prompts a mini-batch's; `mix_versions` False: streaming
-    without partial rollout)."""
+    without partial rollout; `lag`: the weights' versions behind the step, as a split plan's
+    generate runs)."""
     rng = random.Random(0)
     cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
                          oversample=oversample * stride, stride=stride,
@@ -42,7 +43,7 @@ def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_la
                          mix_versions=mix_versions)
     steps_total = reencoded_total = 0.0
     for t in range(ROUNDS * stride):
-        version = t // stride
+        version = t // stride - lag
         cache.evict(t, version)
         cache.refill(t, version)
         reencoded = sum(prompt_len + len(s.tokens) for g in cache.groups for s in g.samples
@@ -75,25 +76,27 @@ def cache_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_la
 
 
 @pytest.mark.parametrize(
-    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "mix"), [
-        (1.5, 1.5, 3, "finish", 8, 1, True), (1.0, 1.5, 1, "finish", 1, 1, True),
-        (1.0, 2.0, 2, "drop", 4, 1, True), (1.5, 1.5, 2, "restart", 8, 1, True),
-        (1.0, 1.0, 0, "finish", 8, 1, True), (1.5, 1.5, 3, "finish", 8, 4, True),
-        (1.0, 1.0, 1, "finish", 1, 2, True),
+    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "mix", "lag"), [
+        (1.5, 1.5, 3, "finish", 8, 1, True, 0), (1.0, 1.5, 1, "finish", 1, 1, True, 0),
+        # generate on older weights than its step (a split plan): lag 1, in flight 2
+        (1.5, 1.5, 3, "finish", 8, 1, True, 1), (1.0, 2.0, 3, "drop", 4, 1, True, 2),
+        (1.0, 2.0, 2, "drop", 4, 1, True, 0), (1.5, 1.5, 2, "restart", 8, 1, True, 0),
+        (1.0, 1.0, 0, "finish", 8, 1, True, 0), (1.5, 1.5, 3, "finish", 8, 4, True, 0),
+        (1.0, 1.0, 1, "finish", 1, 2, True, 0),
         # streaming without partial rollout: a sample never spans versions
-        (1.5, 1.0, 0, "finish", 8, 4, False), (1.0, 1.0, 1, "finish", 1, 2, False),
-        (1.5, 1.0, 2, "drop", 8, 4, False)])
+        (1.5, 1.0, 0, "finish", 8, 4, False, 0), (1.0, 1.0, 1, "finish", 1, 2, False, 0),
+        (1.5, 1.0, 2, "drop", 8, 4, False, 0)])
 def test_simulated_rounds_decode_what_the_rollout_cache_decodes(
         sigma: float, oversample: float, max_lag: int, stale: str, check: int,
-        stride: int, mix: bool) -> None:
+        stride: int, mix: bool, lag: int) -> None:
     # the same lengths through the runtime's cache and the model's simulation: the same
     # decode steps and the same carried tokens re-encoded, round for round (streaming too)
     m = LengthModel(256, 2048, "lognormal", sigma)
     per_call = 16 // stride
     profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
-                       mix_versions=mix)
+                       mix_versions=mix, generate_lag=lag)
     steps, reencoded = cache_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8,
-                                    stride, mix)
+                                    stride, mix, lag)
     assert profile.steps == pytest.approx(steps)
     assert profile.reencoded_tokens == pytest.approx(reencoded)
 
@@ -214,3 +217,29 @@ def test_prefill_chunk_padding_follows_the_static_engine() -> None:
 def test_chunk_padding_is_never_negative_and_never_exceeds_the_chunks(rows: list[int]) -> None:
     padding = chunk_padding(rows)
     assert 0 <= padding <= len(rows) * max(rows) - sum(rows)
+
+
+def test_generate_lag_follows_the_plan_structure() -> None:
+    # colocated with train: fresh weights; a split plan: one version behind; in flight: two,
+    # never more than the bound; and the lag costs decode steps (must-finish comes due sooner)
+    from rlgraph.config.load import load_spec
+    from rlgraph.pricing.context import CostContext
+    from rlgraph.pricing.generate import generate_lag
+
+    graph = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+
+    def lag(overrides: list[str], colocated: set[str]) -> int:
+        spec = load_spec(graph, ["schedule.partial_rollout=true", *overrides])
+        ctx = CostContext(spec=spec, name="generate", shape=None, gpu=None, gpus=1,
+                          colocated=frozenset(colocated))  # (the lag reads neither)
+        return generate_lag(spec.nodes["generate"], ctx)
+
+    one, split = {"generate", "logp", "train"}, {"generate"}
+    assert lag(["schedule.max_lag=3"], one) == 0
+    assert lag(["schedule.max_lag=3"], split) == 1
+    assert lag(["schedule.max_lag=3", "nodes.generate.inflight=true"], split) == 2
+    assert lag(["schedule.max_lag=1", "nodes.generate.inflight=true"], split) == 1
+    assert lag(["schedule.max_lag=0", "schedule.partial_rollout=false"], split) == 0
+    m = LengthModel(512, 8192, "lognormal", 1.0)
+    steps = [simulate(m, 32, 8, 1.5, 3, "finish", 8, 8, generate_lag=g).steps for g in (0, 1)]
+    assert steps[1] > steps[0]
