@@ -15,6 +15,8 @@
 # and keeps the steps it finished, so STEPS may ask for more than fit. UNTIL_PREFIX=P
 # (UNTIL_PREFIX1 for the one-GPU plans): a mode stops once it has trained every data position
 # below P, so the plans compared do the same work, long tails included (`same_work`).
+# UNTIL_PREFIX_INFLIGHT: the split in-flight part's own prefix (default UNTIL_PREFIX), to run it
+# longer than the part it is compared with (`same_work` rates both to the smaller prefix).
 # LAG (3, 6 or 8): the split pair's max_lag (the one-GPU plans keep 3). NAME: the merged file's
 # name (gpu-inflight).
 set -u
@@ -27,6 +29,7 @@ PHASE1_S=${PHASE1_S:-$PHASE_S}
 STOP_S=${STOP_S:-50}
 UNTIL_PREFIX=${UNTIL_PREFIX:-}
 UNTIL_PREFIX1=${UNTIL_PREFIX1:-$UNTIL_PREFIX}
+UNTIL_PREFIX_INFLIGHT=${UNTIL_PREFIX_INFLIGHT:-$UNTIL_PREFIX}
 LAG=${LAG:-3}
 NAME=${NAME:-gpu-inflight}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
@@ -49,7 +52,8 @@ if [ "$GPUS" -ge 4 ]; then
   part part-partial 2 --modes partial-lag3 &
   part part-kv 3 --kv-gap &
   wait
-  part part-split-inflight 0,1 --modes split-partial-lag$LAG-inflight &
+  UNTIL_PREFIX=$UNTIL_PREFIX_INFLIGHT part part-split-inflight 0,1 \
+    --modes split-partial-lag$LAG-inflight &
   part part-split 2,3 --modes split-partial-lag$LAG &
   wait
 else
@@ -60,7 +64,8 @@ else
       --modes partial-lag3 &
     wait
   fi
-  part part-split-inflight 0,1 --modes split-partial-lag$LAG-inflight
+  UNTIL_PREFIX=$UNTIL_PREFIX_INFLIGHT part part-split-inflight 0,1 \
+    --modes split-partial-lag$LAG-inflight
   part part-split 0,1 --modes split-partial-lag$LAG
 fi
 python3 bench/gpu_inflight.py --merge "$OUT"/part-*.json --out "$OUT" --name "$NAME"
