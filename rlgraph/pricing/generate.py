@@ -193,6 +193,8 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                                       int(data.prompt_len),
                                       generate_lag=generate_lag(node, ctx), stride=stride,
                                       inflight=inflight,
+                                      slots=int(ctx.extra.get("engine_slots") or 0) or None,
+                                      slot_refill=engine_of(ctx.spec).slot_refill,
                                       reencode=getattr(node, "kv", "keep") == "recompute",
                                       mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
