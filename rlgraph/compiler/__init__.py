@@ -359,7 +359,8 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     util = utilization(tg, period)
     if not steady.exact:
         messages.append(f"the schedule did not settle into a periodic regime within "
-                        f"{steady.sim.steps} steps; period_s is a long-run average")
+                        f"{steady.sim.steps} steps; period_s is estimated from its nearest "
+                        f"repeat (never under bound_s)")
     if measured:
         used = sorted(set(measured) & set(costs))
         messages.append(f"calibrated {len(used)} node(s) from measured times: {', '.join(used)}")

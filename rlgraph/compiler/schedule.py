@@ -24,8 +24,13 @@ by end time, `busy` groups) so a 1000-node graph simulates tens of steps in a fr
 second. The steady-state period comes from detecting the periodic regime: the greedy
 schedule of a deterministic system eventually repeats, every node's start shifting by the
 same `c * period` each `c` steps; the last `max_distance + 2` steps are ignored (no later
-steps compete with them, so they run early). Without a detected regime the simulation is
-doubled, and at the cap the period is the average over the second half of the run.
+steps compete with them, so they run early). Cyclicities up to MAX_CYCLE are searched at
+every step; a longer one is found where the last step's relative start times recur. Without
+a detected regime the simulation is doubled up to MAX_STEPS steps (or MAX_TASKS tasks); then
+the period is estimated between the last step and the earlier step whose relative start
+times come closest to it (a quasi-periodic regime, or one approached slowly, never repeats
+within reach). Every reported period is at least the proven lower bound
+(`period_bound.schedule_bound`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import Any
 from rlgraph.compiler.period_bound import schedule_bound
 from rlgraph.compiler.timed_graph import TimedGraph, piece_name
 
-MAX_CYCLE = 8  # longest cyclicity (steps per repeat) searched for
+MAX_CYCLE = 8  # cyclicities (steps per repeat) searched at every step; longer ones recur
+MAX_STEPS = 1024  # simulated steps at most before the period is estimated
 MAX_TASKS = 400_000  # simulation size cap (steps x nodes)
 
 
@@ -263,23 +269,35 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
 
 @dataclass
 class SteadyState:
-    """The periodic regime of a simulation (or the long-run average if none was found)."""
+    """The periodic regime of a simulation (or an estimate of its period if none was found)."""
 
     period: float
-    cyclicity: int  # steps per repeat; 0 when estimated by averaging
+    cyclicity: int  # steps per repeat; 0 when estimated
     first_step: int  # first step of the detected regime
     sim: Simulation
     exact: bool = field(default=True)
 
 
+def _tolerance(sim: Simulation) -> float:
+    """How far two start times may differ and count as equal (float rounding of the run)."""
+    span = max((e for e in sim.end if e == e), default=0.0)
+    return 1e-9 * max(span, 1e-300)
+
+
+def _offsets(sim: Simulation, step: int) -> list[float]:
+    """Each node's start at `step` less the first node's: the step's shape."""
+    row = sim.row(step)
+    return [x - row[0] for x in row]
+
+
 def detect_period(sim: Simulation) -> SteadyState | None:
     """The periodic regime: every node's start shifts by the same amount every c steps over
-    at least 2c + max_distance + 2 consecutive steps (before the last steps' end effects)."""
+    at least 2c + max_distance + 2 consecutive steps (before the last steps' end effects);
+    c up to MAX_CYCLE first, then a longer cyclicity (`_long_cycle`)."""
     tg = sim.tg
     dmax = tg.max_distance()
     hi = sim.steps - dmax - 2
-    span = max((e for e in sim.end if e == e), default=0.0)
-    tol = 1e-9 * max(span, 1e-300)
+    tol = _tolerance(sim)
     for c in range(1, MAX_CYCLE + 1):
         need = 2 * c + dmax + 2
         run, shift = 0, math.nan
@@ -295,23 +313,70 @@ def detect_period(sim: Simulation) -> SteadyState | None:
                 first = t - run + 1
                 period = (sim.row(first + c)[0] - sim.row(first)[0]) / c
                 return SteadyState(max(period, 0.0), c, first, sim)
+    return _long_cycle(sim, hi, dmax, tol)
+
+
+def _long_cycle(sim: Simulation, hi: int, dmax: int, tol: float) -> SteadyState | None:
+    """A regime of more than MAX_CYCLE steps per repeat: the nearest earlier step `a` whose
+    offsets (`_offsets`) equal the last usable step's gives c = last - a; it holds when
+    every node shifts by the same amount from step t to t + c for 2c + dmax + 2 consecutive
+    t ending at `a` (as `detect_period` asks of short ones)."""
+    last = hi - 1
+    if last < 0:
+        return None
+    shape, top = _offsets(sim, last), sim.row(last)
+    for a in range(last - MAX_CYCLE - 1, -1, -1):
+        c = last - a
+        need = 2 * c + dmax + 2
+        if need > a + 1:  # the run would start before step 0
+            return None
+        if any(abs(x - y) > tol for x, y in zip(_offsets(sim, a), shape)):
+            continue
+        delta, run = top[0] - sim.row(a)[0], 0
+        for t in range(a, -1, -1):
+            x, y = sim.row(t), sim.row(t + c)
+            if abs((y[0] - x[0]) - delta) > tol or any(
+                    abs((v - u) - delta) > tol for u, v in zip(x, y)):
+                break
+            run += 1
+        if run >= need:
+            first = a - run + 1
+            period = (sim.row(first + c)[0] - sim.row(first)[0]) / c
+            return SteadyState(max(period, 0.0), c, first, sim)
     return None
+
+
+def estimate_period(sim: Simulation) -> tuple[float, float, int]:
+    """(period, its error, first step) of a run without a detected regime: the start shift
+    per step between the last usable step and the step of the middle half whose offsets come
+    closest to it (a near repeat: the error is that distance over the steps between)."""
+    tg = sim.tg
+    hi = max(1, sim.steps - tg.max_distance() - 2)
+    shape = _offsets(sim, hi)
+    lo, best = max(0, hi // 4), math.inf
+    for t in range(max(0, hi // 4), max(1, hi - hi // 4)):
+        gap = max(abs(x - y) for x, y in zip(_offsets(sim, t), shape))
+        if gap < best:
+            lo, best = t, gap
+    lo = min(lo, hi - 1)
+    steps = hi - lo
+    return (sim.row(hi)[0] - sim.row(lo)[0]) / steps, (best + _tolerance(sim)) / steps, lo
 
 
 def steady_state(tg: TimedGraph, policy: LowestStepFirst | None = None,
                  min_steps: int = 16) -> SteadyState:
-    """Simulate until the periodic regime shows (doubling the steps), or average at the cap."""
+    """Simulate until the periodic regime shows (doubling the steps), or estimate the period
+    at MAX_STEPS steps (MAX_TASKS tasks); never under the proven bound."""
     steps = max(min_steps, 4 * (tg.max_distance() + 2))
     while True:
         sim = simulate(tg, steps, policy)
         found = detect_period(sim)
         if found is not None:  # a slow approach can pass for a cycle a hair under the bound
             return replace(found, period=max(found.period, schedule_bound(tg).seconds))
-        if 2 * steps * max(tg.n, 1) > MAX_TASKS:
-            lo, hi = steps // 2, max(steps // 2 + 1, steps - tg.max_distance() - 2)
-            period = (sim.row(hi)[-1] - sim.row(lo)[-1]) / (hi - lo)
-            # a finite window's average can dip below the proven lower bound; never report that
-            period = max(period, schedule_bound(tg).seconds)
+        if steps >= MAX_STEPS or 2 * steps * max(tg.n, 1) > MAX_TASKS:
+            period, error, lo = estimate_period(sim)
+            bound = schedule_bound(tg).seconds  # proven: an estimate within its error of it
+            period = bound if period - error <= bound else period  # is the bound
             return SteadyState(max(period, 0.0), 0, lo, sim, exact=False)
         steps *= 2
 

@@ -67,15 +67,15 @@ def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -
     count, the power of two >= rows, 16 at least), each split reading its share of its own
     row's blocks: the step's attention lasts at least the longest row's K/V of one KV head
     over its splits at one block's streaming rate (COSTS.split_kv_block_bytes_per_s). An
-    engine revision without the varlen kernel (`sdpa`) runs SDPA's one block per row and KV
-    head: one split."""
+    engine revision without the varlen kernel (`sdpa`) has no such term: its SDPA reads
+    every row over the padded attention length (`decode_step_seconds`)."""
     shape, gpu = ctx.shape, ctx.gpu
-    if not static_engine(node, ctx) or not gpu.sms or longest <= 0:
+    if (not static_engine(node, ctx) or not gpu.sms or longest <= 0
+            or not engine_of(ctx.spec).varlen_attention):
         return 0.0
     heads = max(1, shape.kv_heads // node.tp)
     width = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
-    splits = max(1, gpu.sms // (width * heads) * 2) if engine_of(ctx.spec).varlen_attention \
-        else 1
+    splits = max(1, gpu.sms // (width * heads) * 2)
     per_head = longest * shape.kv_bytes_per_token() / node.tp / heads
     return per_head / splits / COSTS.split_kv_block_bytes_per_s
 
@@ -93,7 +93,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
     read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
     rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
-    (floor + 2 all-reduce latencies when tp > 1); the static engine's attention lasts at
+    (floor + 2 all-reduce latencies when tp > 1); on an engine revision without the varlen
+    kernel (`sdpa`) SDPA reads every slot of the compacted width (the power of two >= rows,
+    16 at least) to the longest row, its CUDA graph's padded batch; the varlen engine's
+    attention lasts at
     least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
     context) and the host spends the engine revision's `host_seconds_per_step` between its
     steps (`inflight_host_seconds_per_step` with in-flight updates, whose looks overlap the
@@ -103,10 +106,14 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
     weights = 2 * shape.matmul_params / tp / hbm
-    kv = rows * context * shape.kv_bytes_per_token() / tp / hbm
     varlen = static_engine(node, ctx) and engine_of(ctx.spec).varlen_attention
+    attended = rows
+    if static_engine(node, ctx) and not varlen:  # SDPA over the graph's padded batch:
+        context = max(context, longest)  # every slot of the compacted width, to the longest
+        attended = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
+    kv = attended * context * shape.kv_bytes_per_token() / tp / hbm
     if node.engine == "native" and gpu.sms and not varlen:
-        kv /= min(1.0, rows * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
+        kv /= min(1.0, attended * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
     if static_engine(node, ctx):
         kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
     flops = 2 * shape.matmul_active * rows / tp
@@ -193,6 +200,8 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                                       int(data.prompt_len),
                                       generate_lag=generate_lag(node, ctx), stride=stride,
                                       inflight=inflight,
+                                      slots=int(ctx.extra.get("engine_slots") or 0) or None,
+                                      slot_refill=engine_of(ctx.spec).slot_refill,
                                       reencode=getattr(node, "kv", "keep") == "recompute",
                                       mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)

@@ -49,32 +49,45 @@ class RoundProfile:
     padding_tokens: float = 0.0
 
 
-def _inflight_stop(groups: list[dict], starts: list[int], prompts: int, must: list[int],
-                   check_every: int, room: Callable[[int], int],
-                   new_group: Callable[[int], dict]) -> int:
+def _inflight_stop(groups: list[dict], starts: list[int], prompts: int,
+                   must: Callable[[], list[int]], check_every: int,
+                   room: Callable[[int, int], int], new_group: Callable[[int], dict]) -> int:
     """In-flight updates: the round's last step. The engine looks every `check_every` steps;
     a group is complete at the first look after its longest row's end. At each look (the
-    first before any step) the round ends if `prompts` groups are complete with every `must`
-    group among them, else new groups are admitted until the round holds `room(complete
-    groups)`; they start decoding at once. Appends the admitted groups to `groups` and
-    their first steps to `starts`."""
-    def detect(i: int) -> int:
-        return starts[i] + math.ceil(max(groups[i]["left"]) / check_every) * check_every
+    first before any step) the round ends if `prompts` groups are complete with every group
+    `must()` names among them, else new groups are admitted until the round holds
+    `room(live rows, complete groups)`; they start decoding at once. Appends the admitted
+    groups to `groups` and their first steps to `starts`."""
+    def look(start: int, left: int) -> int:  # the first look at or after a row's end
+        return start + math.ceil(left / check_every) * check_every
 
-    heap = [(detect(i), i) for i in range(len(groups))]
-    heapq.heapify(heap)
+    def push(i: int) -> None:  # a look where group i's rows free slots, its last completes it
+        for r in set(groups[i]["left"]):
+            heapq.heappush(heap, (look(starts[i], r), r == max(groups[i]["left"]), i))
+
+    heap: list[tuple[int, bool, int]] = [(0, False, -1)]  # the first look, before any step
+    for i in range(len(groups)):
+        push(i)
     done: set[int] = set()
     stop = 0
+    due = set(must())
     while heap:
         stop = heap[0][0]
         while heap and heap[0][0] == stop:
-            done.add(heapq.heappop(heap)[1])
-        if len(done) >= prompts and set(must) <= done:
+            _, completes, i = heapq.heappop(heap)
+            if completes:
+                done.add(i)
+        if len(done) >= prompts and due <= done:
             break
-        while len(groups) < room(len(done)):  # free slots: later batches' groups
-            groups.append(new_group(stop))
-            starts.append(stop)
-            heapq.heappush(heap, (detect(len(groups) - 1), len(groups) - 1))
+        live = sum(1 for g, a in zip(groups, starts, strict=True) for r in g["left"]
+                   if a + r > stop)
+        target = room(live, len(done))
+        if len(groups) < target:  # free slots: later batches' groups
+            while len(groups) < target:
+                groups.append(new_group(stop))
+                starts.append(stop)
+                push(len(groups) - 1)
+            due = set(must())  # more groups due by a later call
     return stop
 
 
@@ -100,7 +113,8 @@ def _restart_older(groups: list[dict], version: int, rules: RolloutRules) -> Non
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
              seed: int = 0, stride: int = 1, inflight: bool = False,
-             reencode: bool = True, mix_versions: bool = True) -> RoundProfile:
+             reencode: bool = True, mix_versions: bool = True,
+             slots: int | None = None, slot_refill: bool = True) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group). `stride` K > 1:
@@ -108,7 +122,13 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     batch's K x oversample x prompts groups in flight, admitted only while their version can
     still be trained (`RolloutCache.refill`). `inflight` (`engines.inflight`): a completed
     group's place is refilled inside the round (`_inflight_stop`), and carried rows keep
-    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version).
+    their KV cache, re-encoded only with `reencode` (kv: recompute, once a version); a
+    look admits the whole groups the engine's free slots take (`slots`: the engine's, at
+    most a row for every group in flight), within the version's window
+    (`RolloutRules.target` with `room`, as `engines.inflight` refills), and must-finish
+    counts a group with no token yet at its admission version; engine revisions before
+    that rule (`slot_refill` False) refilled the round's complete groups (`taken`) and
+    fixed the must-finish groups at the round's start.
     Without `mix_versions` (streaming without partial rollout) a sample never spans versions:
     an unfinished one begun under an older version restarts from its prompt (as
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
@@ -116,6 +136,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     rng = random.Random(seed)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
                             stale=stale, stride=stride, mix_versions=mix_versions)
+    engine = min(slots, rules.in_flight * k) if slots else rules.in_flight * k
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
               "dropped": 0.0, "pad": 0.0}
@@ -140,9 +161,12 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
         carried = len(groups)
         target = rules.target(t, version)
 
-        def room(complete: int, t: int = t, version: int = version) -> int:
-            # in-flight updates refill inside the round, for the groups it will emit
-            return rules.target(t, version, min(complete, prompts))
+        def room(live: int, complete: int, t: int = t, version: int = version,
+                 groups: list[dict] = groups) -> int:
+            # in-flight updates refill inside the round: whole groups into the free slots
+            if not slot_refill:  # (earlier engines: a group for each complete one)
+                return rules.target(t, version, min(complete, prompts))
+            return rules.target(t, version, held=len(groups), room=(engine - live) // k)
 
         re_tokens = re_square = 0.0
         queue = []  # rows the round prefills, in queue order: carried, then new
@@ -157,7 +181,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
         def new_group(_: int, version: int = version) -> dict:
             # in flight, a group's version is that of its first token (set when it decodes
             # one: a group admitted in a round that decodes nothing starts later)
-            return {"version": None if inflight else version,
+            return {"version": None if inflight else version, "admitted": version,
                     "left": [m.length_at(rng.random()) for _ in range(k)], "done": [0] * k}
 
         while len(groups) < target:
@@ -169,7 +193,17 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
                                          for g in groups], t))
         starts = [0] * len(groups)
         if inflight:
-            stop = _inflight_stop(groups, starts, prompts, must, check_every, room, new_group)
+            def due(t: int = t, groups: list[dict] = groups, fixed: list[int] = must
+                    ) -> list[int]:
+                if not slot_refill:  # (earlier engines: the groups due at the start)
+                    return fixed
+                # a group with no token yet counts as begun with its admission version
+                return sorted(rules.must_finish(
+                    [g["version"] if g["version"] is not None else g["admitted"]
+                     for g in groups],
+                    t))
+
+            stop = _inflight_stop(groups, starts, prompts, due, check_every, room, new_group)
         else:
             end = sorted(need)[prompts - 1]
             if must:

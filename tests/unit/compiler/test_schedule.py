@@ -12,7 +12,14 @@ import pytest
 
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.period_bound import enumerated_cycle_ratio, max_cycle_ratio, schedule_bound
-from rlgraph.compiler.schedule import LowestStepFirst, TaskState, simulate, steady_state
+from rlgraph.compiler.schedule import (
+    MAX_CYCLE,
+    MAX_STEPS,
+    LowestStepFirst,
+    TaskState,
+    simulate,
+    steady_state,
+)
 from rlgraph.compiler.timed_graph import TimedGraph
 from rlgraph.config.load import load_spec
 
@@ -102,6 +109,35 @@ def test_simulation_times_and_steady_period() -> None:
     steady = steady_state(tg)
     assert steady.period == pytest.approx(4.0) and steady.cyclicity == 1 and steady.exact
     assert steady_state(pipeline((4.0, 3.0, 0.0), reserve_lag=0)).period == pytest.approx(7.0)
+
+
+def ref_apart(durations: tuple[float, ...], lag: int) -> TimedGraph:
+    """generate -> logp, ref_logp, reward -> train -> param_update; ref_logp has a group of
+    its own, reward none."""
+    return TimedGraph(("generate", "logp", "ref_logp", "reward", "train", "param_update"),
+                      durations, ("trainer", "ref", "rollout"),
+                      ((2,), (0,), (1,), (), (0,), (0,)),
+                      ((0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4), (4, 5)),
+                      ((5, 0, lag + 1),), lag + 1, lag)
+
+
+def test_long_cycles_are_found_and_a_regime_out_of_reach_is_estimated_early() -> None:
+    # ref_logp (24 s) bounds the step; the rest falls behind it and catches up once every
+    # 16 steps (36 with a 6 s train): regimes longer than MAX_CYCLE, found in few steps
+    for train, cycle, period in ((7.0, 16, 24.0625), (6.0, 36, 24.0)):
+        steady = steady_state(ref_apart((9.0, 9.0, 24.0, 1.0, train, 0.25), 1))
+        assert (steady.exact, steady.cyclicity, steady.period) == (True, cycle, period)
+        assert cycle > MAX_CYCLE and steady.sim.steps <= 128
+        sim, first = steady.sim, steady.first_step
+        for t in range(first, first + cycle):
+            assert {b - a for a, b in zip(sim.row(t), sim.row(t + cycle))} == {cycle * period}
+    # reward (1.5 s a step, in no group) bounds it; the trainer's 1.296... s drifts against
+    # it and repeats out of reach: estimated at MAX_STEPS, within its error of the bound,
+    # so the bound (it ran to 40960 steps before)
+    tg = ref_apart((1.0, 1.0, 1.0, 1.5, 0.046368437090909084, 0.25), 2)
+    steady = steady_state(tg)
+    assert not steady.exact and steady.period == schedule_bound(tg).seconds == 1.5
+    assert MAX_STEPS <= steady.sim.steps < 2 * MAX_STEPS
 
 
 @pytest.mark.parametrize("path", sorted(GRAPHS.glob("*.yaml")), ids=lambda p: p.stem)

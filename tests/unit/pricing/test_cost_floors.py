@@ -193,9 +193,17 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
     assert split_kv_seconds(wide, 16000, node, ctx) == pytest.approx(2 * one)
     splits = h100.sms // (16 * shape.kv_heads) * 2
     assert split_kv_seconds(3, 8000, node, ctx) == pytest.approx(one / splits)
-    # the engine before the varlen kernel (SDPA): one block per row and KV head, one split
+    # the engine before the varlen kernel: SDPA reads every slot of the compacted width to
+    # the longest row (the CUDA graph's padded batch), at its occupancy; no split-KV term
     sdpa = spec_of(pricing={"engine_revision": "sdpa"})
-    assert split_kv_seconds(3, 8000, sdpa.nodes["generate"], context(sdpa)) == pytest.approx(one)
+    snode, sctx = sdpa.nodes["generate"], context(sdpa)
+    assert split_kv_seconds(3, 8000, snode, sctx) == 0
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
+    padded = 16 * 8000 * shape.kv_bytes_per_token() / hbm / (16 * shape.kv_heads / h100.sms)
+    short = decode_step_seconds(3, 500, snode, sctx, longest=500)
+    assert decode_step_seconds(3, 500, snode, sctx, longest=8000) == pytest.approx(
+        short + padded - 16 * 500 * shape.kv_bytes_per_token() / hbm
+        / (16 * shape.kv_heads / h100.sms))
     # a long row among many short ones: the step is at least its blocks, not the mean KV
     many = decode_step_seconds(wide, 500, node, ctx, longest=8000)
     assert many >= decode_step_seconds(wide, 500, node, ctx) + one - wide * 500 * (

@@ -136,11 +136,15 @@ def test_stale_finish_rounds_decode_each_batch_of_tokens_once(
 
 
 def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
-                    stale: str, check: int, prompt_len: int, stride: int = 1) -> float:
+                    stale: str, check: int, prompt_len: int, stride: int = 1,
+                    slot_refill: bool = True) -> float:
     """Mean decode steps of the steady rounds of the runtime's cache driven as in-flight
     updates drive it (`engines.inflight`): rows are never interrupted (nothing re-encoded),
     the engine runs `check` steps between looks, and at each look (the first before any
-    step) the groups completed so far are refilled (`RolloutCache.refill(taken=...)`)."""
+    step) the engine's free slots (a slot for every row in flight) take whole new groups
+    (`RolloutCache.refill(room=...)`), and must-finish counts unstarted groups at their
+    admission version; `slot_refill` False: the earlier engines' rule, a group for each
+    complete one (`taken`), the must-finish groups fixed at the round's start."""
     rng = random.Random(0)
     cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
                          oversample=oversample * stride, stride=stride,
@@ -148,18 +152,23 @@ def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max
                          prompt_of=lambda position: [1] * prompt_len,
                          length_of=lambda position, sample: m.length_at(rng.random()))
     total = 0.0
+    slots = cache.in_flight * k
     for t in range(ROUNDS * stride):
         version = t // stride
         cache.evict(t, version)
         cache.refill(t, version)
-        must = cache.must_finish(t)
+        must = cache.must_finish(t, started=slot_refill)
 
         def complete() -> set[int]:
             return {i for i, g in enumerate(cache.groups) if g.complete}
 
         steps, done = 0, complete()
         while not (len(done) >= prompts and must <= done):
-            cache.refill(t, version, taken=min(len(done), prompts))
+            if not slot_refill:
+                cache.refill(t, version, taken=min(len(done), prompts))
+            busy = sum(1 for g in cache.groups for s in g.samples if not s.finished)
+            if slot_refill and cache.refill(t, version, room=(slots - busy) // k):
+                must = cache.must_finish(t, started=True)
             live = [s for g in cache.groups for s in g.samples if not s.finished]
             assert live, "the round ran out of rows"
             for _ in range(check):
@@ -177,23 +186,29 @@ def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max
     return total / ((ROUNDS - WARMUP) * stride)
 
 
-@pytest.mark.parametrize(("sigma", "oversample", "max_lag", "stale", "check", "stride"), [
-    (1.5, 1.5, 3, "finish", 8, 1), (1.0, 2.0, 1, "drop", 4, 1), (1.0, 1.5, 2, "finish", 1, 1),
-    (1.5, 1.5, 3, "finish", 8, 4), (1.0, 1.0, 1, "finish", 2, 2)])
+@pytest.mark.parametrize(
+    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "slot_refill"), [
+        (1.5, 1.5, 3, "finish", 8, 1, True), (1.0, 2.0, 1, "drop", 4, 1, True),
+        (1.0, 1.5, 2, "finish", 1, 1, True), (1.5, 1.5, 3, "finish", 8, 4, True),
+        (1.0, 1.0, 1, "finish", 2, 2, True),
+        # the earlier engines' rule (engine revisions before slot_refill)
+        (1.5, 1.5, 3, "finish", 8, 1, False), (1.0, 2.0, 1, "drop", 4, 1, False)])
 def test_inflight_rounds_decode_what_the_runtime_decodes(
         sigma: float, oversample: float, max_lag: int, stale: str, check: int,
-        stride: int) -> None:
+        stride: int, slot_refill: bool) -> None:
     # in-flight updates: the simulation's refill inside a round and its never-stopped rows
     # against the runtime's cache driven the way engines.inflight drives it, same lengths
     m = LengthModel(256, 2048, "lognormal", sigma)
     per_call = 16 // stride
     profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
-                       inflight=True, reencode=False)
+                       inflight=True, reencode=False, slot_refill=slot_refill)
     assert profile.reencoded_tokens == 0
     assert profile.steps == pytest.approx(
-        inflight_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8, stride))
+        inflight_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8, stride,
+                        slot_refill))
     again = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
-                     inflight=True, reencode=True)  # kv: recompute re-encodes carried rows
+                     inflight=True, reencode=True,  # kv: recompute re-encodes carried rows
+                     slot_refill=slot_refill)
     assert again.steps == profile.steps and (again.reencoded_tokens > 0 or max_lag == 0)
 
 
