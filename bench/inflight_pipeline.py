@@ -32,7 +32,8 @@ pair at max_lag 3): logp + train, the carried rows' re-encode (`generate/prefill
 in-flight updates) and a call's time outside the engine. The checks: per batch, the
 model's decode steps and ms a step against those of that call and of the max_lag-8 call
 (gpu-inflight-lag8.json), both run with the `taken` rule, and the same-work ratio
-(`gpu_inflight.same_work`) of the max_lag-3 call. Then, per max_lag, each plan's
+(`gpu_inflight.same_work`) of the max_lag-3 call; then the same for the max_lag-8 call that
+ran the `slots` rule (gpu-inflight-slots.json). Then, per max_lag, each plan's
 samples/s until every data position below P is trained, P the smallest final prefix, and
 the trained lengths against sync's over the same number of samples. Writes
 inflight-pipeline.json.
@@ -58,6 +59,7 @@ from bench.gpu_inflight import GRAPHS, MODES, ratio  # noqa: E402
 
 CALL = ROOT / "bench" / "results" / "gpu-inflight.json"
 CALL_LAG8 = ROOT / "bench" / "results" / "gpu-inflight-lag8.json"
+CALL_SLOTS = ROOT / "bench" / "results" / "gpu-inflight-slots.json"
 PAIR = ("split-partial-lag3-inflight", "split-partial-lag3")
 REFILLS = ("slots", "taken")  # the runtime's in-flight refill rule, and the one before it
 
@@ -284,6 +286,19 @@ def main() -> int:
                         work["samples_per_s"], "partial_samples_per_s":
                         work["other_samples_per_s"], "inflight_over_partial":
                         work["over_other"]}}
+    if CALL_SLOTS.exists():  # the call that ran the `slots` rule (max_lag 8)
+        slots = json.loads(CALL_SLOTS.read_text())
+        runs = {"inflight": run(True, 24, 8, times, overrides, physics, "slots"),
+                "partial": run(False, 24, 8, times, overrides, physics)}
+        work = slots["plans"][0]["same_work"]
+        check["max_lag_8_slots"] = {
+            "inflight (slots)": per_batch_check(runs["inflight"],
+                                                slots["modes"]["split-partial-lag8-inflight"]),
+            "same_work_model": compare(runs, per_step, work["prefix"]),
+            "same_work_gpu": {"prefix": work["prefix"], "inflight_samples_per_s":
+                              work["samples_per_s"], "partial_samples_per_s":
+                              work["other_samples_per_s"], "inflight_over_partial":
+                              work["over_other"]}}
     res["check_against_gpu_calls"] = check
     print("check", json.dumps(check), flush=True)
     for lag in (int(x) for x in args.lags.split(",")):
