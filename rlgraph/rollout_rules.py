@@ -76,7 +76,7 @@ class RolloutRules:
 
     def can_carry(self, step: int, version: int) -> bool:
         """Whether a sample begun with `version` at call `step` may still be trained later."""
-        return version > oldest_trainable(step, self.max_lag)
+        return self.last_call(version) > step
 
     def window(self, step: int, version: int) -> int:
         """Groups call `step` may hold when it admits with `version`: as many as the calls
@@ -92,13 +92,14 @@ class RolloutRules:
         then admits up to that, within the version's `window` (a complete group, or one with
         a single long row left, holds no slot, so counting slots, not groups, keeps the
         engine as wide as its memory allows)."""
-        if room is not None and self.can_carry(step, version):
-            return max(held, min(held + room, self.window(step, version)))
+        if room is not None:  # none where a sample begun now could only be trained now
+            return max(held, min(held + room, self.window(step, version))
+                       if self.can_carry(step, version) else held)
         if self.stride > 1:
             window = (version + self.max_lag) * self.stride + self.stride - step
             return min(self.in_flight + taken, max(1, window) * self.prompts)
         if not self.can_carry(step, version):
-            return 0 if taken or room is not None else self.prompts
+            return 0 if taken else self.prompts
         if taken:  # no more than the batches this version can still reach take
             return min(self.in_flight + taken,
                        (version + self.max_lag + 1 - step) * self.prompts)

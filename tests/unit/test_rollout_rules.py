@@ -24,8 +24,13 @@ def test_a_refill_inside_the_round_by_free_slots_stays_within_the_versions_windo
     assert rules.target(step=5, version=4, held=5, room=9) == 8  # the window caps the slots
     assert rules.target(step=5, version=4, held=5, room=1) == 6
     assert rules.target(step=5, version=4, held=9, room=4) == 9  # never below what is held
-    assert rules.target(step=5, version=3, held=2, room=4) == 0  # as old as the bound: none
+    assert rules.target(step=5, version=3, held=2, room=4) == 2  # as old as the bound: none
     assert rules.last_call(4) == 6 and not rules.is_stale(4, 6) and rules.is_stale(4, 7)
+    streamed = RolloutRules.of(prompts=2, oversample=4.0, max_lag=1, stride=4)
+    # version 1's samples may be trained through mini-batch (1 + 1) * 4 + 3 = 11
+    assert streamed.window(step=9, version=1) == 3 * 2
+    assert streamed.target(step=9, version=1, held=3, room=2) == 5
+    assert streamed.target(step=11, version=1, held=3, room=2) == 3  # only batch 11 left
 
 
 def test_streaming_admits_only_while_the_versions_window_has_room() -> None:

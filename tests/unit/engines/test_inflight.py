@@ -219,6 +219,35 @@ def test_refills_take_the_free_slots_and_no_group_is_dropped() -> None:
     assert max(held) > cache.in_flight + prompts and cache.totals["dropped"] == 0
 
 
+def test_streamed_refills_by_free_slots_reach_later_mini_batches_within_the_bound() -> None:
+    """Streaming (4 mini-batch calls a version): a refill inside a call by free slots admits
+    groups while their version's mini-batches have room, and none is dropped."""
+    prompts, k, lag, stride = 2, 2, 1, 4
+    cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k, oversample=4.0,
+                         max_lag=lag, stale="finish", max_new_tokens=64, stride=stride,
+                         prompt_of=lambda p: [1],
+                         length_of=lambda p, s: random.Random(p * 7 + s).choice([2, 3, 30]))
+    slots, refilled = cache.in_flight * k, 0
+    for t in range(24):
+        version = t // stride
+        cache.evict(t, version)
+        cache.refill(t, version)
+        must, done = cache.must_finish(t, started=True), set()
+        while not (len(done) >= prompts and must <= done):
+            busy = sum(not s.finished for g in cache.groups for s in g.samples)
+            if cache.refill(t, version, room=(slots - busy) // k):
+                refilled += 1
+                must = cache.must_finish(t, started=True)
+            for s in (s for g in cache.groups for s in g.samples if not s.finished):
+                s.tokens.append(0)
+                s.versions.append(version)
+                s.finished = len(s.tokens) >= s.budget
+            done = {i for i, g in enumerate(cache.groups) if g.complete}
+        for g in cache.take():
+            assert min(v for s in g.samples for v in s.versions) >= t // stride - lag
+    assert refilled > 0 and cache.totals["dropped"] == 0
+
+
 def test_evicted_rows_leave_the_engine() -> None:
     cache, inflight, live = setup("keep", max_lag=1)
     run_round(cache, inflight, live, 0)
