@@ -43,13 +43,14 @@ class CostConstants:
     train_state_bytes_per_param: float = 16.0
     usable_memory_fraction: float = 0.90
     logits_bytes_forward: float = 28.0
-    split_kv_block_bytes_per_s: float = 11e9
+    split_kv_block_bytes_per_s: float = 10.1e9
     logits_bytes_backward: float = 34.0
     eager_activation_bytes_per_hidden: float = 278.0
     eager_pass_host_seconds_per_layer: float = 1.53e-3
     replica_dispatch_s: float = 0.028
     moe_pass_factor: float = 0.55
     bias_attention_forward_efficiency: float = 0.093
+    decode_floor_attention_seconds_per_layer: float = 24.5e-6
     bias_attention_backward_efficiency: float = 0.081
 
 
@@ -204,8 +205,12 @@ COST_SOURCES: dict[str, str] = {
                                   "get_split_k) the partial mix (32 carried rows, longest "
                                   "8038 tokens) took 8.28-8.68 ms a step against 3.98-4.50 ms "
                                   "for the sync mix (longest 3626, and far shorter at those "
-                                  "widths): ~4.5 ms for one block to stream the longest row's "
-                                  "K/V of one KV head (8038 x 6144 B = 49 MB), 11 GB/s",
+                                  "widths): 4.18-4.31 ms more, on top of the attention time "
+                                  "the sync mix's steps already hold inside the per-layer "
+                                  "floor (decode_floor_attention_seconds_per_layer x 24 = "
+                                  "0.59 ms): ~4.89 ms for one block to stream the longest "
+                                  "row's K/V of one KV head (8038 x 6144 B = 49.4 MB), "
+                                  "10.1 GB/s",
     "eager_activation_bytes_per_hidden": "bench/results/gpu-node-profile-h200x2.json "
                                          "`profile` (one H200, qwen2.5-0.5b shape with the "
                                          "character vocabulary: 24 layers, hidden 896, 358M "
@@ -266,6 +271,25 @@ COST_SOURCES: dict[str, str] = {
                                           "took 1.565 s over train's passes, two forward-"
                                           "equivalents of the whole square (1.25e14 FLOP): "
                                           "79.9 TFLOP/s, 8.1% of peak",
+    "decode_floor_attention_seconds_per_layer": "bench/results/gpu-decode.json (H200, "
+                                                "llama-374m, 24 layers, the static engine "
+                                                "compiled + CUDA graphs + fused, 64 rows of "
+                                                "at most 160 tokens, its kernel profile): the "
+                                                "attention kernel took 588.4 us a step over "
+                                                "24 calls, 24.5 us a layer at short "
+                                                "contexts, inside the per-layer floors "
+                                                "measured at such contexts; the varlen "
+                                                "engine's attention adds only what its KV "
+                                                "reads or longest row's blocks take beyond "
+                                                "it (gpu-longtail-1gpu.json decode_varlen, "
+                                                "H100: 3.48-3.50 ms a step at 1-16 live rows "
+                                                "whether the longest row holds 3626 or 8038 "
+                                                "tokens); the H200 sync run of "
+                                                "gpu-longtail-1gpu.json (sigma 1.5, varlen "
+                                                "section) measured 3.41-3.45 device ms a "
+                                                "decode step over 8192 steps "
+                                                "(generate/decode_ms_per_step), priced 3.41 "
+                                                "with this term, 3.77 without",
     "usable_memory_fraction": "CUDA context, NCCL buffers and fragmentation leave ~90% of a "
                               "GPU for model state (vLLM's gpu_memory_utilization default 0.9)",
 }

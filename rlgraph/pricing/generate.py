@@ -96,11 +96,13 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     (floor + 2 all-reduce latencies when tp > 1); on an engine revision without the varlen
     kernel (`sdpa`) SDPA reads every slot of the compacted width (the power of two >= rows,
     16 at least) to the longest row, its CUDA graph's padded batch; the varlen engine's
-    attention lasts at
-    least its longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's
-    context) and the host spends the engine revision's `host_seconds_per_step` between its
-    steps (`inflight_host_seconds_per_step` with in-flight updates, whose looks overlap the
-    launched steps; `rlgraph.pricing.system.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
+    attention lasts at least its longest row's split-KV blocks (`split_kv_seconds`,
+    `longest`: that row's context), and only what it takes beyond the attention kernel's
+    own time, which the per-layer floor already holds
+    (COSTS.decode_floor_attention_seconds_per_layer), is added; the host spends the engine
+    revision's `host_seconds_per_step` between its steps (`inflight_host_seconds_per_step`
+    with in-flight updates, whose looks overlap the launched steps;
+    `rlgraph.pricing.system.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
@@ -114,8 +116,9 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     kv = attended * context * shape.kv_bytes_per_token() / tp / hbm
     if node.engine == "native" and gpu.sms and not varlen:
         kv /= min(1.0, attended * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
-    if static_engine(node, ctx):
-        kv = max(kv, split_kv_seconds(rows, longest, node, ctx))  # the longest row's blocks
+    if varlen:  # the longest row's blocks; the per-layer floor holds the kernel's own time
+        kv = max(kv, split_kv_seconds(rows, longest, node, ctx))
+        kv = max(0.0, kv - shape.layers * COSTS.decode_floor_attention_seconds_per_layer)
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
