@@ -19,7 +19,10 @@ keeps its samples, the simulation its lengths); pure Python, the compiler import
   one call per mini-batch, version = call // K) admits only while the version's window
   (mini-batches through (version + max_lag) * K + K - 1) has room. `taken` > 0: a refill
   inside the round (in-flight updates) for groups the round will emit, only where the
-  version can be carried, and no more than the batches it can still reach take.
+  version can be carried, and no more than the batches it can still reach take; `room`:
+  whole groups into the engine's free slots, within that window less `reserve` (generate
+  sharing train's GPU keeps the oversample's slack, so must-finish does not force a call to
+  take exactly the oldest groups, stragglers included).
 - **must finish** (`must_finish`, `stale: finish`): a round does not end while a group that
   the next call could no longer train (a token as old as the bound allows) is open, at most
   a batch of them in admission order.
@@ -47,14 +50,22 @@ class RolloutRules:
     stale: Stale = "drop"
     stride: int = 1  # calls per policy version (streaming's mini-batches; 1 without)
     mix_versions: bool = True  # a sample may span versions (partial rollout, in-flight)
+    reserve: int = 0  # groups of the window in-flight refills leave free (`of`)
 
     @classmethod
     def of(cls, *, prompts: int, oversample: float, max_lag: int, stale: Stale = "drop",
-           stride: int = 1, mix_versions: bool = True) -> RolloutRules:
+           stride: int = 1, mix_versions: bool = True,
+           shares_device: bool = False) -> RolloutRules:
         """The rules of a cache that holds `ceil(oversample x prompts)` groups (at least a
-        batch)."""
-        return cls(prompts, max(prompts, math.ceil(oversample * prompts)), max_lag, stale,
-                   stride, mix_versions)
+        batch). `shares_device`: generate time-shares its GPU with train (one GPU, colocated),
+        so every decode step is paid by the whole loop and a call that must finish a long
+        straggler at a few rows stalls train too; in-flight refills then leave the window
+        the slack the cache holds over a version's batch (`in_flight - stride x prompts`, the
+        oversample's groups) as `reserve`, so a call can take the groups that complete first
+        instead of exactly the oldest."""
+        in_flight = max(prompts, math.ceil(oversample * prompts))
+        reserve = max(0, in_flight - stride * prompts) if shares_device else 0
+        return cls(prompts, in_flight, max_lag, stale, stride, mix_versions, reserve)
 
     def floor(self, step: int) -> int:
         """The oldest policy version call `step` may train."""
@@ -89,11 +100,11 @@ class RolloutRules:
         `taken`: complete groups it will emit that a refill inside the round replaces.
         `room` (a refill inside the round on an engine that keeps rows across calls, with
         `held` groups held now): the whole groups the engine's free slots take now; the round
-        then admits up to that, within the version's `window` (a complete group, or one with
-        a single long row left, holds no slot, so counting slots, not groups, keeps the
-        engine as wide as its memory allows)."""
+        then admits up to that, within the version's `window` less `reserve` (a complete
+        group, or one with a single long row left, holds no slot, so counting slots, not
+        groups, keeps the engine as wide as its memory allows)."""
         if room is not None:  # none where a sample begun now could only be trained now
-            return max(held, min(held + room, self.window(step, version))
+            return max(held, min(held + room, self.window(step, version) - self.reserve)
                        if self.can_carry(step, version) else held)
         if self.stride > 1:
             window = (version + self.max_lag) * self.stride + self.stride - step

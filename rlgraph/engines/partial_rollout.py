@@ -120,13 +120,15 @@ class RolloutCache:
                  max_lag: int, stale: Stale, max_new_tokens: int,
                  prompt_of: Callable[[int], list[int]],
                  length_of: Callable[[int, int], int] | None = None,
-                 stride: int = 1, mix_versions: bool = True) -> None:
+                 stride: int = 1, mix_versions: bool = True,
+                 shares_device: bool = False) -> None:
         self.prompts_per_step, self.samples_per_prompt = prompts_per_step, samples_per_prompt
         # admission, eviction and must-finish (rlgraph.rollout_rules; the cost model's
         # simulation of these rounds asks the same rules)
         self.rules = RolloutRules.of(prompts=prompts_per_step, oversample=oversample,
                                      max_lag=max_lag, stale=stale, stride=stride,
-                                     mix_versions=mix_versions)
+                                     mix_versions=mix_versions,
+                                     shares_device=shares_device)
         self.max_new_tokens = max_new_tokens
         self.prompt_of = prompt_of  # data position -> prompt token ids
         self.length_of = length_of  # (data position, sample) -> forced length, or None

@@ -183,6 +183,8 @@ class GenerateWorker:
                 samples_per_prompt=data.samples_per_prompt, oversample=oversample,
                 max_lag=schedule.max_lag, stale=node.stale, stride=k,
                 mix_versions=schedule.partial_rollout or node.inflight,
+                # one GPU: generate time-shares it with train (the workspace trains)
+                shares_device=node.inflight and workspace.optimizer is not None,
                 max_new_tokens=data.response_len.max,
                 prompt_of=lambda position: self._encode(self.data.example(
                     self._data_position(position))),

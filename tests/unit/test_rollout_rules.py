@@ -66,3 +66,15 @@ def test_without_mixing_a_sample_restarts_under_a_new_version() -> None:
     assert RolloutRules(2, 4, 1, mix_versions=False).restarts_unmixed(3, 4)
     assert not RolloutRules(2, 4, 1, mix_versions=False).restarts_unmixed(4, 4)
     assert not RolloutRules(2, 4, 1).restarts_unmixed(3, 4)
+
+
+def test_a_generate_sharing_trains_gpu_keeps_the_oversample_slack_of_the_window() -> None:
+    """One GPU (generate time-shares it with train): in-flight refills stop the oversample's
+    groups short of the version's window, so a later call can take the groups that complete
+    first; on a split plan they fill the window."""
+    split = RolloutRules.of(prompts=8, oversample=6.0, max_lag=3, stride=4)
+    shared = RolloutRules.of(prompts=8, oversample=6.0, max_lag=3, stride=4, shares_device=True)
+    assert (split.reserve, shared.reserve) == (0, 48 - 32)
+    assert split.target(0, 0, held=40, room=200) == split.window(0, 0) == 128
+    assert shared.target(0, 0, held=40, room=200) == 128 - 16
+    assert shared.target(0, 0, held=120, room=200) == 120  # never below what it holds
