@@ -545,15 +545,15 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       None)
         if anchor is None or len(same) < 2:
             continue
+        anchor_spec = spec_of(row_graph(anchor), anchor["overrides"])
         with logp_forward_priced(anchor["logp_ran"]):
-            scale = carried_scale(anchor["measured_nodes_s"],
-                                  spec_of(row_graph(anchor), anchor["overrides"]))
+            scale = carried_scale(anchor["measured_nodes_s"], anchor_spec)
         for r in same:
             if r is anchor:
                 continue
             spec = spec_of(row_graph(r), r["overrides"])
             with logp_forward_priced(r["logp_ran"]), memory_measured_only():
-                plan = compile_plan(spec, calibration=carry(scale, spec))
+                plan = compile_plan(spec, calibration=carry(scale, spec, anchor_spec))
             period = plan["schedule"]["period_s"]
             out.append({"machine": key, "gpus": r["gpus"], "calibrated_on": anchor["run"],
                         "run": r["run"], "measured_step_s": r["measured_step_s"],

@@ -109,18 +109,22 @@ def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str
             if n in measured and c.modelled > 0}
 
 
-def carry(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
+def carry(scale: Mapping[str, float], spec: Any, measured_spec: Any = None
+          ) -> dict[str, float]:
     """Seconds of each node of `spec` with `scale` (measured / modelled, `carried_scale`)
     applied to its modelled cost under its own plan, as `compile_plan` takes a calibration.
     A node of whole-sequence passes the run did not measure (logp skipped on its on-policy
     batches, say) takes the ratio of the run's train passes: the same model's forward and
-    backward kernels over the same sequences (`pass_ratios`)."""
+    backward kernels over the same sequences (`pass_ratios`). A node that runs another
+    program here than in the run that measured it (`measured_spec`) keeps its model
+    (`same_program`)."""
     from rlgraph.compiler.costs import node_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
+    kept = same_program(scale, spec, measured_spec)
     costs, _ = node_costs(spec, build_graph(spec), place(spec, strict=False),
-                          scale=pass_ratios(scale, spec))
+                          scale=pass_ratios(kept, spec))
     return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
 
 
@@ -170,6 +174,25 @@ def with_env_latency(spec: Any, path: str | Path | None) -> Any:
     return spec
 
 
+def same_program(scale: Mapping[str, float], spec: Any, measured_spec: Any
+                 ) -> dict[str, float]:
+    """`scale` without the ratios of nodes sharded otherwise in `spec` than in the run that
+    measured them (`measured_spec`; None: all kept): an FSDP trainer (sharded parameters,
+    gathered layer by layer, its own collectives) and whole data-parallel replicas (a
+    gradient all-reduce, the leader's dispatch) are different programs, so one's measured
+    error says nothing of the other's."""
+    if measured_spec is None:
+        return dict(scale)
+
+    def sharding(s: Any, name: str) -> str | None:
+        node = s.nodes.get(name)
+        return None if node is None else getattr(node, "sharding", "none")
+
+    return {n: r for n, r in scale.items()
+            if sharding(measured_spec, n) is None or sharding(spec, n) is None
+            or sharding(measured_spec, n) == sharding(spec, n)}
+
+
 def pass_ratios(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
     """`scale` with the train passes' measured ratio given to every node of `spec` whose
     kind runs whole-sequence passes (logp, ref_logp, critic) and that `scale` lacks."""
@@ -203,4 +226,4 @@ def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
     except (OSError, PlanError) as exc:
         raise CalibrationError(f"{plan_file}: cannot read the run's plan: {exc}") from None
     return carry(carried_scale(measured, with_env_latency(run.spec, path)),
-                 with_env_latency(spec, path))
+                 with_env_latency(spec, path), run.spec)

@@ -334,9 +334,7 @@ def _long_cycle(sim: Simulation, hi: int, dmax: int, tol: float) -> SteadyState 
             continue
         delta, run = top[0] - sim.row(a)[0], 0
         for t in range(a, -1, -1):
-            x, y = sim.row(t), sim.row(t + c)
-            if abs((y[0] - x[0]) - delta) > tol or any(
-                    abs((v - u) - delta) > tol for u, v in zip(x, y)):
+            if any(abs((v - u) - delta) > tol for u, v in zip(sim.row(t), sim.row(t + c))):
                 break
             run += 1
         if run >= need:
@@ -351,7 +349,7 @@ def estimate_period(sim: Simulation) -> tuple[float, float, int]:
     per step between the last usable step and the step of the middle half whose offsets come
     closest to it (a near repeat: the error is that distance over the steps between)."""
     tg = sim.tg
-    hi = max(1, sim.steps - tg.max_distance() - 2)
+    hi = max(1, sim.steps - tg.max_distance() - 3)  # the last usable step
     shape = _offsets(sim, hi)
     lo, best = max(0, hi // 4), math.inf
     for t in range(max(0, hi // 4), max(1, hi - hi // 4)):

@@ -75,6 +75,13 @@ def test_a_calibration_carries_measured_over_modelled_to_another_plan() -> None:
     assert carry(scale, split) == pytest.approx({"generate": 2 * other["generate"],
                                                  **{n: 0.5 * other[n] for n in passes},
                                                  "train": 0.5 * other["train"]})
+    # an FSDP trainer is another program than the measured whole replicas: its model stays
+    sharded = cost_spec(nodes={**dict(COST_NODES), "train": {"sharding": "fsdp"},
+                               "logp": {"sharding": "fsdp"}})
+    kept = carry(scale, sharded, colocated)
+    assert "train" not in kept and kept["generate"] == pytest.approx(
+        2 * costs_of(sharded)["generate"].modelled)
+    assert "train" in carry(scale, sharded)  # (no measured plan given: every ratio carried)
 
 
 def test_rlgraph_run_refuses_a_plan_priced_as_another_system() -> None:
