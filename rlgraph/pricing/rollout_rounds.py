@@ -17,9 +17,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import threading
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 
 from rlgraph.lengths import LengthModel
 from rlgraph.rollout_rules import RolloutRules
@@ -109,6 +113,56 @@ def _restart_older(groups: list[dict], version: int, rules: RolloutRules) -> Non
             g["version"] = version
 
 
+_DRAWING = threading.Lock()
+
+
+@lru_cache(maxsize=16)
+def _drawn(m: LengthModel, seed: int) -> tuple[random.Random, array]:
+    """The seeded generator of `m`'s lengths and the lengths it has drawn so far."""
+    return random.Random(seed), array("q")
+
+
+class _Lengths:
+    """`m.length_at(u)` for u = Random(seed).random(), .random(), ... in order: the same
+    sequence for every simulation of `m` and `seed`, each length drawn once per process."""
+
+    def __init__(self, m: LengthModel, seed: int) -> None:
+        self.m, self.taken = m, 0
+        self.rng, self.drawn = _drawn(m, seed)
+
+    def take(self, n: int) -> list[int]:
+        """The next `n` lengths of the sequence."""
+        first, self.taken = self.taken, self.taken + n
+        if self.taken > len(self.drawn):
+            with _DRAWING:  # one draw per place, in order, whichever thread draws it
+                while len(self.drawn) < self.taken:
+                    self.drawn.append(self.m.length_at(self.rng.random()))
+        return self.drawn[first:self.taken].tolist()
+
+
+def _alive(runs: list[tuple[int, int, int]]) -> Callable[[float], list[float]]:
+    """For `runs` sorted (first step, steps, context): s -> the contexts at step s of the rows
+    decoding then (a <= s < a + r, as c + s - a), in the order of `runs`. Rows of one first
+    step are sorted by their steps, so the live ones of each are a suffix found by bisection
+    (`s - a` is exact: a is a whole number no larger than s)."""
+    firsts: list[int] = []
+    blocks: list[tuple[int, list[int], list[int]]] = []
+    for a, r, c in runs:
+        if not firsts or a != firsts[-1]:
+            firsts.append(a)
+            blocks.append((a, [], []))
+        blocks[-1][1].append(r)
+        blocks[-1][2].append(c)
+
+    def alive(s: float) -> list[float]:
+        out: list[float] = []
+        for a, steps, contexts in blocks[:bisect_right(firsts, s)]:
+            live = map(s.__radd__, contexts[bisect_right(steps, s - a):])  # c + s
+            out += live if a == 0 else map(float.__sub__, live, repeat(float(a)))  # - a
+        return out
+    return alive
+
+
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
@@ -133,7 +187,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     an unfinished one begun under an older version restarts from its prompt (as
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
     the cache restarts only its samples older than the bound)."""
-    rng = random.Random(seed)
+    lengths = _Lengths(m, seed)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
                             stale=stale, stride=stride, mix_versions=mix_versions)
     engine = min(slots, rules.in_flight * k) if slots else rules.in_flight * k
@@ -182,7 +236,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             # in flight, a group's version is that of its first token (set when it decodes
             # one: a group admitted in a round that decodes nothing starts later)
             return {"version": None if inflight else version, "admitted": version,
-                    "left": [m.length_at(rng.random()) for _ in range(k)], "done": [0] * k}
+                    "left": lengths.take(k), "done": [0] * k}
 
         while len(groups) < target:
             groups.append(new_group(0))
@@ -209,11 +263,11 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             if must:
                 end = max(end, max(need[i] for i in must))
             stop = min(max(need), math.ceil(end / check_every) * check_every)
-        # rows: (first step, steps decoded this round, context at its first step)
-        runs = sorted((a, min(r, stop - a), prompt_len + d) for g, a in zip(groups, starts)
-                      for r, d in zip(g["left"], g["done"], strict=True) if r > 0 and a < stop)
-        steady = t >= warm
-        if steady:  # a round whose batch is already complete decodes nothing, and counts
+        if t >= warm:  # a round whose batch is already complete decodes nothing, and counts
+            # rows: (first step, steps decoded this round, context at its first step)
+            runs = sorted((a, min(r, stop - a), prompt_len + d) for g, a in zip(groups, starts)
+                          for r, d in zip(g["left"], g["done"], strict=True)
+                          if r > 0 and a < stop)
             counted += 1
             totals["steps"] += stop
             totals["re"] += re_tokens
@@ -222,9 +276,10 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             totals["pad"] += padding
             totals["tokens"] += sum(r for _, r, _ in runs)
             width = stop / SEGMENTS
+            live = _alive(runs)
             for j in range(SEGMENTS):
                 s = (j + 0.5) * width
-                alive = [c + s - a for a, r, c in runs if a <= s < a + r]
+                alive = live(s)
                 if alive:
                     segments.append((width, len(alive), sum(alive) / len(alive), max(alive)))
         for g, a in zip(groups, starts, strict=True):

@@ -18,6 +18,8 @@ from rlgraph.pricing.rollout_rounds import (
     PREFILL_TOKENS,
     ROUNDS,
     WARMUP,
+    _alive,
+    _Lengths,
     chunk_padding,
     simulate,
 )
@@ -258,3 +260,28 @@ def test_generate_lag_follows_the_plan_structure() -> None:
     m = LengthModel(512, 8192, "lognormal", 1.0)
     steps = [simulate(m, 32, 8, 1.5, 3, "finish", 8, 8, generate_lag=g).steps for g in (0, 1)]
     assert steps[1] > steps[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 60), st.integers(1, 300)),
+                max_size=60), st.integers(1, 200), st.integers(1, 24))
+def test_live_rows_by_bisection_are_the_filtered_rows_in_order(
+        rows: list[tuple[int, int, int]], stop: int, segments: int) -> None:
+    """`_alive` gives exactly the rows (and floats, in order) of the filter it replaces."""
+    runs = sorted(rows)
+    live = _alive(runs)
+    for j in range(segments):
+        s = (j + 0.5) * (stop / segments)
+        assert live(s) == [c + s - a for a, r, c in runs if a <= s < a + r]
+
+
+def test_shared_length_draws_are_the_seeded_quantiles() -> None:
+    """Every simulation of one model and seed draws the lengths of Random(seed) in order,
+    however its draws interleave with another simulation's."""
+    m = LengthModel(mean=300.0, max=2048.0, sigma=1.2)
+    rng = random.Random(3)
+    expected = [m.length_at(rng.random()) for _ in range(50)]
+    first, second = _Lengths(m, 3), _Lengths(m, 3)
+    assert first.take(20) == expected[:20]
+    assert second.take(7) + second.take(43) == expected
+    assert first.take(30) == expected[20:]
