@@ -24,7 +24,8 @@ Method (the space is `rlgraph.tune.space.SearchSpace`, a candidate's evaluation
   tp; neighbours whose lower bound cannot beat the current plan are never simulated.
   Deterministic for a seed.
 
-Both stop at `time_budget_s` (the result then says it is not exact).
+Both stop at `time_budget_s` of wall time (default `TIME_BUDGET_S`, read at each call; the
+result then says it is not exact).
 """
 
 from __future__ import annotations
@@ -338,14 +339,18 @@ class _Search:
 
 
 def tune(spec: Spec, *, top: int = 5, seed: int = 0, calibration: Any = None,
-         time_budget_s: float = TIME_BUDGET_S, tp_choices: list[int] | None = None,
+         time_budget_s: float | None = None, tp_choices: list[int] | None = None,
          method: str = "auto") -> TuneResult:
     """Search the plan space of `spec` (see the module docstring) and rank the best plans.
 
     `calibration`: as for `compile_plan` (seconds per node, measured events or a trace path);
     measured/modelled ratios at the user's placement carry over to every candidate.
-    `method`: "auto" (enumerate when small), "enumeration" or "local search"."""
+    `method`: "auto" (enumerate when small), "enumeration" or "local search".
+    `time_budget_s`: wall seconds before the search returns the best plan found so far (None:
+    the module's `TIME_BUDGET_S` at call time)."""
     started = time.perf_counter()
+    if time_budget_s is None:
+        time_budget_s = TIME_BUDGET_S
     graph = build_graph(spec)  # structural errors are the user's to fix, not a search result
     prove_lag(graph, spec.schedule.partial_rollout)
     if not spec.groups:
