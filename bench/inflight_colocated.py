@@ -16,7 +16,8 @@ admits the same samples in the same order):
 - `stream+inflight`: the same with in-flight updates (rows stay in the engine; free slots
   are refilled with whole groups at every look, `RolloutCache.refill(room=)`), with the
   cache's `reserve` (the runtime's rule for a generate that shares train's GPU) or without
-  (`reserve=0`, the rule the GPU call ran).
+  it (the rule before, which filled the version's window to the brim);
+- `partial+inflight`: the unstreamed partial rollout with in-flight updates, likewise.
 
 Each look's `sync_every` decode steps cost `pricing.generate.decode_step_seconds` for that
 look's live rows, their mean context and the longest row (H200). logp + train per step or
@@ -70,7 +71,8 @@ def measured_times(call: dict[str, Any]) -> dict[str, float]:
 
 def run(plan: str, batches: int, times: dict[str, float], overrides: list[str],
         reserve: bool = True) -> dict[str, Any]:
-    """The model (module docstring) of `plan` ("partial", "stream", "stream+inflight") for
+    """The model (module docstring) of `plan` ("partial", "partial+inflight", "stream",
+    "stream+inflight") for
     `batches` steps: per call its decode steps and seconds, mean live rows, train end and
     trained data positions; the cache's totals and what is in flight at the end.
     `reserve`: in-flight refills keep the reserve of a generate sharing train's GPU (the
@@ -82,7 +84,8 @@ def run(plan: str, batches: int, times: dict[str, float], overrides: list[str],
     streamed, inflight = plan.startswith("stream"), plan.endswith("inflight")
     mode = STREAMED if streamed else UNSTREAMED
     spec = load_spec(GRAPHS / "longtail-1gpu.yaml", [
-        *[o for o in MODES[mode] if inflight or "inflight" not in o], *overrides])
+        *[o for o in MODES[mode] if "inflight" not in o],
+        *(["nodes.generate.inflight=true"] if inflight else []), *overrides])
     data, node, k = spec.data, spec.nodes["generate"], spec.schedule.mini_batches
     look, price = node.sync_every, step_pricer(spec)
     cache = RolloutCache(
@@ -166,7 +169,9 @@ def main() -> int:
     began = time.perf_counter()
     plans = {"partial": ("partial", True), "stream": ("stream", True),
              "stream+inflight (no reserve)": ("stream+inflight", False),
-             "stream+inflight": ("stream+inflight", True)}
+             "stream+inflight": ("stream+inflight", True),
+             "partial+inflight (no reserve)": ("partial+inflight", False),
+             "partial+inflight": ("partial+inflight", True)}
     runs = {name: run(plan, args.batches, times, overrides, reserve)
             for name, (plan, reserve) in plans.items()}
     prefix = min(prefixes(r["positions"])[-1] for r in runs.values())

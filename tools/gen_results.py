@@ -54,6 +54,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "sdpa_bias": ["gpu-sdpa-bias.json"],
     "train_split": ["gpu-train-split.json"],
     "pass_profile": ["gpu-pass-profile.json"],
+    "decode_grid": ["gpu-decode-grid.json"],
 }
 # Modules of bench/ that are not benchmarks: what they hold.
 SUPPORT = {"common": "what the benchmarks share: result paths, the machine record, mean and "

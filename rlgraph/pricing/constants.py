@@ -43,7 +43,8 @@ class CostConstants:
     train_state_bytes_per_param: float = 16.0
     usable_memory_fraction: float = 0.90
     logits_bytes_forward: float = 28.0
-    split_kv_block_bytes_per_s: float = 10.1e9
+    split_kv_block_bytes_per_s: float = 8.41e9
+    sdpa_decode_bytes_per_s_per_sm: float = 17.4e9
     logits_bytes_backward: float = 34.0
     eager_activation_bytes_per_hidden: float = 278.0
     eager_pass_host_seconds_per_layer: float = 1.53e-3
@@ -199,18 +200,30 @@ COST_SOURCES: dict[str, str] = {
                              "the gradient and the output, reduces once and writes (16), the "
                              "division's backward reads and writes (8), the cast back to "
                              "bf16 reads fp32 and writes bf16 (6): 34 bytes",
-    "split_kv_block_bytes_per_s": "bench/results/gpu-longtail-1gpu.json decode_varlen (H100, "
-                                  "the static engine's varlen attention, one call): at widths "
-                                  "128-512 (one KV split per slot and KV head, torch's "
-                                  "get_split_k) the partial mix (32 carried rows, longest "
-                                  "8038 tokens) took 8.28-8.68 ms a step against 3.98-4.50 ms "
-                                  "for the sync mix (longest 3626, and far shorter at those "
-                                  "widths): 4.18-4.31 ms more, on top of the attention time "
-                                  "the sync mix's steps already hold inside the per-layer "
-                                  "floor (decode_floor_attention_seconds_per_layer x 24 = "
-                                  "0.59 ms): ~4.89 ms for one block to stream the longest "
-                                  "row's K/V of one KV head (8038 x 6144 B = 49.4 MB), "
-                                  "10.1 GB/s",
+    "split_kv_block_bytes_per_s": "bench/results/gpu-decode-grid.json (H200, "
+                                  "`python bench/decode_grid.py`, the static engine's varlen "
+                                  "attention, one captured step replayed): at widths 128, 256 "
+                                  "and 512 (one KV split per slot and KV head, torch's "
+                                  "get_split_k) a longest row of 8192 tokens took 2.97-2.99 "
+                                  "ms a step more than one of 4096 beside the same fresh rows "
+                                  "(512 or 2048 tokens; 1 or width / 16 long rows alike), and "
+                                  "at width 64 (two splits) 1.50 ms: 4096 x 6144 B = 25.2 MB "
+                                  "of one KV head streamed by one block (or 12.6 MB by each "
+                                  "of two) in that time, 8.41 GB/s. The difference cancels "
+                                  "every other term of the step. Consistent with the H100's "
+                                  "gpu-longtail-1gpu.json decode_varlen: its partial mix took "
+                                  "4.18-4.31 ms a step more than the sync mix at widths "
+                                  "128-512, where its longest live row stood near 6500 "
+                                  "tokens (carried prefixes to 3/4 of 8192) against ~700",
+    "sdpa_decode_bytes_per_s_per_sm": "bench/results/gpu-longtail-1gpu.json step_sweep "
+                                      "(H200) and step_sweep_varlen (H100), SDPA decode over "
+                                      "every row at one attention length: at width 512 the "
+                                      "step took 8.42 ms (H200) and 8.47 ms (H100) more at "
+                                      "4096 than at 1024 positions, 512 x 3072 x 12288 B = "
+                                      "19.3 GB in both, 2.30 / 2.28 TB/s; at width 256 4.20 / "
+                                      "4.19 ms for 9.66 GB: the same on a GPU of 4.8 TB/s HBM "
+                                      "and one of 3.35 TB/s, so the SMs bound it, not HBM: "
+                                      "2.29 TB/s over 132 SMs, 17.4 GB/s an SM",
     "eager_activation_bytes_per_hidden": "bench/results/gpu-node-profile-h200x2.json "
                                          "`profile` (one H200, qwen2.5-0.5b shape with the "
                                          "character vocabulary: 24 layers, hidden 896, 358M "

@@ -91,7 +91,9 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     live rows against 3.46 ms at 32), which runs one
     block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
     stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
-    read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs); sampling reads the
+    read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs), each at most
+    COSTS.sdpa_decode_bytes_per_s_per_sm (the SMs, not HBM, bound SDPA's decode: the same
+    2.3 TB/s on an H100 and an H200); sampling reads the
     rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
     (floor + 2 all-reduce latencies when tp > 1); on an engine revision without the varlen
     kernel (`sdpa`) SDPA reads every slot of the compacted width (the power of two >= rows,
@@ -114,8 +116,10 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         context = max(context, longest)  # every slot of the compacted width, to the longest
         attended = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
     kv = attended * context * shape.kv_bytes_per_token() / tp / hbm
-    if node.engine == "native" and gpu.sms and not varlen:
-        kv /= min(1.0, attended * max(1, shape.kv_heads // tp) / gpu.sms)  # SDPA's occupancy
+    if node.engine == "native" and gpu.sms and not varlen:  # SDPA: one block per (row, KV
+        blocks = attended * max(1, shape.kv_heads // tp)  # head) on as many SMs, each at most
+        rate = min(hbm, min(blocks, gpu.sms) * COSTS.sdpa_decode_bytes_per_s_per_sm)  # its rate
+        kv = attended * context * shape.kv_bytes_per_token() / tp / rate
     if varlen:  # the longest row's blocks; the per-layer floor holds the kernel's own time
         kv = max(kv, split_kv_seconds(rows, longest, node, ctx))
         kv = max(0.0, kv - shape.layers * COSTS.decode_floor_attention_seconds_per_layer)

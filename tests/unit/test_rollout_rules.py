@@ -3,6 +3,9 @@ model's simulation of its rounds both follow."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rlgraph.rollout_rules import RolloutRules
 
 
@@ -78,3 +81,20 @@ def test_a_generate_sharing_trains_gpu_keeps_the_oversample_slack_of_the_window(
     assert split.target(0, 0, held=40, room=200) == split.window(0, 0) == 128
     assert shared.target(0, 0, held=40, room=200) == 128 - 16
     assert shared.target(0, 0, held=120, room=200) == 120  # never below what it holds
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(prompts=st.integers(1, 16), oversample=st.floats(1.0, 8.0), max_lag=st.integers(1, 8),
+       stride=st.sampled_from([1, 2, 4]), step=st.integers(0, 64), behind=st.integers(0, 8),
+       held=st.integers(0, 200), room=st.integers(0, 200))
+def test_the_one_gpu_slack_only_ever_admits_less_and_never_evicts(
+        prompts: int, oversample: float, max_lag: int, stride: int, step: int, behind: int,
+        held: int, room: int) -> None:
+    """With `shares_device` a refill admits at most what the split plan's does, never drops
+    below the groups held, and never fills past the window less the reserve."""
+    version = max(0, step // stride - behind)
+    split, shared = (RolloutRules.of(prompts=prompts, oversample=oversample, max_lag=max_lag,
+                                     stride=stride, shares_device=s) for s in (False, True))
+    ours, theirs = (r.target(step, version, held=held, room=room) for r in (shared, split))
+    assert held <= ours <= theirs
+    assert ours == held or ours <= shared.window(step, version) - shared.reserve

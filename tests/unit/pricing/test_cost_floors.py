@@ -58,7 +58,8 @@ def test_every_decode_step_samples_its_rows_over_the_vocabulary() -> None:
 
 def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
     # the dynamic decode's SDPA runs one block per (row, KV head): below the SM count, more
-    # rows read their KV in the same time; above it, each row adds its KV at full bandwidth
+    # rows read their KV in the same time; above it, each row adds its KV at the lower of
+    # HBM's bandwidth and the SMs' streaming rate
     spec = spec_of(nodes=dict(NODES, generate={"cuda_decode": "dynamic"}))
     ctx = context(spec)
     node, shape, h100 = spec.nodes["generate"], ctx.shape, GPU_PRESETS["H100"]
@@ -69,8 +70,9 @@ def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
                 - decode_step_seconds(rows, 0, node, ctx))
 
     assert attention(4, 4000) == pytest.approx(attention(8, 4000), rel=0.02)
-    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    one_row = 4000 * shape.kv_bytes_per_token() / hbm
+    hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency  # every SM streaming: HBM, or
+    rate = min(hbm, h100.sms * COSTS.sdpa_decode_bytes_per_s_per_sm)  # the SMs where lower
+    one_row = 4000 * shape.kv_bytes_per_token() / rate
     assert attention(full, 4000) == pytest.approx(full * one_row, rel=0.02)
     assert attention(2 * full, 4000) == pytest.approx(2 * attention(full, 4000), rel=0.02)
     assert attention(4, 4000) == pytest.approx(attention(full, 4000), rel=0.02)
@@ -79,6 +81,7 @@ def test_native_attention_streams_kv_on_as_many_sms_as_it_has_blocks() -> None:
     static = spec_of()
     sctx = context(static)
     held = shape.layers * COSTS.decode_floor_attention_seconds_per_layer
+    one_row = 4000 * shape.kv_bytes_per_token() / hbm
     for rows in (1, 4, full, 4 * full):
         assert (decode_step_seconds(rows, 4000, static.nodes["generate"], sctx)
                 - decode_step_seconds(rows, 0, static.nodes["generate"], sctx)
@@ -202,11 +205,11 @@ def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> 
     snode, sctx = sdpa.nodes["generate"], context(sdpa)
     assert split_kv_seconds(3, 8000, snode, sctx) == 0
     hbm = h100.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    padded = 16 * 8000 * shape.kv_bytes_per_token() / hbm / (16 * shape.kv_heads / h100.sms)
+    rate = min(hbm / h100.sms, COSTS.sdpa_decode_bytes_per_s_per_sm) * 16 * shape.kv_heads
+    padded = 16 * 8000 * shape.kv_bytes_per_token() / rate
     short = decode_step_seconds(3, 500, snode, sctx, longest=500)
     assert decode_step_seconds(3, 500, snode, sctx, longest=8000) == pytest.approx(
-        short + padded - 16 * 500 * shape.kv_bytes_per_token() / hbm
-        / (16 * shape.kv_heads / h100.sms))
+        short + padded - 16 * 500 * shape.kv_bytes_per_token() / rate)
     # a long row among many short ones: the step is at least its blocks, not the mean KV
     # (beyond the attention kernel's own time that the per-layer floor holds)
     many = decode_step_seconds(wide, 500, node, ctx, longest=8000)
