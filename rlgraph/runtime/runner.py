@@ -7,7 +7,8 @@ actor to actor as object references; the driver reads only each task's small inf
 A stop (Ctrl-C, SIGTERM, or `request_stop`) starts nothing new, lets running tasks finish,
 and writes a checkpoint at the last trained step with the rollout buffer, so `--resume` loses
 nothing. Checkpoints are also written every `checkpoint_every` steps (each after the ledger
-rows it covers) and, where the trainer's state is intact, when the run fails (runtime.rescue).
+rows it covers) and, where the trainer's state is intact, when the run fails (runtime.rescue);
+what a checkpoint holds and when one is due: `runtime.runner_checkpoint`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from rlgraph.nodes import KINDS
 from rlgraph.runtime import checkpoint as ckpt
 from rlgraph.runtime import cluster, rescue
 from rlgraph.runtime.executor import DriverKnown, RayExecutor, WorkerError
-from rlgraph.runtime.hf_folder import policy_files
 from rlgraph.runtime.loggers import check_loggers
 from rlgraph.runtime.metrics import MetricsWriter, settle_idle
 from rlgraph.runtime.pipeline import Pipeline, drive
+from rlgraph.runtime.runner_checkpoint import RunCheckpoints
 from rlgraph.runtime.step_report import RunResult, StepReport
 from rlgraph.runtime.tasks import Completion
 from rlgraph.runtime.tracing import Tracer, load_events
@@ -74,7 +75,7 @@ class RunOptions:
     final_checkpoint: bool = True  # False: a run that ends normally writes none (benchmarks)
 
 
-class Runner:
+class Runner(RunCheckpoints):
     """One run of a plan (see the module docstring)."""
 
     def __init__(self, plan: Plan, options: RunOptions) -> None:
@@ -399,24 +400,6 @@ class Runner:
         (train's steps are then optimizer steps, each on one mini-batch)."""
         return self.options.steps * self.spec.schedule.mini_batches
 
-    def _keeps_cache(self) -> bool:
-        """Generate keeps a rollout cache across steps (partial rollout, or streaming's
-        continuous refill): a checkpoint must save it."""
-        return self.spec.schedule.partial_rollout or self.spec.schedule.stream is not None
-
-    def _checkpoint_due(self, step: int) -> bool:
-        """A periodic checkpoint after train step `step`: every `checkpoint_every` steps, or
-        `checkpoint_every_s` after the last one (never after the last step: the final one
-        follows)."""
-        opts = self.options
-        if step + 1 >= self.calls():
-            return False
-        if (step + 1) % self.spec.schedule.mini_batches:
-            return False  # streaming: checkpoints fall between versions (Pipeline.stop)
-        if opts.checkpoint_every:
-            return (step + 1) % opts.checkpoint_every == 0
-        return 0 < opts.checkpoint_every_s <= time.time() - self._last_checkpoint
-
     def _validate_final(self, result: RunResult) -> None:
         """The last validation, on the trainer (the final weights), after the last step: its
         `val/*` figures go into the last row (`val/policy_version` says which version)."""
@@ -440,55 +423,6 @@ class Runner:
             tracer.record_env(task.node, task.step, env_spans)
         return tracer.record(task.node, task.kind, task.step, info["start"], info["end"],
                              task.occupies, **extra)
-
-    def _checkpoint(self, pipeline: Pipeline, tracer: Tracer, timeout: float | None = None
-                    ) -> Path:
-        """Trainer state at the last trained step plus the rollout buffer, into DIR/checkpoint
-        (`timeout`: a failed run's rescue, which drops a rollout buffer it cannot fetch)."""
-        import ray
-
-        step = pipeline.trained_steps()
-        train = self._train_actor()
-        state = ray.get(train.state_for_checkpoint.remote(), timeout=timeout)
-        apart = {id(a): a for n, a in self.actors.items()  # a critic in a group of its own
-                 if self.roles[n].trains and not self.roles[n].advances_policy and a is not train}
-        for actor in apart.values():
-            state.setdefault("workers", {}).update(
-                ray.get(actor.worker_states.remote(), timeout=timeout))
-        rescue.check_version(state, step // self.spec.schedule.mini_batches)
-        rollout = rescue.fetch_rollout(pipeline, timeout, self._keeps_cache())
-        gens = [m.step + 1 for m in pipeline.machines.values() if self.roles[m.name].samples]
-        caches = self._rollout_caches(rollout, step, timeout)
-        if self._policy_files is None:
-            self._policy_files = policy_files(self.spec)
-        meta = {"graph": self.spec.name, "spec": self.spec_data, "step": step,
-                "policy_version": int(state.get("policy_version", step)),
-                "data_position": max([step, *(s + 1 for _, s in rollout)]),
-                "generate_next_step": min(gens) if gens else step,
-                "max_lag": self.max_lag, "steps": self.options.steps,
-                "trace_end_s": max((e["end"] for e in tracer.events), default=0.0)}
-        keep = ckpt.Keep(self.spec.checkpoint.keep_last, self.spec.checkpoint.keep_every)
-        folder = ckpt.save_checkpoint(self.options.out_dir, meta, state, rollout, caches,
-                                      self._policy_files, keep)
-        self._last_checkpoint = time.time()
-        return folder
-
-    def _rollout_caches(self, rollout: dict[tuple[str, int], Any], trained: int,
-                        timeout: float | None = None) -> dict[str, dict[str, Any]]:
-        """Partial rollout: each generate node's rollout cache as it stood after the last
-        step in the checkpoint's buffer (or the last trained step), so a resumed run carries
-        the same unfinished samples on."""
-        import ray
-
-        if not self._keeps_cache():
-            return {}
-        refs = {}
-        for node, role in self.roles.items():
-            if role.samples:
-                last = max((s for n, s in rollout if n == node), default=trained - 1)
-                refs[node] = self.actors[node].rollout_cache.remote(node, last)
-        states = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout)))
-        return {node: state for node, state in states.items() if state is not None}
 
     def _write_trace(self, tracer: Tracer) -> None:
         tracer.write(self.options.out_dir / "trace.json", f"{self.spec.name} (measured)",
