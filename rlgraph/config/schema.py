@@ -203,10 +203,13 @@ class PricingSpec(StrictModel):
         default=None, description="verl: how the weights reach the rollout engine at each "
         "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "
         "system's default (bucketed)")
-    engine_revision: Literal["slot_refill", "one_copy", "per_slot", "sdpa"] | None = Field(
+    engine_revision: Literal["shared_gpu_reserve", "slot_refill", "one_copy", "per_slot",
+                             "sdpa"] | None = Field(
         default=None, description="rlgraph: the static decode engine's revision whose host "
-        "time between decode steps and in-flight refill rule the plan pays (slot_refill: "
-        "today's, 0.15 ms a step, in-flight refills by free slots; one_copy: the same host "
+        "time between decode steps and in-flight refill rule the plan pays (shared_gpu_reserve: "
+        "today's, 0.15 ms a step, in-flight refills by free slots, leaving the oversample's "
+        "groups free where generate shares train's GPU; slot_refill: the same without that "
+        "slack; one_copy: the same host "
         "time, refills for the round's complete groups; per_slot: before 2026-11-27, 0.66 "
         "ms; sdpa: before the varlen decode attention, 0.85 ms and SDPA's occupancy), to "
         "price a result measured on an older engine; none: today's "

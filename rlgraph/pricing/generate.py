@@ -200,6 +200,7 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     check = node.sync_every if static_engine(node, ctx) else 1
     inflight = bool(getattr(node, "inflight", False))
     mix = bool(schedule.partial_rollout or inflight)  # else a sample never spans versions
+    engine = engine_of(ctx.spec)
     profile = rollout_rounds.simulate(model, prompts, k,
                                       float(node.oversample) if schedule.partial_rollout
                                       else 1.0,
@@ -208,7 +209,9 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
                                       generate_lag=generate_lag(node, ctx), stride=stride,
                                       inflight=inflight,
                                       slots=int(ctx.extra.get("engine_slots") or 0) or None,
-                                      slot_refill=engine_of(ctx.spec).slot_refill,
+                                      slot_refill=engine.slot_refill,
+                                      shares_device=engine.shared_gpu_reserve
+                                      and "train" in ctx.colocated,
                                       reencode=getattr(node, "kv", "keep") == "recompute",
                                       mix_versions=mix)
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)

@@ -168,7 +168,8 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
              stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
              seed: int = 0, stride: int = 1, inflight: bool = False,
              reencode: bool = True, mix_versions: bool = True,
-             slots: int | None = None, slot_refill: bool = True) -> RoundProfile:
+             slots: int | None = None, slot_refill: bool = True,
+             shares_device: bool = False) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group). `stride` K > 1:
@@ -182,14 +183,17 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     (`RolloutRules.target` with `room`, as `engines.inflight` refills), and must-finish
     counts a group with no token yet at its admission version; engine revisions before
     that rule (`slot_refill` False) refilled the round's complete groups (`taken`) and
-    fixed the must-finish groups at the round's start.
+    fixed the must-finish groups at the round's start. `shares_device` (generate in train's
+    group, in flight): the refills leave the oversample's groups of the window free
+    (`RolloutRules.of`, as the generate node sets it).
     Without `mix_versions` (streaming without partial rollout) a sample never spans versions:
     an unfinished one begun under an older version restarts from its prompt (as
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
     the cache restarts only its samples older than the bound)."""
     lengths = _Lengths(m, seed)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
-                            stale=stale, stride=stride, mix_versions=mix_versions)
+                            stale=stale, stride=stride, mix_versions=mix_versions,
+                            shares_device=shares_device and inflight)
     engine = min(slots, rules.in_flight * k) if slots else rules.in_flight * k
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,

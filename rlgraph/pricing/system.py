@@ -145,6 +145,9 @@ class EngineRevision:
     # in-flight refills take the engine's free slots within the version's window, and
     # must-finish looks ahead (else: a group for each complete one, must-finish at the start)
     slot_refill: bool = True
+    # in-flight refills of a generate that shares train's GPU leave the oversample's groups of
+    # the window free (`RolloutRules.reserve`; else they fill the whole window)
+    shared_gpu_reserve: bool = True
 
 
 ENGINE_REVISIONS: dict[str, EngineRevision] = {
@@ -154,28 +157,36 @@ ENGINE_REVISIONS: dict[str, EngineRevision] = {
         "per width and attention length), before the varlen split-KV kernel became the "
         "default (2026-11-24 18:43 to 2026-11-25 00:30 UTC)",
         landed="2026-11-24 18:43", host_seconds_per_step=0.85e-3,
-        inflight_host_seconds_per_step=0.85e-3, varlen_attention=False, slot_refill=False),
+        inflight_host_seconds_per_step=0.85e-3, varlen_attention=False, slot_refill=False,
+        shared_gpu_reserve=False),
     "per_slot": EngineRevision(
         name="per_slot", what="each slot's finished flag and position read from the host "
         "copy one by one, decode attention by the varlen split-KV kernel; in-flight updates "
         "read a look, then launch the next (2026-11-25 "
         "to 2026-11-27 11:02 UTC)", landed="2026-11-25 00:30",
         host_seconds_per_step=0.66e-3, inflight_host_seconds_per_step=0.66e-3,
-        slot_refill=False),
+        slot_refill=False, shared_gpu_reserve=False),
     "one_copy": EngineRevision(
         name="one_copy", what="the slots read in one host copy (`tolist`); in-flight "
         "updates launch a look's steps before the host reads the last (lookahead); since "
         "2026-11-27 11:02 to 17:02 UTC", landed="2026-11-27 11:02",
         host_seconds_per_step=0.15e-3, inflight_host_seconds_per_step=0.106e-3,
-        slot_refill=False),
+        slot_refill=False, shared_gpu_reserve=False),
     "slot_refill": EngineRevision(
         name="slot_refill", what="one_copy's engine; in-flight refills take the engine's free "
         "slots, whole groups, within the batches the version can still reach, and "
         "must-finish looks ahead over them (counting unstarted groups at their admission "
-        "version); since 2026-11-27 17:02 UTC", landed="2026-11-27 17:02",
+        "version); 2026-11-27 17:02 to 17:44 UTC", landed="2026-11-27 17:02",
+        host_seconds_per_step=0.15e-3, inflight_host_seconds_per_step=0.106e-3,
+        shared_gpu_reserve=False),
+    "shared_gpu_reserve": EngineRevision(
+        name="shared_gpu_reserve", what="slot_refill's engine; where generate shares train's "
+        "GPU, in-flight refills leave the oversample's groups of the version's window free "
+        "(`RolloutRules.reserve`), so a call can take the groups that complete first; since "
+        "2026-11-27 17:44 UTC", landed="2026-11-27 17:44",
         host_seconds_per_step=0.15e-3, inflight_host_seconds_per_step=0.106e-3),
 }
-CURRENT_ENGINE = "slot_refill"  # the revision `rlgraph run` runs today
+CURRENT_ENGINE = "shared_gpu_reserve"  # the revision `rlgraph run` runs today
 
 ENGINE_SOURCES: dict[str, dict[str, str]] = {
     "sdpa": {
@@ -232,6 +243,14 @@ ENGINE_SOURCES: dict[str, dict[str, str]] = {
                                           "(engines/inflight.py `_free_slots`, "
                                           "RolloutRules.target with room, at 1c27f3d), not "
                                           "the host's work per step",
+    },
+    "shared_gpu_reserve": {
+        "host_seconds_per_step": "one_copy's engine and host loop, unchanged: its 0.15 ms "
+                                 "(bench/results/gpu-inflight.json @911cb2f)",
+        "inflight_host_seconds_per_step": "one_copy's 0.106 ms: the reserve changed how many "
+                                          "groups a look admits where generate shares "
+                                          "train's GPU (RolloutRules.of shares_device, at "
+                                          "5c28863), not the host's work per step",
     },
 }
 

@@ -139,20 +139,22 @@ def test_stale_finish_rounds_decode_each_batch_of_tokens_once(
 
 def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
                     stale: str, check: int, prompt_len: int, stride: int = 1,
-                    slot_refill: bool = True) -> float:
+                    slot_refill: bool = True, shares_device: bool = False) -> float:
     """Mean decode steps of the steady rounds of the runtime's cache driven as in-flight
     updates drive it (`engines.inflight`): rows are never interrupted (nothing re-encoded),
     the engine runs `check` steps between looks, and at each look (the first before any
     step) the engine's free slots (a slot for every row in flight) take whole new groups
     (`RolloutCache.refill(room=...)`), and must-finish counts unstarted groups at their
     admission version; `slot_refill` False: the earlier engines' rule, a group for each
-    complete one (`taken`), the must-finish groups fixed at the round's start."""
+    complete one (`taken`), the must-finish groups fixed at the round's start;
+    `shares_device`: generate in train's group (refills leave the oversample's groups free)."""
     rng = random.Random(0)
     cache = RolloutCache(prompts_per_step=prompts, samples_per_prompt=k,
                          oversample=oversample * stride, stride=stride,
                          max_lag=max_lag, stale=stale, max_new_tokens=int(m.max),
                          prompt_of=lambda position: [1] * prompt_len,
-                         length_of=lambda position, sample: m.length_at(rng.random()))
+                         length_of=lambda position, sample: m.length_at(rng.random()),
+                         shares_device=shares_device)
     total = 0.0
     slots = cache.in_flight * k
     for t in range(ROUNDS * stride):
@@ -189,28 +191,35 @@ def inflight_rounds(m: LengthModel, prompts: int, k: int, oversample: float, max
 
 
 @pytest.mark.parametrize(
-    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "slot_refill"), [
-        (1.5, 1.5, 3, "finish", 8, 1, True), (1.0, 2.0, 1, "drop", 4, 1, True),
-        (1.0, 1.5, 2, "finish", 1, 1, True), (1.5, 1.5, 3, "finish", 8, 4, True),
-        (1.0, 1.0, 1, "finish", 2, 2, True),
+    ("sigma", "oversample", "max_lag", "stale", "check", "stride", "slot_refill", "shared"), [
+        (1.5, 1.5, 3, "finish", 8, 1, True, False), (1.0, 2.0, 1, "drop", 4, 1, True, False),
+        (1.0, 1.5, 2, "finish", 1, 1, True, False), (1.5, 1.5, 3, "finish", 8, 4, True, False),
+        (1.0, 1.0, 1, "finish", 2, 2, True, False),
+        # generate sharing train's GPU: the refills leave the oversample's groups free
+        (1.5, 1.5, 3, "finish", 8, 4, True, True), (1.5, 1.5, 3, "finish", 8, 1, True, True),
         # the earlier engines' rule (engine revisions before slot_refill)
-        (1.5, 1.5, 3, "finish", 8, 1, False), (1.0, 2.0, 1, "drop", 4, 1, False)])
+        (1.5, 1.5, 3, "finish", 8, 1, False, False), (1.0, 2.0, 1, "drop", 4, 1, False, False)])
 def test_inflight_rounds_decode_what_the_runtime_decodes(
         sigma: float, oversample: float, max_lag: int, stale: str, check: int,
-        stride: int, slot_refill: bool) -> None:
+        stride: int, slot_refill: bool, shared: bool) -> None:
     # in-flight updates: the simulation's refill inside a round and its never-stopped rows
     # against the runtime's cache driven the way engines.inflight drives it, same lengths
     m = LengthModel(256, 2048, "lognormal", sigma)
     per_call = 16 // stride
     profile = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
-                       inflight=True, reencode=False, slot_refill=slot_refill)
+                       inflight=True, reencode=False, slot_refill=slot_refill,
+                       shares_device=shared)
     assert profile.reencoded_tokens == 0
     assert profile.steps == pytest.approx(
         inflight_rounds(m, per_call, 4, oversample, max_lag, stale, check, 8, stride,
-                        slot_refill))
+                        slot_refill, shared))
+    if shared:  # the slack changes what the rounds decode (else the flag priced nothing)
+        wide = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
+                        inflight=True, reencode=False, slot_refill=slot_refill)
+        assert wide.steps != profile.steps
     again = simulate(m, per_call, 4, oversample, max_lag, stale, check, 8, stride=stride,
                      inflight=True, reencode=True,  # kv: recompute re-encodes carried rows
-                     slot_refill=slot_refill)
+                     slot_refill=slot_refill, shares_device=shared)
     assert again.steps == profile.steps and (again.reencoded_tokens > 0 or max_lag == 0)
 
 
