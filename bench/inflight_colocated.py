@@ -43,7 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import machine  # noqa: E402
 from bench.gpu_inflight import GRAPHS, MODES, ratio  # noqa: E402
-from bench.inflight_pipeline import prefixes, step_pricer, trained_over_sync  # noqa: E402
+from bench.inflight_pipeline import (  # noqa: E402
+    decode_look,
+    prefixes,
+    rate_to_prefix,
+    step_pricer,
+    trained_over_sync,
+)
 
 CALL = ROOT / "bench" / "results" / "gpu-inflight-1gpu.json"
 STREAMED, UNSTREAMED = "stream4-colocated-lag3-inflight", "partial-lag3"
@@ -118,13 +124,7 @@ def run(plan: str, batches: int, times: dict[str, float], overrides: list[str],
                 if cache.refill(call, version, room=(slots - busy) // data.samples_per_prompt):
                     must = cache.must_finish(call, started=True)
             live = [s for g in cache.groups for s in g.samples if not s.finished]
-            contexts = [data.prompt_len + len(s.tokens) + look / 2 for s in live]
-            cost = price(len(live), sum(contexts) / len(contexts), max(contexts))
-            for sample in live:
-                n = min(look, sample.budget - len(sample.tokens))
-                sample.tokens += [0] * n
-                sample.versions += [version] * n
-                sample.finished = len(sample.tokens) >= sample.budget
+            cost = decode_look(live, look, version, data.prompt_len, price)
             now += look * cost
             steps, seconds, rows_steps = steps + look, seconds + look * cost, \
                 rows_steps + look * len(live)
@@ -142,14 +142,6 @@ def run(plan: str, batches: int, times: dict[str, float], overrides: list[str],
     out["in_flight_at_end_samples"] = sum(1 for g in cache.groups for s in g.samples
                                           if s.tokens or inflight)
     return out
-
-
-def rate_to_prefix(r: dict[str, Any], prefix: int, samples_per_step: int) -> tuple[float, int]:
-    """Samples a second from the first step's train end until the end of the first step
-    after which every data position below `prefix` is trained."""
-    step = next(s for s, p in enumerate(prefixes(r["positions"])) if p >= prefix)
-    ends = r["step_end_s"]
-    return round(samples_per_step * step / (ends[step] - ends[0]), 3), step
 
 
 def main() -> int:
@@ -175,10 +167,10 @@ def main() -> int:
     runs = {name: run(plan, args.batches, times, overrides, reserve)
             for name, (plan, reserve) in plans.items()}
     prefix = min(prefixes(r["positions"])[-1] for r in runs.values())
-    base, _ = rate_to_prefix(runs["partial"], prefix, per_step)
+    base, _ = rate_to_prefix(runs["partial"], prefix, per_step, "step_end_s")
     table = {}
     for name, r in runs.items():
-        rate, step = rate_to_prefix(r, prefix, per_step)
+        rate, step = rate_to_prefix(r, prefix, per_step, "step_end_s")
         widths = [w for w in r["mean_width"] if w]
         table[name] = {
             "samples_per_s": rate, "until_step": step,

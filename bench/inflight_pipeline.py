@@ -101,6 +101,23 @@ def step_pricer(spec: Any) -> Callable[[int, float, float], float]:
                                                               longest)
 
 
+def decode_look(live: list[Any], look: int, version: int, prompt_len: int = 0,
+                price: Callable[[int, float, float], float] | None = None) -> float:
+    """Decode `look` steps of the `live` rows (their tokens tagged `version`, a row stops at
+    its budget); the seconds a step of the look costs by `price` (live rows, mean context,
+    longest context: `step_pricer`), 0.0 without one."""
+    cost = 0.0
+    if price is not None:
+        contexts = [prompt_len + len(s.tokens) + look / 2 for s in live]
+        cost = price(len(live), sum(contexts) / len(contexts), max(contexts))
+    for sample in live:
+        n = min(look, sample.budget - len(sample.tokens))
+        sample.tokens += [0] * n
+        sample.versions += [version] * n
+        sample.finished = len(sample.tokens) >= sample.budget
+    return cost
+
+
 def due_now(cache: Any, step: int) -> set[int]:
     """The must-finish rule before the look-ahead (with the `taken` refill it replaced): the
     groups the next call could no longer train, at most a batch in admission order."""
@@ -161,16 +178,9 @@ def run(inflight: bool, batches: int, max_lag: int, times: dict[str, float],
                 cache.refill(t, version, taken=min(len(done), prompts))
                 must = due_now(cache, t)
             live = [s for g in cache.groups for s in g.samples if not s.finished]
-            if price is not None:
-                contexts = [data.prompt_len + len(s.tokens) + look / 2 for s in live]
-                cost = price(len(live), sum(contexts) / len(contexts), max(contexts))
-            else:
+            cost = decode_look(live, look, version, data.prompt_len, price)
+            if price is None:  # --flat: every step at the calls' median
                 cost = times["decode_step_s"]
-            for sample in live:
-                n = min(look, sample.budget - len(sample.tokens))
-                sample.tokens += [0] * n
-                sample.versions += [version] * n
-                sample.finished = len(sample.tokens) >= sample.budget
             now += look * cost
             steps, seconds, rows_steps = steps + look, seconds + look * cost, \
                 rows_steps + look * len(live)
@@ -197,11 +207,13 @@ def prefixes(positions: list[list[int]]) -> list[int]:
     return out
 
 
-def rate_to_prefix(r: dict[str, Any], prefix: int, samples_per_step: int) -> tuple[float, int]:
-    """Samples a second from the first batch's train end to the train end of the first batch
-    after which every position below `prefix` is trained (as gpu_inflight.rate_to_prefix)."""
+def rate_to_prefix(r: dict[str, Any], prefix: int, samples_per_step: int,
+                   ends_key: str = "train_end_s") -> tuple[float, int]:
+    """Samples a second from the first batch's train end (`r[ends_key]`) to the train end of
+    the first batch after which every position below `prefix` is trained (as
+    gpu_inflight.rate_to_prefix)."""
     step = next(s for s, p in enumerate(prefixes(r["positions"])) if p >= prefix)
-    ends = r["train_end_s"]
+    ends = r[ends_key]
     return round(samples_per_step * step / (ends[step] - ends[0]), 3), step
 
 
