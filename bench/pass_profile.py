@@ -16,15 +16,13 @@ tiny shapes, where the profiler reports CPU operators instead of kernels).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from common import ROOT, device_info, machine
-from train_split import CPU_OVERRIDES, GRAPH, draw_lengths, make_batch
+from train_split import GRAPH, draw_lengths, make_batch, train_workspace
 
 ATTENTION = ("fmha", "flash", "attention", "sdpa", "cudnn")
 BACKWARD = ("cutlassb", "bwd", "backward")
@@ -77,21 +75,11 @@ def profiled(fn: Any, cpu: bool) -> dict[str, Any]:
 
 def main() -> int:
     """Profile the passes, print the kinds, write the result."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("overrides", nargs="*", default=["data.response_len.sigma=1.5"])
-    args = parser.parse_args()
+    args, overrides, spec, device, ws = train_workspace(__doc__.splitlines()[0])
     import torch
 
-    from rlgraph.config.load import load_spec
     from rlgraph.engines.cpu_decode import length_batches, token_logp
-    from rlgraph.process.workspace import Workspace
 
-    overrides = [*args.overrides, *(CPU_OVERRIDES if args.cpu else [])]
-    spec = load_spec(GRAPH, overrides)
-    device = "cpu" if args.cpu else "cuda"
-    ws = Workspace(spec, ["train"], seed=0, device=device)
     policy = ws.policy
     rows = spec.data.prompts_per_step * spec.data.samples_per_prompt
     lens = draw_lengths(spec, rows, 0)

@@ -65,23 +65,31 @@ def make_batch(spec: Any, vocab: int, lens: list[int], version: int) -> dict[str
     }
 
 
-def main() -> int:
-    """Time the parts, print them, write the result."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def train_workspace(description: str) -> tuple[argparse.Namespace, list[str], Any, str, Any]:
+    """The long-tail benchmarks' command line (`--cpu`, `--out`, overrides) parsed, and the
+    train workspace of GRAPH built on the GPU (the CPU with `--cpu`, tiny shapes): (args,
+    the overrides applied, the spec, the device, the workspace)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--cpu", action="store_true", help="rehearse on the CPU, tiny shapes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("overrides", nargs="*", default=["data.response_len.sigma=1.5"])
     args = parser.parse_args()
-    import torch
-
     from rlgraph.config.load import load_spec
-    from rlgraph.engines.cpu_decode import length_batches, token_logp
     from rlgraph.process.workspace import Workspace
 
     overrides = [*args.overrides, *(CPU_OVERRIDES if args.cpu else [])]
     spec = load_spec(GRAPH, overrides)
     device = "cpu" if args.cpu else "cuda"
-    ws = Workspace(spec, ["train"], seed=0, device=device)
+    return args, overrides, spec, device, Workspace(spec, ["train"], seed=0, device=device)
+
+
+def main() -> int:
+    """Time the parts, print them, write the result."""
+    args, overrides, spec, device, ws = train_workspace(__doc__.splitlines()[0])
+    import torch
+
+    from rlgraph.engines.cpu_decode import length_batches, token_logp
+
     train, policy = ws.worker("train"), ws.policy
     vocab = policy.config.vocab_size
     rows = spec.data.prompts_per_step * spec.data.samples_per_prompt
