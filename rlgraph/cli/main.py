@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlgraph import __version__
 from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError
+from rlgraph.pricing.system import SYSTEMS
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
@@ -215,10 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale node costs to a measured run: a run dir (its plan.json and "
                    "trace.json: measured / modelled per node carries to this plan, whatever "
                    "its groups) or a trace.json (measured times replace the model's)")
-    p.add_argument("--baseline", metavar="SYSTEM", choices=["rlgraph", "verl", "areal"],
-                   help="price the colocated synchronous baseline as SYSTEM: rlgraph, verl or "
-                   "areal "
-                   "(default: the graph's pricing.system)")
+    p.add_argument("--baseline", metavar="SYSTEM", choices=list(SYSTEMS),
+                   help="price the colocated synchronous baseline as SYSTEM, one of "
+                   f"{', '.join(SYSTEMS)} (default: the graph's pricing.system)")
     p.add_argument("--png", action="store_true",
                    help="also draw timeline.png (matplotlib; about a second more)")
     p.set_defaults(func=cmd_compile)

@@ -195,14 +195,15 @@ class PricingSpec(StrictModel):
     none: the system's default. `engine_revision`: the revision of rlgraph's static decode
     engine the plan is priced as (none: today's)."""
 
-    system: Literal["rlgraph", "verl", "areal"] = Field(
-        default="rlgraph", description="the system that runs the plan: rlgraph (its own "
-        "runtime), verl (hybrid engine) or areal (disaggregated AReaL), whose switch, refit, "
-        "offload and batch-transfer costs the plan pays")
-    refit: Literal["bucketed", "per_tensor"] | None = Field(
-        default=None, description="verl: how the weights reach the rollout engine at each "
-        "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "
-        "system's default (bucketed)")
+    system: str = Field(
+        default="rlgraph", description="the system that runs the plan, a row of "
+        "rlgraph.pricing.system.SYSTEMS: rlgraph (its own runtime), verl (hybrid engine), "
+        "areal (disaggregated AReaL), nemo-rl (NeMo-RL's colocated or split GRPO), ...; its "
+        "switch, refit, offload and batch-transfer costs the plan pays")
+    refit: str | None = Field(
+        default=None, description="how the weights reach the rollout engine at each switch, "
+        "one of the system's documented paths (verl: bucketed 1.8 GB/s or per_tensor 0.18 "
+        "GB/s, verl issue 2419; nemo-rl: ipc_zmq); none: the system's default")
     engine_revision: Literal["shared_gpu_reserve", "slot_refill", "one_copy", "per_slot",
                              "sdpa"] | None = Field(
         default=None, description="rlgraph: the static decode engine's revision whose host "
@@ -214,6 +215,29 @@ class PricingSpec(StrictModel):
         "ms; sdpa: before the varlen decode attention, 0.85 ms and SDPA's occupancy), to "
         "price a result measured on an older engine; none: today's "
         "(`rlgraph.pricing.system.ENGINE_REVISIONS`)")
+
+    @field_validator("system")
+    @classmethod
+    def _known_system(cls, system: str) -> str:
+        from rlgraph.pricing.system import SYSTEMS
+
+        if system not in SYSTEMS:
+            hint = did_you_mean(system, SYSTEMS) or ""
+            raise ValueError(f"unknown system '{system}'{' (' + hint + ')' if hint else ''}; "
+                             f"known systems: {', '.join(SYSTEMS)}")
+        return system
+
+    @model_validator(mode="after")
+    def _known_refit(self) -> PricingSpec:
+        from rlgraph.pricing.system import SYSTEMS
+
+        paths = SYSTEMS[self.system].refit
+        if self.refit is not None and self.refit not in paths:
+            known = (f"its paths: {', '.join(paths)}" if paths
+                     else "it has no refit path to choose: drop the key")
+            raise ValueError(f"refit '{self.refit}' is not a path of system "
+                             f"'{self.system}' ({known})")
+        return self
 
 
 class CheckpointSpec(StrictModel):
