@@ -246,6 +246,15 @@ def bias_attention_seconds(ctx: CostContext, square: float, backward: bool) -> f
     return seconds
 
 
+def streamed_calls(ctx: CostContext) -> int:
+    """Calls a version makes of a node that runs on batches: with streaming
+    (`schedule.stream`) one per mini-batch, each over its `samples_per_step / mini_batches`
+    rows alone (the runtime pads and length-sorts a call's rows among themselves), else 1."""
+    schedule = ctx.spec.schedule
+    rows = ctx.spec.data.samples_per_step()
+    return max(1, min(rows, schedule.mini_batches)) if schedule.stream is not None else 1
+
+
 def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu: float,
                     mini_batches: int = 1, response_bytes: int = 8, epochs: int = 1) -> float:
     """A compute-bound pass over the step's tokens: flops_per_param * N * tokens FLOPs (N: the
@@ -256,7 +265,9 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     CPU cluster; times the pipeline bubble when pp > 1), plus a MoE model's expert all-to-all.
     rlgraph's runtime pads the step's batch to its longest response (tokens = rows x (prompt +
     E[max])), so every rank carries the same width, or with `micro_tokens` runs length-sorted
-    passes each padded to its own longest (`lengths.sorted_pass_tokens`); verl packs
+    passes each padded to its own longest (`lengths.sorted_pass_tokens`); a streamed version
+    runs them per mini-batch call, over that call's rows (`streamed_calls`: a mini-batch's
+    longest row pads, and sorts, only among its own); verl packs
     sequences (remove_padding: tokens = rows x (prompt + E[L]), attention over each sequence
     alone, so E[(P + L)^2]) and
     waits for the slowest data-parallel rank of each mini-batch, its driver moving the padded
@@ -266,6 +277,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     data = ctx.spec.data
     model = lengths.of(data.response_len)
     rows = data.samples_per_step()
+    calls = streamed_calls(ctx)
     prompt = data.prompt_len
     if system_of(ctx.spec).packs_sequences:
         mean, second = lengths.moments(model)
@@ -273,13 +285,16 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
         square = rows * (prompt * prompt + 2 * prompt * mean + second)
         imbalance = data_parallel_imbalance(node, ctx, mini_batches)
     elif getattr(node, "micro_tokens", None):
-        tokens, square = lengths.sorted_pass_tokens(model, rows, prompt, node.micro_tokens,
-                                                    PASS_WIDTH_BLOCK)
+        tokens, square = lengths.sorted_pass_tokens(model, rows // calls, prompt,
+                                                    node.micro_tokens, PASS_WIDTH_BLOCK)
+        tokens, square = tokens * calls, square * calls
         how, imbalance = f"length-sorted passes of {node.micro_tokens} tokens", 1.0
     else:
-        longest = lengths.expected_max(model, rows)
+        longest = lengths.expected_max(model, rows // calls)
         tokens, how, imbalance = rows * (prompt + longest), "padded", 1.0
         square = rows * (prompt + longest) ** 2
+    if calls > 1 and not system_of(ctx.spec).packs_sequences:
+        how += f", in each of the version's {calls} streamed mini-batches"
     passes = flops_per_param / 2
     matmul = flops_per_param * ctx.shape.matmul_active * tokens
     attention = passes * ctx.shape.attention_flops(1.0) * square

@@ -515,3 +515,22 @@ def test_length_sorted_passes_price_the_tokens_the_runtime_runs():
     tokens, _ = lengths.sorted_pass_tokens(tail, 512, 8, 16384, 256)
     mean, _ = lengths.moments(tail)
     assert 512 * (8 + mean) < tokens < 0.2 * 512 * (8 + lengths.expected_max(tail, 512))
+
+
+def test_a_streamed_version_pads_and_sorts_each_mini_batch_among_its_own_rows():
+    """With streaming, train and logp run once per mini-batch over its rows alone
+    (`passes.streamed_calls`): a version of four streamed mini-batches costs four calls of a
+    quarter of its rows, more than one call over the whole version, whose length-sorted
+    passes pad less (bench/results/gpu-inflight-1gpu-long.json: 0.83 s a 64-row call)."""
+    from rlgraph.config.load import load_spec
+
+    graph = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+    base = ["cluster.gpus_per_node=1", "cluster.gpu=H200", "schedule.partial_rollout=true",
+            "schedule.max_lag=3"]
+    streamed = costs_of(load_spec(graph, [*base, "data.prompts_per_step=32",
+                                          "schedule.stream={mini_batches: 4}"]))
+    whole = costs_of(load_spec(graph, [*base, "data.prompts_per_step=32"]))
+    quarter = costs_of(load_spec(graph, [*base, "data.prompts_per_step=8"]))
+    for node in ("train", "logp"):
+        assert streamed[node].seconds == pytest.approx(4 * quarter[node].seconds, rel=0.02)
+        assert streamed[node].seconds > 1.2 * whole[node].seconds
