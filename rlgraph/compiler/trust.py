@@ -97,9 +97,12 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(SPLIT_TRAINER_CAVEAT)
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
-        path, rate = system_of(spec).refit_rate(refit_path(spec))
-        lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"({path} refit at {rate / 1e9:.2g} GB/s, verl issue 2419; "
-                     f"pricing.refit states the path)")
+        system = system_of(spec)
+        path, rate = system.refit_rate(refit_path(spec), gpu.nvlink_bytes_per_s if gpu else 0.0)
+        cited = ("a cited measurement" if system.refit.get(path) is not None
+                 else "no measurement cited: NVLink")
+        lines.append(f"the {system.label} colocation switch is {switch / sync:.0%} of the "
+                     f"colocated step ({path} refit at {rate / 1e9:.2g} GB/s, {cited}, "
+                     f"rlgraph/pricing/system.py SOURCES; pricing.refit states the path)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}
