@@ -373,29 +373,50 @@ def implied_mean(case: dict[str, Any], published: Path, readme: str) -> dict[str
     """The mean response length at which the model's synchronous old_log_prob (a forward
     over every token: the phase with the fewest unknowns) equals the published one, and the
     case's figures there: a consistency check of the graphs' guessed mean (every verl graph
-    guesses 2000), not the fidelity figure. None without a published old_log_prob."""
-    target = published_phases(readme, case).get("sync", {}).get("old_log_prob")
-    if not target:
+    guesses 2000), not the fidelity figure; and for an async row whose trainer only trains
+    (`published_work`), the mean at which the model's train equals that trainer's published
+    work a step (`implied_async_mean`): where the two differ, the runs trained different
+    lengths at the model's rates. None without either figure."""
+    phases = published_phases(readme, case)
+    target = phases.get("sync", {}).get("old_log_prob")
+    async_spec = load_spec(graph_path(published, case["async"]), list(case.get("overrides", [])))
+    has_logp = any(n.kind == "logp" for n in async_spec.nodes.values())
+    work = published_work(phases.get("async", {}), has_logp).get("trainer_work")
+    if not target and not work:
         return None
-    spec = load_spec(graph_path(published, case["sync"]), list(case.get("overrides", [])))
-    top = 0.95 * spec.data.response_len.max
+    top = 0.95 * async_spec.data.response_len.max
 
     def at(mean: float) -> dict[str, Any]:
         over = [*case.get("overrides", []), f"data.response_len.mean={mean:.0f}"]
         return run_case(dict(case, overrides=over), published, readme)
 
-    low, high = 50.0, top
-    for _ in range(18):
-        mid = (low + high) / 2
-        if at(mid)["phases"]["sync"]["old_log_prob"]["ratio"] < 1:
-            low = mid
-        else:
-            high = mid
-    row = at(low)
-    return {"name": case["name"], "implied_mean": round(low), "guessed_mean":
-            spec.data.response_len.mean, "predicted": row["predicted"], "ratio": row["ratio"],
-            "phases": {f"{mode}.{phase}": f["ratio"] for mode, figures in row["phases"].items()
-                       for phase, f in figures.items()}}
+    def bisect(below: Any) -> float:
+        """The largest mean (to 18 halvings) at which `below(mean)` still holds."""
+        low, high = 50.0, top
+        for _ in range(18):
+            mid = (low + high) / 2
+            low, high = (mid, high) if below(mid) else (low, mid)
+        return low
+
+    out: dict[str, Any] = {"name": case["name"],
+                           "guessed_mean": async_spec.data.response_len.mean}
+    if target:
+        low = bisect(lambda m: at(m)["phases"]["sync"]["old_log_prob"]["ratio"] < 1)
+        row = at(low)
+        out.update({"implied_mean": round(low), "predicted": row["predicted"],
+                    "ratio": row["ratio"], "phases": {
+                        f"{mode}.{phase}": f["ratio"] for mode, figures in row["phases"].items()
+                        for phase, f in figures.items()}})
+    if work:
+        def train_below(mean: float) -> bool:
+            over = [*case.get("overrides", []), f"data.response_len.mean={mean:.0f}"]
+            spec = load_spec(graph_path(published, case["async"]), over)
+            plan = compile_plan(spec)
+            kinds = {n: v.kind for n, v in spec.nodes.items()}
+            train = sum(c["seconds"] for n, c in plan["costs"].items() if kinds.get(n) == "train")
+            return train < work
+        out.update({"implied_async_mean": round(bisect(train_below)), "trainer_work_s": work})
+    return out
 
 
 # FLOPs per matmul parameter and token of a phase at its physical floor: a forward, and a
@@ -651,16 +672,21 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     if summary.get("implied_mean"):
         out += ["", "Consistency check of the guessed mean response length (not the fidelity "
                 "figure): the mean at which the model's synchronous old_log_prob matches the "
-                "published one, and the case there:", "",
-                "| case | guessed mean | implied mean | speedup / published | sync "
-                "update_actor | sync gen | async update_actor |", "|---|---:|---:|---:|---:|"
-                "---:|---:|"]
+                "published one, and the case there; and the mean at which the model's async "
+                "train matches the async trainer's published work a step (step - wait):", "",
+                "| case | guessed mean | implied mean (sync logp) | speedup / published | "
+                "sync update_actor | sync gen | async update_actor | implied mean (async "
+                "trainer) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for m in summary["implied_mean"]:
-            ph = m["phases"]
-            out.append(f"| {cell(m['name'])} | {m['guessed_mean']:g} | {m['implied_mean']} | "
-                       f"{m['ratio']:.2f} | {ph.get('sync.update_actor', float('nan')):.2f} | "
-                       f"{ph.get('sync.gen', float('nan')):.2f} | "
-                       f"{ph.get('async.update_actor', float('nan')):.2f} |")
+            ph = m.get("phases", {})
+
+            def fmt(key: str, ph: dict[str, float] = ph) -> str:
+                return f"{ph[key]:.2f}" if key in ph else "–"
+            out.append(f"| {cell(m['name'])} | {m['guessed_mean']:g} | "
+                       f"{m.get('implied_mean', '–')} | "
+                       + (f"{m['ratio']:.2f}" if "ratio" in m else "–")
+                       + f" | {fmt('sync.update_actor')} | {fmt('sync.gen')} | "
+                       f"{fmt('async.update_actor')} | {m.get('implied_async_mean', '–')} |")
     if summary.get("peak_floor"):
         out += ["", "Physical floor of the published passes at each graph's stated workload "
                 "(every FLOP at 100% of the GPUs' dense peak; forward + backward without "

@@ -29,16 +29,21 @@ def _summed(costs: dict[str, NodeCost], pattern: re.Pattern[str]) -> float:
 # of the same recipe (update_actor x GPUs, colocated over dedicated): one_step_off_policy
 # README 1.13 (FSDP2, 16 vs 12 H20) and 1.32 (Megatron); fully_async_policy README 1.72 /
 # 1.70 / 2.01 (7B, 32 / 64 / 128 H20), 1.67 (Qwen3-30B-A3B, 128 vs 32), 1.25 (multi-turn,
-# 32 vs 16). At the graphs' stated lengths several of those dedicated trainers are faster
-# than the GPUs' dense peak allows (bench/fidelity.py's floor table), so the sources do not
-# settle whether the trainer or the trained lengths differed. Said where train is at least a
-# fifth of the modelled work.
+# 32 vs 16). The recipes' scripts run both trainers alike (recipe/fully_async_policy/exp/*:
+# use_dynamic_bsz at one token budget, ulysses sp 4, fsdp_size 2, gradient checkpointing);
+# only the colocated actor offloads its parameters and optimizer (a few seconds a step over
+# PCIe for a 7B). In the fully_async rows the trainer's work a step (step less its wait) is
+# 0.58-1.0x the least time its GPUs need for the stated tokens with that recompute
+# (bench/fidelity.py's floor table), so those runs trained shorter responses than their
+# colocated baselines. Said where train is at least a fifth of the modelled work.
 SPLIT_TRAINER_CAVEAT = (
     "verl's published split runs trained 1.1-2.0x faster per GPU on their dedicated trainer "
     "than on the colocated one (median 1.7, 7 runs on H20: verl's one_step_off_policy and "
-    "fully_async_policy READMEs; shorter responses or a faster trainer, the sources do not "
-    "say); this model prices both alike, so the split's trainer may be over-priced and its "
-    "speedup under-priced")
+    "fully_async_policy READMEs); their scripts run both trainers alike, and the fully_async "
+    "trainers' published work is at or below what a guessed mean of 2000 tokens needs at "
+    "100% of peak, so those runs trained shorter responses than their baselines; this model "
+    "prices both at one length, so the split's trainer may be over-priced and its speedup "
+    "under-priced")
 
 
 def _split_trainer(spec: Spec) -> bool:
