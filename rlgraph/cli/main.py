@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlgraph import __version__
 from rlgraph.errors import MissingDependencyError, RLGraphError, SpecError
+from rlgraph.pricing.system import SYSTEMS, unknown_system_hint
 
 if TYPE_CHECKING:
     from rlgraph.compiler.plan import Plan
@@ -121,6 +122,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """graph.yaml -> plan: summary table (or --json), plan.json and the timeline files."""
     from rlgraph.config.load import load_spec
 
+    if args.baseline is not None and args.baseline not in SYSTEMS:
+        raise CLIError(f"--baseline: unknown system '{args.baseline}' "
+                       f"({unknown_system_hint(args.baseline)})")
     spec = load_spec(args.graph, args.overrides)
     plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None, args.baseline)
     if args.json:
@@ -215,10 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale node costs to a measured run: a run dir (its plan.json and "
                    "trace.json: measured / modelled per node carries to this plan, whatever "
                    "its groups) or a trace.json (measured times replace the model's)")
-    p.add_argument("--baseline", metavar="SYSTEM", choices=["rlgraph", "verl", "areal"],
-                   help="price the colocated synchronous baseline as SYSTEM: rlgraph, verl or "
-                   "areal "
-                   "(default: the graph's pricing.system)")
+    p.add_argument("--baseline", metavar="SYSTEM",
+                   help="price the synchronous baseline as SYSTEM, one of: "
+                   + ", ".join(SYSTEMS) + " (default: the graph's pricing.system)")
     p.add_argument("--png", action="store_true",
                    help="also draw timeline.png (matplotlib; about a second more)")
     p.set_defaults(func=cmd_compile)

@@ -62,7 +62,14 @@ from rlgraph.config.schema import GroupSpec, Spec
 from rlgraph.errors import SpecError
 from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
-from rlgraph.pricing.system import SYSTEMS, refit_path, system_of, with_system
+from rlgraph.pricing.system import (
+    SYSTEMS,
+    colocated_groups,
+    refit_path,
+    system_of,
+    unknown_system_hint,
+    with_system,
+)
 
 EVENT_STEPS = 12  # steps of the predicted timeline kept in the plan
 SYNC_GROUP = "colocated"
@@ -71,9 +78,18 @@ LAG_FREE = 10**9  # a max_lag that no back edge or channel of a step-sized graph
 OLD_LOG_PROB = "old_log_prob"  # the logp node verl's baseline adds
 
 __all__ = [
-    "LowestStepFirst", "Plan", "TaskState", "compile_plan", "describe_bottleneck",
-    "load_calibration", "simulate",
-    "steady_state", "sync_graph", "sync_spec",
+    "LowestStepFirst",
+    "Plan",
+    "TaskState",
+    "compile_plan",
+    "describe_bottleneck",
+    "disagreeing_baselines",
+    "load_calibration",
+    "simulate",
+    "steady_state",
+    "sync_graph",
+    "sync_spec",
+    "verdict",
 ]
 
 
@@ -81,7 +97,10 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
     """The colocated synchronous baseline: every grouped task in one group on all GPUs,
     max_lag 0, no partial rollout, priced as `system` (default: the plan's own). Where that
     system computes old_log_prob on every batch (verl) it is that system's baseline: the
-    switch is paid (cost pass) and a plan without a logp node gets one (OLD_LOG_PROB)."""
+    switch is paid (cost pass) and a plan without a logp node gets one (OLD_LOG_PROB). A
+    system that runs rollout and training only on GPUs apart (prime-rl, PipelineRL:
+    `System.colocates` False) keeps the plan's groups: its synchronous step is the same
+    split at max_lag 0."""
     if system is not None:
         spec = with_system(spec, system)
     tasks = [t for g in spec.groups.values() for t in g.tasks]
@@ -98,10 +117,33 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
             edges = [*edges, *(f"{g} -> {OLD_LOG_PROB}" for g in samplers),
                      *(f"{OLD_LOG_PROB} -> {t}" for t in trainers)]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
+    if not system_of(spec).colocates:  # its synchronous runs keep rollout and training apart
+        added = [t for t in tasks if spec.group_of(t) is None]  # old_log_prob, where added
+        groups = {}
+        for name, group in spec.groups.items():
+            trains = any(KINDS[spec.nodes[t].kind].advances_policy for t in group.tasks)
+            groups[name] = group.model_copy(update={"tasks": [*group.tasks, *added]}) \
+                if trains and added else group
+            added = [] if trains else added
     schedule = spec.schedule.model_copy(update={"max_lag": 0, "partial_rollout": False,
                                                 "stream": None})
     return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes,
                                    "edges": edges})
+
+
+def check_system_groups(spec: Spec) -> None:
+    """Refuse a plan whose priced system cannot run its groups: a system that runs rollout
+    and training only on GPUs apart (`System.colocates` False) under a group that holds
+    both."""
+    system = system_of(spec)
+    if system.colocates or spec.cluster.local:
+        return
+    for name in colocated_groups(spec):
+        raise SpecError(f"{system.label} runs rollout and training on GPUs apart, but group "
+                        f"'{name}' holds both a generate and a train node",
+                        ("groups", name), hint="give generate and train groups of their own "
+                        "(see docs/how-to/price-a-published-run.md), or price a system that "
+                        "colocates (pricing.system)")
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -128,7 +170,10 @@ def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost],
     """The baseline's period and node costs, priced as `system` (default: the plan's own;
     a calibration carries over only to the plan's own system)."""
     base = sync_spec(spec, system)
-    graph = sync_graph(graph) if len(base.nodes) == len(spec.nodes) else build_graph(base)
+    check_system_groups(base)
+    apart = not system_of(base).colocates
+    graph = (sync_graph(graph) if len(base.nodes) == len(spec.nodes) and not apart
+             else build_graph(base))
     placement = place(base, strict=False)
     own = system_of(base).name == system_of(spec).name
     sync_costs, _ = node_costs(base, graph, placement,
@@ -257,7 +302,7 @@ def compile_plan(spec: Spec, calibration: Any = None, baseline: str | None = Non
     pass carries the spec's source map (file:line:col)."""
     if baseline is not None and baseline not in SYSTEMS:
         raise SpecError(f"unknown baseline system '{baseline}'", ("pricing", "system"),
-                        hint=f"one of: {', '.join(SYSTEMS)}")
+                        hint=unknown_system_hint(baseline))
     try:
         return _compile(spec, calibration, baseline)
     except SpecError as err:
@@ -265,7 +310,8 @@ def compile_plan(spec: Spec, calibration: Any = None, baseline: str | None = Non
         raise
 
 
-def _system_messages(spec: Spec, period: float, baselines: dict[str, float]) -> list[str]:
+def _system_messages(spec: Spec, period: float, baselines: dict[str, float], chosen: str
+                     ) -> list[str]:
     """A one-line hint where engine sglang is read as it was before the system became a key,
     and the verdict under each baseline system where they disagree."""
     out = []
@@ -276,12 +322,29 @@ def _system_messages(spec: Spec, period: float, baselines: dict[str, float]) -> 
                    "(pricing.system: rlgraph); to price verl's hybrid engine, as engine "
                    "sglang once meant, set pricing.system: verl")
     if period > 0 and len(baselines) > 1:
-        faster = {name: sync / period > 1.0 for name, sync in baselines.items()}
-        if len(set(faster.values())) > 1:
+        differing = disagreeing_baselines(period, baselines, chosen)
+        if differing:
+            shown = {chosen: baselines[chosen], **differing}
             out.append("the verdict depends on the baseline: " + "; ".join(
-                f"{sync / period:.2f}x {'faster' if faster[name] else 'slower'} than "
-                f"colocated sync on {name}" for name, sync in baselines.items()))
+                f"{sync / period:.2f}x {'faster' if verdict(sync, period) > 0 else 'slower'} "
+                f"than sync on {name}" for name, sync in shown.items()))
     return out
+
+
+def verdict(sync: float, period: float) -> int:
+    """1 where the plan runs faster than a baseline's step `sync`, -1 slower, 0 within 1%."""
+    ratio = sync / period if period > 0 else 1.0
+    return 1 if ratio > 1.01 else -1 if ratio < 0.99 else 0
+
+
+def disagreeing_baselines(period: float, baselines: dict[str, float], chosen: str
+                          ) -> dict[str, float]:
+    """The other systems' synchronous steps under which the plan's verdict (faster or slower,
+    by more than 1%) is the opposite of the one under the chosen baseline (none where that
+    one is a tie: a synchronous plan against its own step)."""
+    mine = verdict(baselines.get(chosen, period), period)
+    return {name: sync for name, sync in baselines.items()
+            if mine and verdict(sync, period) == -mine}
 
 
 def first_hour_advice(placement: Placement, period: float, sync: float) -> list[str]:
@@ -345,6 +408,7 @@ def modelled_costs(spec: Spec, graph: Any, placement: Placement,
 
 def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
+    check_system_groups(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
     check_inflight(spec, graph)
@@ -395,7 +459,7 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
         if other == chosen.name:
             sync_costs = own
     sync = baselines[chosen.name]
-    messages += _system_messages(spec, period, baselines)
+    messages += _system_messages(spec, period, baselines, chosen.name)
     messages += first_hour_advice(placement, period, sync)
     util = utilization(tg, period)
     if not steady.exact:
@@ -438,7 +502,8 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
         weight_sync=weight_routes(spec),
         memory=MemoryPlan(checked=bool(placement.memory),
                           groups={g: m.to_dict() for g, m in placement.memory.items()}),
-        pricing=PricingPlan(runtime=system.label, why=system.why(refit_path(spec)),
+        pricing=PricingPlan(runtime=system.label,
+                            why=system.why(refit_path(spec), placement.preset.nvlink_bytes_per_s),
                             system=system.name, refit=system.refit_rate(refit_path(spec))[0],
                             baseline=chosen.name, baselines=baselines),
         trust=trust(spec, costs, sync_costs, sync),

@@ -64,7 +64,8 @@ def switch_terms(spec: Spec, placement: Placement, group: str, shape: ModelShape
     tasks = [spec.nodes[t] for t in placement.groups[group].tasks]
     tp = max((getattr(n, "tp", 1) for n in tasks if KINDS[n.kind].samples), default=1)
     return switch_terms_of(system_of(spec), refit_path(spec), shape.params,
-                           placement.gpus_of(group), tp, placement.preset.host_bytes_per_s)
+                           placement.gpus_of(group), tp, placement.preset.host_bytes_per_s,
+                           placement.preset.nvlink_bytes_per_s)
 
 
 def _colocated_switch_groups(spec: Spec, placement: Placement) -> dict[str, str]:

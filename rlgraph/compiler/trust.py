@@ -29,16 +29,21 @@ def _summed(costs: dict[str, NodeCost], pattern: re.Pattern[str]) -> float:
 # of the same recipe (update_actor x GPUs, colocated over dedicated): one_step_off_policy
 # README 1.13 (FSDP2, 16 vs 12 H20) and 1.32 (Megatron); fully_async_policy README 1.72 /
 # 1.70 / 2.01 (7B, 32 / 64 / 128 H20), 1.67 (Qwen3-30B-A3B, 128 vs 32), 1.25 (multi-turn,
-# 32 vs 16). At the graphs' stated lengths several of those dedicated trainers are faster
-# than the GPUs' dense peak allows (bench/fidelity.py's floor table), so the sources do not
-# settle whether the trainer or the trained lengths differed. Said where train is at least a
-# fifth of the modelled work.
+# 32 vs 16). The recipes' scripts run both trainers alike (recipe/fully_async_policy/exp/*:
+# use_dynamic_bsz at one token budget, ulysses sp 4, fsdp_size 2, gradient checkpointing);
+# only the colocated actor offloads its parameters and optimizer (a few seconds a step over
+# PCIe for a 7B). In the fully_async rows the trainer's work a step (step less its wait) is
+# 0.58-1.0x the least time its GPUs need for the stated tokens with that recompute
+# (bench/fidelity.py's floor table), so those runs trained shorter responses than their
+# colocated baselines. Said where train is at least a fifth of the modelled work.
 SPLIT_TRAINER_CAVEAT = (
     "verl's published split runs trained 1.1-2.0x faster per GPU on their dedicated trainer "
     "than on the colocated one (median 1.7, 7 runs on H20: verl's one_step_off_policy and "
-    "fully_async_policy READMEs; shorter responses or a faster trainer, the sources do not "
-    "say); this model prices both alike, so the split's trainer may be over-priced and its "
-    "speedup under-priced")
+    "fully_async_policy READMEs); their scripts run both trainers alike, and the fully_async "
+    "trainers' published work is at or below what a guessed mean of 2000 tokens needs at "
+    "100% of peak, so those runs trained shorter responses than their baselines; this model "
+    "prices both at one length, so the split's trainer may be over-priced and its speedup "
+    "under-priced")
 
 
 def _split_trainer(spec: Spec) -> bool:
@@ -46,6 +51,41 @@ def _split_trainer(spec: Spec) -> bool:
     return system_of(spec).name == "verl" and any(
         group.share < 1 and any(spec.nodes[t].kind == "train" for t in group.tasks)
         for group in spec.groups.values())
+
+
+DEFAULT_WHY = {
+    "prompt_len": "published prompts run 100s to 1000s of tokens; every pass and decode "
+                  "step reads them",
+    "prompts_per_step": "the batch's prompts",
+    "samples_per_prompt": "samples per prompt (n)",
+    "mean": "the mean response length decides throughput",
+    "max": "the cap decides a synchronous batch's longest",
+    "sigma": "the lognormal tail decides a synchronous batch's longest and partial "
+             "rollout's carry",
+    "alpha": "the pareto tail decides a synchronous batch's longest",
+}
+
+
+def defaults_left(spec: Spec) -> list[str]:
+    """The workload keys a graph left at rlgraph's defaults, with what each decides: a
+    published run's prompts and length tail are its own, not rlgraph's examples'; a system
+    that packs nothing pads to micro_tokens where the graph gives them, else to the batch's
+    longest."""
+    data, length = spec.data, spec.data.response_len
+    out = [f"data.{key} {getattr(data, key)} ({DEFAULT_WHY[key]})"
+           for key in ("prompts_per_step", "samples_per_prompt", "prompt_len")
+           if key not in data.model_fields_set]
+    shape = ["mean", "max", "sigma" if length.dist == "lognormal" else "alpha"]
+    out += [f"data.response_len.{key} {getattr(length, key):g} ({DEFAULT_WHY[key]})"
+            for key in shape if key not in length.model_fields_set]
+    system = system_of(spec)
+    if not system.runs_here and not system.packs_sequences:
+        unsized = [name for name, node in spec.nodes.items()
+                   if KINDS[node.kind].sequence_passes and not getattr(node, "micro_tokens", 0)]
+        if unsized:
+            out.append(f"micro_tokens of {', '.join(unsized)} (none: {system.label}'s passes "
+                       f"priced padded to the batch's expected longest response)")
+    return out
 
 
 def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
@@ -61,6 +101,10 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
                      f"{data.response_len.max}, {data.response_len.dist} sigma "
                      f"{data.response_len.sigma:g}): decode, logp and train scale with it")
+        left = defaults_left(spec) if not system_of(spec).runs_here else []
+        if left and not spec.cluster.local:  # rlgraph's own tasks are what its defaults say
+            lines.append(f"left at rlgraph's defaults, not {system_of(spec).label}'s run's: "
+                         + "; ".join(left) + ": state them as the run did")
     gpu = GPU_PRESETS.get(spec.cluster.gpu)
     if gpu is not None and not spec.cluster.local and any(
             KINDS[spec.nodes[n].kind].sequence_passes for _, n in modelled):
@@ -92,9 +136,12 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(SPLIT_TRAINER_CAVEAT)
     switch = _summed(sync_costs, _SWITCH)
     if sync > 0 and switch > 0:
-        path, rate = system_of(spec).refit_rate(refit_path(spec))
-        lines.append(f"the hybrid-engine switch is {switch / sync:.0%} of the colocated step "
-                     f"({path} refit at {rate / 1e9:.2g} GB/s, verl issue 2419; "
-                     f"pricing.refit states the path)")
+        system = system_of(spec)
+        path, rate = system.refit_rate(refit_path(spec), gpu.nvlink_bytes_per_s if gpu else 0.0)
+        cited = ("a cited measurement" if system.refit.get(path) is not None
+                 else "no measurement cited: NVLink")
+        lines.append(f"the {system.label} colocation switch is {switch / sync:.0%} of the "
+                     f"colocated step ({path} refit at {rate / 1e9:.3g} GB/s, {cited}, "
+                     f"rlgraph/pricing/system.py SOURCES; pricing.refit states the path)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

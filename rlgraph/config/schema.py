@@ -18,12 +18,13 @@ from pydantic import (
 
 from rlgraph.config.algorithm import AlgorithmSpec
 from rlgraph.config.loggers import LoggingSpec
-from rlgraph.errors import SourceMap, did_you_mean
+from rlgraph.errors import SourceMap, SpecError, did_you_mean
 from rlgraph.limits import MAX_COUNT, MAX_PARALLEL, MAX_SEED, MAX_STEPS, MAX_TOKENS
 from rlgraph.nodes import KINDS, NodeKind
 from rlgraph.nodes.base import StrictModel
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS
+from rlgraph.pricing.system import SYSTEMS, unknown_system_hint
 
 MAX_LAG = 256  # policy versions; the seeds use 1 to 8
 MIN_SHARE = 1e-6  # of the cluster (one GPU of the largest cluster the schema takes is
@@ -189,20 +190,45 @@ class ScheduleSpec(StrictModel):
 
 class PricingSpec(StrictModel):
     """Which system prices the plan (`rlgraph.pricing.system.SYSTEMS`): the runtime that runs
-    it, `rlgraph` by default; `verl` prices verl's hybrid engine (a colocated group switches
-    between training and its rollout engine every step). `refit`: verl's path for the
-    weights into the engine, `bucketed` (its default today) or `per_tensor` (older releases);
-    none: the system's default. `engine_revision`: the revision of rlgraph's static decode
-    engine the plan is priced as (none: today's)."""
+    it, `rlgraph` by default, or another framework's (verl's hybrid engine, slime, ...), whose
+    switch, refit, offload and batch-transfer costs the plan pays. `refit`: the documented
+    path of that system's weights into its rollout engine (verl: `bucketed` or `per_tensor`;
+    slime: `flattened` or `bucketed`); none: the system's default. `engine_revision`: the
+    revision of rlgraph's static decode engine the plan is priced as (none: today's)."""
 
-    system: Literal["rlgraph", "verl", "areal"] = Field(
-        default="rlgraph", description="the system that runs the plan: rlgraph (its own "
-        "runtime), verl (hybrid engine) or areal (disaggregated AReaL), whose switch, refit, "
-        "offload and batch-transfer costs the plan pays")
-    refit: Literal["bucketed", "per_tensor"] | None = Field(
-        default=None, description="verl: how the weights reach the rollout engine at each "
-        "switch (bucketed: 1.8 GB/s, per_tensor: 0.18 GB/s, verl issue 2419); none: the "
-        "system's default (bucketed)")
+    system: str = Field(
+        default="rlgraph", description="the system that runs the plan, one of: "
+        + ", ".join(SYSTEMS) + " (rlgraph: its own runtime; the others: that framework as "
+        "rlgraph/pricing/system.py sources it), whose switch, refit, offload and "
+        "batch-transfer costs the plan pays")
+    refit: str | None = Field(
+        default=None, description="the system's path for the weights into its rollout engine "
+        "at each switch: " + "; ".join(
+            f"{name}: " + " or ".join(
+                f"{path}" + (f" {rate / 1e9:.2g} GB/s" if rate else " (NVLink)")
+                for path, rate in system.refit.items())
+            for name, system in SYSTEMS.items() if system.refit)
+        + " (sources in rlgraph/pricing/system.py); none: the system's default")
+
+    @field_validator("system")
+    @classmethod
+    def _known_system(cls, system: str) -> str:
+        if system not in SYSTEMS:
+            raise ValueError(f"unknown system '{system}' ({unknown_system_hint(system)})")
+        return system
+
+    @model_validator(mode="after")
+    def _known_refit(self) -> PricingSpec:
+        paths = SYSTEMS[self.system].refit
+        if self.refit is not None and self.refit not in paths:
+            what = (f"one of: {', '.join(paths)}" if paths else
+                    f"{self.system} has no colocation refit: leave pricing.refit out (its "
+                    f"weights move by the param_update node)")
+            close = did_you_mean(self.refit, paths)
+            raise SpecError(f"{self.system} has no refit path '{self.refit}'",
+                            ("pricing", "refit"), hint=f"{close} {what}" if close else what)
+        return self
+
     engine_revision: Literal["shared_gpu_reserve", "slot_refill", "one_copy", "per_slot",
                              "sdpa"] | None = Field(
         default=None, description="rlgraph: the static decode engine's revision whose host "

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgraph.errors import did_you_mean
 from rlgraph.pricing.constants import COSTS
 
 GB = 1e9
@@ -38,31 +39,55 @@ class System:
     colocated_switch: bool  # a group that trains and generates switches every step
     offload: bool  # the switch offloads the train state to host memory and reloads it
     sleep_wake: bool  # the engine's weights are released and reloaded at each switch
-    refit: dict[str, float] = field(default_factory=dict)  # path -> bytes/s into the engine
+    # path -> bytes/s of the switch's refit into the engine; None: no measurement is cited,
+    # so the refit runs at the GPU preset's NVLink (NCCL) bandwidth, `PHYSICAL_REFIT`
+    refit: dict[str, float | None] = field(default_factory=dict)
     default_refit: str | None = None
     old_logp_always: bool = False  # the baseline computes old_log_prob on every batch
     packs_sequences: bool = False  # remove_padding: tokens = rows x (prompt + E[L])
     driver_transfer: bool = False  # a single controller moves every pass's batch via Ray
     activation_recompute: bool = False  # train recomputes activations unless the graph says
+    colocates: bool = True  # a group may hold both train and generate (else: GPUs apart only)
 
-    def refit_rate(self, path: str | None) -> tuple[str, float]:
-        """(path, bytes/s) of the refit: the graph's `pricing.refit`, else the default."""
+    def refit_rate(self, path: str | None, link_bytes_per_s: float = 0.0) -> tuple[str, float]:
+        """(path, bytes/s) of the refit: the graph's `pricing.refit`, else the default; a
+        path without a cited measurement runs at `link_bytes_per_s` (the GPU preset's
+        NVLink bandwidth)."""
         chosen = path or self.default_refit
         if chosen is None or chosen not in self.refit:
             return "", 0.0
-        return chosen, self.refit[chosen]
+        rate = self.refit[chosen]
+        return chosen, link_bytes_per_s if rate is None else rate
 
-    def why(self, path: str | None = None) -> str:
+    def why(self, path: str | None = None, link_bytes_per_s: float = 0.0) -> str:
         """One line: what pricing this system means for a plan."""
         if not self.colocated_switch:
-            return ("decodes with the training weights: a colocated group pays no switch; "
-                    "groups apart receive the weights over NCCL into a second buffer; train "
-                    "recomputes the proximal log-probs when no logp node feeds it")
-        chosen, rate = self.refit_rate(path)
-        return (f"a group that trains and generates pays the switch every step (offload, "
-                f"engine sleep/wake, {chosen} refit at {rate / GB:.2g} GB/s); the "
-                f"synchronous baseline computes old_log_prob; sequences packed; the driver "
-                f"moves every batch through Ray")
+            if self.runs_here:
+                return ("decodes with the training weights: a colocated group pays no switch; "
+                        "groups apart receive the weights over NCCL into a second buffer; train "
+                        "recomputes the proximal log-probs when no logp node feeds it")
+            return (f"{self.label} runs rollout and training on GPUs apart: no switch; the "
+                    f"weights go over NCCL after each update (the param_update node)"
+                    + ("; old log-probs recomputed on every batch" if self.old_logp_always
+                       else "; old log-probs taken from the rollout")
+                    + ("; sequences packed" if self.packs_sequences else ""))
+        chosen, rate = self.refit_rate(path, link_bytes_per_s)
+        measured = "" if self.refit.get(chosen) is not None else " (NVLink: no measurement cited)"
+        return ("a group that trains and generates pays the switch every step ("
+                + ("offload, " if self.offload else "")
+                + ("engine sleep/wake, " if self.sleep_wake else "")
+                + f"{chosen} refit at {rate / GB:.2g} GB/s{measured})"
+                + ("; the synchronous baseline computes old_log_prob" if self.old_logp_always
+                   else "")
+                + ("; sequences packed" if self.packs_sequences else "")
+                + ("; the driver moves every batch through Ray" if self.driver_transfer
+                   else ""))
+
+
+PHYSICAL_REFIT = None  # a refit path's rate where no measurement is cited: NVLink (NCCL)
+# Qwen3-30B-A3B's bf16 weights (rlgraph/presets/models.py: 30.5B parameters, 61.1 GB), the
+# model of slime's measured refits
+QWEN3_30B_A3B_BYTES = 61.1 * GB
 
 
 SYSTEMS: dict[str, System] = {
@@ -80,6 +105,42 @@ SYSTEMS: dict[str, System] = {
         name="areal", label="AReaL", runs_here=False,
         colocated_switch=False, offload=False, sleep_wake=False,
         old_logp_always=True, packs_sequences=True),
+    "slime": System(
+        name="slime", label="slime", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"flattened": QWEN3_30B_A3B_BYTES / 6, "bucketed": QWEN3_30B_A3B_BYTES / 16},
+        default_refit="flattened",
+        old_logp_always=True, packs_sequences=True),
+    "openrlhf": System(
+        name="openrlhf", label="OpenRLHF", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"cuda_ipc": PHYSICAL_REFIT}, default_refit="cuda_ipc",
+        old_logp_always=True, packs_sequences=True, driver_transfer=True,
+        activation_recompute=True),
+    "roll": System(
+        name="roll", label="ROLL", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"model_update": PHYSICAL_REFIT}, default_refit="model_update",
+        driver_transfer=True),
+    "skyrl": System(
+        name="skyrl", label="SkyRL", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"cuda_ipc": PHYSICAL_REFIT}, default_refit="cuda_ipc",
+        old_logp_always=True, packs_sequences=True, driver_transfer=True,
+        activation_recompute=True),
+    "prime-rl": System(
+        name="prime-rl", label="prime-rl", runs_here=False,
+        colocated_switch=False, offload=False, sleep_wake=False,
+        packs_sequences=True, colocates=False),
+    "pipelinerl": System(
+        name="pipelinerl", label="PipelineRL", runs_here=False,
+        colocated_switch=False, offload=False, sleep_wake=False,
+        packs_sequences=True, activation_recompute=True, colocates=False),
+    "nemo-rl": System(
+        name="nemo-rl", label="NeMo-RL", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"ipc_zmq": 2 * 671.0e9 / 47.2}, default_refit="ipc_zmq",
+        old_logp_always=True, packs_sequences=True, driver_transfer=True),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -126,6 +187,178 @@ SOURCES: dict[str, dict[str, str]] = {
         "batch_transfer": "no single controller: packed batches move over NCCL with "
                           "GPUDirect RDMA, 'below 3 seconds even in a 1,000-GPU cluster' "
                           "(blog/AReaL_v0_2.md), so no driver transfer is charged",
+    },
+    "slime": {
+        "colocated_switch": "--colocate: training and the SGLang engines share the GPUs and "
+                            "alternate (THUDM/slime docs/en/examples/qwen3-4B.md, 'Decoupled "
+                            "Training and Inference'); without it they hold GPUs apart "
+                            "(--rollout-num-gpus), which a graph says with its groups; "
+                            "train_async.py asserts 'Colocation is not supported for async "
+                            "training'",
+        "offload": "--colocate turns on --offload-train and --offload-rollout "
+                   "(slime/utils/arguments.py: 'This will always be true when --colocate is "
+                   "set'): the Megatron state to host and back over PCIe, the engine's memory "
+                   "released and resumed, priced as verl's switch terms",
+        "refit.flattened": "colocated refit through update_weights_from_tensor (CUDA IPC) with "
+                           "flattened buckets: Qwen3-30B-A3B (61.1 GB bf16) in ~6 s on 8 GPUs, "
+                           "10 GB/s (pull request THUDM/slime#155, 'from ~10s to ~6s'; the 8 "
+                           "H100 / H200 of THUDM/slime#132); THUDM/slime#67 measured "
+                           "Qwen3-235B's update at 1 min (~470 GB, 7.8 GB/s) on its cluster",
+        "refit.bucketed": "the same path with 512 MB buckets before flattening: ~16 s for the "
+                          "30B MoE, 3.8 GB/s (zhaochenyang20/Awesome-ML-SYS-Tutorial#169, "
+                          "'SLIME + SGLang ... ~16s for 30B MoE ... 512MB bucketing')",
+        "old_logp_always": "Megatron recomputes the old log-probs before each update unless "
+                           "--use-rollout-logprobs (slime/utils/arguments.py)",
+        "packs_sequences": "'slime always trains the model using data packing' "
+                           "(docs/en/examples/qwen3-4B.md, PERF_ARGS; --use-dynamic-batch-size "
+                           "packs up to --max-tokens-per-gpu, a graph's micro_tokens)",
+        "driver_transfer": "none charged: rollout data reaches the train actors once a step as "
+                           "Ray object references of per-rank partitions of unpadded tokens "
+                           "(docs/en/advanced/mooncake-dataproto-transfer.md: 'The default "
+                           "transfer backend remains Ray'), with the log-probs computed inside "
+                           "the Megatron actors, not verl's padded batch through the driver "
+                           "per pass",
+        "activation_recompute": "Megatron's default is no recompute; slime's scripts opt in "
+                                "(--recompute-granularity full): say activation_checkpointing "
+                                "on the train node as the script does",
+    },
+    "openrlhf": {
+        "colocated_switch": "Hybrid Engine: --colocate_all_models with --vllm_enable_sleep "
+                            "(OpenRLHF README, Features); --async_train places the vLLM "
+                            "engines on GPUs apart (openrlhf/cli/train_ppo_ray.py: the shared "
+                            "placement group only 'if args.colocate_all_models and not "
+                            "args.async_train')",
+        "offload": "--deepspeed_enable_sleep offloads the DeepSpeed (ZeRO) state and "
+                   "--vllm_enable_sleep the engine (train_ppo_ray.py), the hybrid-engine "
+                   "scripts' setting, priced as verl's switch terms",
+        "refit.cuda_ipc": "DeepSpeed -> vLLM weight sync (--vllm_sync_backend nccl; CUDA IPC "
+                          "in the hybrid engine: the vLLM blog 'Accelerating RLHF with vLLM, "
+                          "Best Practice from OpenRLHF', 2025-04-23); no measured rate is "
+                          "cited, so the gathered bf16 weights move at the GPU preset's NVLink "
+                          "bandwidth (physics, not a measurement)",
+        "old_logp_always": "the experience maker runs the actor over every batch for "
+                           "action_log_probs (openrlhf/trainer/ppo_utils/experience_maker.py, "
+                           "make_experience)",
+        "packs_sequences": "--packing_samples, in the README's Ray PPO example (and the 2025/4 "
+                           "'Single Controller and Unified Packing Samples' refactor)",
+        "driver_transfer": "a single controller (PPOTrainer.remote, train_ppo_ray.py: 'init "
+                           "PPO trainer (Single controller)') moves the experience batches "
+                           "through Ray, priced as verl's padded batch per pass",
+        "activation_recompute": "--gradient_checkpointing in the README's examples (its CLI "
+                                "default is off: a graph that sets train's "
+                                "activation_checkpointing decides)",
+    },
+    "roll": {
+        "colocated_switch": "actor_train and actor_infer on the same device_mapping share the "
+                            "GPUs and switch every step (alibaba/ROLL roll/pipeline/rlvr/"
+                            "rlvr_pipeline.py run(): offload_states / load_states around "
+                            "model_update); async_generation_ratio > 0 runs rollout ahead",
+        "offload": "rlvr_pipeline.py run(): actor_train.offload_states() before the "
+                   "model_update, actor_infer.offload_states() after generate, priced as "
+                   "verl's switch terms",
+        "refit.model_update": "set_model_update_pair(actor_train -> actor_infer) every step; "
+                              "no measured rate is cited, so the bf16 weights move at the GPU "
+                              "preset's NVLink bandwidth (physics, not a measurement)",
+        "old_logp_always": "off: enable_old_logprobs_recompute defaults to False and "
+                           "set_old_logprobs_status turns it on only for more than one backward "
+                           "step per rank or init_kl_coef > 0 (roll/pipeline/rlvr/"
+                           "rlvr_config.py); else the loss takes the engine's infer_logprobs. "
+                           "A graph of such a run states its logp node",
+        "packs_sequences": "off: use_sequence_packing and dynamic batching are opt-in "
+                           "(docs_roll 'RLVR Pipeline', Efficient Training Optimization)",
+        "driver_transfer": "the pipeline driver gathers each DataProto (ray.get of the "
+                           "generate schedulers, DataProto.concat) and sends it to "
+                           "compute_log_probs and train, priced as verl's padded batch per pass",
+    },
+    "skyrl": {
+        "colocated_switch": "generator.colocate_all: engines sleep() after generation and "
+                            "wake_up() before the next round (NovaSky-AI/SkyRL docs/content/"
+                            "docs/configuration/placement.mdx); one-step-off and fully async "
+                            "need colocate_all=false (docs/.../tutorials/fully_async.mdx)",
+        "offload": "colocate_all: policy_model.offload_to_cpu(offload_optimizer=True) before "
+                   "the weight sync and backload_to_gpu() before its passes (skyrl trainer.py), "
+                   "priced as verl's switch terms (16 B/param)",
+        "refit.cuda_ipc": "sync_policy_weights_to_inference_engines after wake_up(tags="
+                          "['weights']); no measured rate is cited, so the bf16 weights move "
+                          "at the GPU preset's NVLink bandwidth (physics, not a measurement)",
+        "old_logp_always": "fwd_logprobs_values_reward runs the policy forward for "
+                           "action_log_probs on every batch (skyrl trainer.py)",
+        "packs_sequences": "trainer.use_sample_packing: true (docs/.../configuration/config.mdx)",
+        "driver_transfer": "RayPPOTrainer on the driver dispatches the padded TrainingInputBatch "
+                           "to the workers through Ray for every pass, priced as verl's",
+        "activation_recompute": "trainer.gradient_checkpointing: true "
+                                "(docs/.../configuration/config.mdx)",
+    },
+    "prime-rl": {
+        "colocated_switch": "none: trainer (FSDP2) and inference (vLLM server) are separate "
+                            "processes on GPUs apart (PrimeIntellect-ai/prime-rl docs/"
+                            "architecture/overview.md); a graph priced as prime-rl that "
+                            "colocates train and generate is refused",
+        "refit": "the weight broadcast (filesystem by default, or nccl: weight_broadcast.type) "
+                 "after each step; a graph prices the NCCL broadcast with its param_update "
+                 "node (transport nccl); the filesystem path has no rate here",
+        "old_logp_always": "off: the loss takes the importance ratio against the inference "
+                           "policy's log-probs (docs/architecture/async-rl.md, AIPO)",
+        "packs_sequences": "the orchestrator 'assembles them into packed batches' "
+                           "(docs/architecture/orchestrator.md)",
+        "batch_transfer": "the orchestrator relays packed batches to the trainer, no Ray "
+                          "single controller: none charged",
+    },
+    "pipelinerl": {
+        "colocated_switch": "none: actor LLMs, preprocessor and trainer take GPU pools apart "
+                            "(ServiceNow/PipelineRL README, WorldMap *_fraction); a graph "
+                            "priced as pipelinerl that colocates train and generate is refused",
+        "refit": "in-flight NCCL broadcast after every optimizer step "
+                 "(receive_weight_update, weight_update_interval 1): a graph's param_update "
+                 "node with transport nccl, and generate's inflight: true",
+        "old_logp_always": "off: rollouts carry the sampler's log-probs (README, TrainingText)",
+        "packs_sequences": "finetune.seq_packing: true (conf/finetune/base.yaml)",
+        "activation_recompute": "finetune.gradient_checkpointing: true "
+                                "(conf/finetune/base.yaml)",
+        "batch_transfer": "streams through the filesystem or Redis, no Ray single controller: "
+                          "none charged",
+    },
+    "nemo-rl": {
+        "colocated_switch": "NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py: with "
+                            "policy.generation.colocated.enabled (the default, "
+                            "examples/configs/grpo_math_1B.yaml) the Megatron policy and vLLM "
+                            "share the GPUs and hand them over every step "
+                            "(refit_policy_generation; finish_generation puts vLLM to sleep); "
+                            "colocated.enabled: false gives generation its own nodes, whose "
+                            "weights arrive over NCCL (update_weights_from_collective)",
+        "offload": "nemo_rl/models/policy/workers/megatron_policy_worker.py: "
+                   "offload_before_refit moves the grad buffers and the optimizer state to "
+                   "host memory, offload_after_refit the parameters too; "
+                   "prepare_for_lp_inference reloads the parameters, prepare_for_training "
+                   "parameters, grads and optimizer state: the train state "
+                   "(train_state_bytes_per_param, sharded over the group) goes out and back "
+                   "over PCIe every step",
+        "sleep_wake": "nemo_rl/models/generation/vllm/vllm_worker.py sleep(): "
+                      "llm.sleep(level=1) (weights to host memory, KV cache dropped) after "
+                      "generation, wake_up(tags=['weights']) before the refit and "
+                      "['kv_cache'] after it: a replica's bf16 weights out and back",
+        "refit.ipc_zmq": "NeMo-RL blog 'Journey of Optimizing Weight Transfer in Large MoE "
+                         "Models by 10x' (docs/blogs, NVIDIA-NeMo/RL discussions 1189), "
+                         "Table 1: the colocated refit of DeepSeek V3 (671B, 1.34 TB bf16; "
+                         "training EP64 PP8, generation TP64) takes 47.2 s in NeMo-RL v0.3 "
+                         "(gather 12.2 s, CUDA IPC handles 33.5 s, vLLM load 1.5 s): 28 GB/s "
+                         "of bf16 weights; the handles go to vLLM over ZMQ today "
+                         "(stream_weights_via_ipc_zmq / update_weights_via_ipc_zmq), the same "
+                         "packed-buffer path",
+        "old_logp_always": "grpo.py computes policy.get_logprobs (prev_logprobs) and, with "
+                           "reference_policy_kl_penalty 0.01 (grpo_math_1B.yaml), "
+                           "get_reference_policy_logprobs on every batch, on the policy's "
+                           "workers, before policy.train",
+        "packs_sequences": "policy.sequence_packing.enabled: True in grpo_math_1B.yaml "
+                           "(modified_first_fit_decreasing; the Megatron path packs), which "
+                           "every performance recipe inherits",
+        "driver_transfer": "a single controller: grpo.py's driver holds the batch "
+                           "(BatchedDataDict, train_data.to('cpu')) and lm_policy shards it to "
+                           "the policy workers through Ray for get_logprobs and train "
+                           "(object_store_bytes_per_s)",
+        "activation_recompute": "megatron_cfg.activation_checkpointing: false in "
+                                "grpo_math_1B.yaml; the recipes that turn it on say so (the "
+                                "graph's activation_checkpointing)",
     },
 }
 
@@ -264,12 +497,13 @@ def engine_of(spec: Any) -> EngineRevision:
 
 
 def switch_terms(system: System, path: str | None, params: float, gpus: int, tp: int,
-                 host_bytes_per_s: float) -> dict[str, float]:
+                 host_bytes_per_s: float, link_bytes_per_s: float = 0.0) -> dict[str, float]:
     """Seconds of each term of the switch a group of `gpus` GPUs that trains and generates
     pays every step under `system` (none where it has no switch): the train state
     (COSTS.train_state_bytes_per_param, sharded over the group) offloaded to host and back,
     the engine's bf16 weights (a tp shard per GPU) put to sleep and woken, both over PCIe,
-    and the bf16 weights refit into the engine at the path's measured rate."""
+    and the bf16 weights refit into the engine at the path's measured rate (a path without
+    a cited measurement at `link_bytes_per_s`, the GPU preset's NVLink bandwidth)."""
     if not system.colocated_switch:
         return {}
     terms = {}
@@ -277,7 +511,7 @@ def switch_terms(system: System, path: str | None, params: float, gpus: int, tp:
         terms["offload"] = 2 * COSTS.train_state_bytes_per_param * params / gpus / host_bytes_per_s
     if system.sleep_wake:
         terms["sleep_wake"] = 2 * 2 * params / tp / host_bytes_per_s
-    chosen, rate = system.refit_rate(path)
+    chosen, rate = system.refit_rate(path, link_bytes_per_s)
     if rate:
         terms[f"{chosen} refit"] = 2 * params / rate
     return terms
@@ -307,6 +541,32 @@ def hybrid_engine_priced(spec: Any) -> bool:
 
 
 def with_system(spec: Any, name: str) -> Any:
-    """A copy of `spec` priced as system `name` (its `pricing.refit` kept)."""
-    pricing = spec.pricing.model_copy(update={"system": name})
+    """A copy of `spec` priced as system `name`: its `pricing.refit` kept where that system
+    has the path, else the system's default."""
+    refit = spec.pricing.refit if spec.pricing.refit in SYSTEMS[name].refit else None
+    pricing = spec.pricing.model_copy(update={"system": name, "refit": refit})
     return spec.model_copy(update={"pricing": pricing})
+
+
+def unknown_system_hint(name: str) -> str:
+    """did-you-mean among the systems, and the list of them."""
+    close = did_you_mean(name, SYSTEMS)
+    known = f"known: {', '.join(SYSTEMS)}"
+    return f"{close} {known}" if close else known
+
+
+def refit_paths() -> list[str]:
+    """Every refit path of every system (the values `pricing.refit` may take)."""
+    return sorted({path for system in SYSTEMS.values() for path in system.refit})
+
+
+def colocated_groups(spec: Any) -> list[str]:
+    """Groups of `spec` that hold both a node that samples and one that advances the policy."""
+    from rlgraph.nodes import KINDS
+
+    out = []
+    for name, group in spec.groups.items():
+        roles = [KINDS[spec.nodes[t].kind] for t in group.tasks if t in spec.nodes]
+        if any(r.samples for r in roles) and any(r.advances_policy for r in roles):
+            out.append(name)
+    return out

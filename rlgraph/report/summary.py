@@ -11,19 +11,20 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from rlgraph.compiler.plan import LagPlan, Plan
+from rlgraph.pricing.system import SYSTEMS
 from rlgraph.report.timeline import fmt_seconds
 
 
 def baseline_verdicts(plan: Plan) -> dict[str, float]:
-    """The other systems' colocated sync periods, where the verdict (faster or slower than
-    the baseline) differs from the chosen baseline's; empty when they all agree."""
+    """The other systems' synchronous periods under which the verdict (faster or slower than
+    the baseline, by more than 1%) is the opposite of the chosen baseline's; empty when they
+    all agree."""
+    from rlgraph.compiler import disagreeing_baselines
+
     sched, baselines = plan.schedule, plan.pricing.baselines
     if sched.period_s <= 0 or len(baselines) < 2:
         return {}
-    verdicts = {name: sync > sched.period_s for name, sync in baselines.items()}
-    if len(set(verdicts.values())) < 2:
-        return {}
-    return {name: sync for name, sync in baselines.items() if name != plan.pricing.baseline}
+    return disagreeing_baselines(sched.period_s, baselines, plan.pricing.baseline)
 
 
 def device_ranges(devices: Sequence[Sequence[int]]) -> str:
@@ -109,12 +110,16 @@ def summary_renderables(plan: Plan) -> list[Any]:
     facts.add_row("bound", f"{fmt_seconds(sched.bound_s)}/step "
                   "(max of cycle ratio and group load)")
     base = plan.pricing.baseline
-    facts.add_row("colocated sync", f"{fmt_seconds(sched.sync_period_s)}/step "
-                  f"(all tasks on all GPUs, max_lag 0, on {base})")
+    if base in SYSTEMS and not SYSTEMS[base].colocates:
+        facts.add_row("sync", f"{fmt_seconds(sched.sync_period_s)}/step (the plan's groups, "
+                      f"max_lag 0, on {base}: it never colocates rollout and training)")
+    else:
+        facts.add_row("colocated sync", f"{fmt_seconds(sched.sync_period_s)}/step "
+                      f"(all tasks on all GPUs, max_lag 0, on {base})")
     facts.add_row("speedup", Text(f"{sched.speedup_vs_sync:.2f}×", style="bold green"))
     for name, sync in baseline_verdicts(plan).items():
         facts.add_row(f"  vs {name}", f"{sync / sched.period_s:.2f}× "
-                      f"(colocated sync on {name}: {fmt_seconds(sync)}/step)")
+                      f"(sync on {name}: {fmt_seconds(sync)}/step)")
     facts.add_row("max policy lag", _lag_text(lag))
     if sched.bottleneck:
         facts.add_row("bottleneck", sched.bottleneck)

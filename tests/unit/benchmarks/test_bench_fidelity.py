@@ -59,3 +59,32 @@ def test_the_floor_counts_every_token_of_the_stated_workload(tmp_path: Path) -> 
         GRAPH["data"]["response_len"]["mean"] = 1000
     # 3000 + 256 against 1000 + 256 tokens a sample, plus attention's square: more than 2.6x
     assert long / short > (3000 + 256) / (1000 + 256)
+
+
+def test_an_async_trainers_work_is_its_step_less_its_wait_with_the_recompute_floor(
+        tmp_path: Path) -> None:
+    case = _case(tmp_path, {"sync": {"update_actor": 100.0},
+                            "async": {"step": 150.0, "trainer_wait": 30.0}})
+    rows = {(r["mode"], r["phase"]): r for r in fidelity.peak_floor(case, tmp_path, "")}
+    work = rows[("async", "trainer_work")]
+    assert work["published_s"] == 120.0
+    # no stated system: rlgraph's runtime does not recompute, so no recompute floor
+    assert "recompute_floor_s" not in work
+    # the same rate per GPU: 120 s on 8 GPUs against 100 s on 16 is 0.6x the tokens
+    assert work["token_share"] == 0.6 and work["colocated_gpus"] == 16
+    GRAPH["pricing"] = {"system": "verl"}  # verl recomputes: one more forward, 4/3 the floor
+    try:
+        again = {(r["mode"], r["phase"]): r for r in fidelity.peak_floor(
+            _case(tmp_path, case["phases"]), tmp_path, "")}[("async", "trainer_work")]
+    finally:
+        GRAPH.pop("pricing")
+    assert abs(again["recompute_floor_s"] / again["floor_s"] - 4 / 3) < 1e-3
+
+
+def test_step_windows_divide_the_published_total_times_by_100_steps() -> None:
+    windows = fidelity.step_windows("verl fully_async 7B 32xH20")
+    assert [w["steps"] for w in windows] == ["1-100", "101-200", "201-300", "301-400"]
+    # 13h 44m over the first 100 colocated steps, 7h 58m over the async ones
+    assert windows[0]["sync_s"] == 494.4 and windows[0]["async_s"] == 286.8
+    assert fidelity.duration("1d 3h 43m") == 86400 + 3 * 3600 + 43 * 60
+    assert fidelity.step_windows("a case without totals") == []

@@ -110,3 +110,82 @@ def test_the_static_engine_is_priced_as_the_revision_that_ran() -> None:
     with pytest.raises(SpecError, match="revision") as err:  # rlgraph run runs today's
         refuse_other_system(cost_spec(pricing={"engine_revision": "per_slot"}))
     assert err.value.key == ("pricing", "engine_revision")
+
+
+# The rows of frameworks with published async-vs-sync numbers, each field sourced.
+FRAMEWORK_ROWS = ("slime", "openrlhf", "roll", "skyrl", "prime-rl", "pipelinerl")
+
+
+def test_every_framework_row_sources_each_fact_it_prices() -> None:
+    for name in FRAMEWORK_ROWS:
+        system, sources = SYSTEMS[name], SOURCES[name]
+        assert not system.runs_here
+        for fact in ("colocated_switch", "old_logp_always", "packs_sequences"):
+            assert sources.get(fact), (name, fact)
+        assert sources.get("driver_transfer") or sources.get("batch_transfer"), name
+        if system.colocated_switch:
+            assert system.colocates and system.default_refit in system.refit
+            assert sources.get("offload"), name
+        else:
+            assert not system.refit and sources.get("refit"), name
+        for path, rate in system.refit.items():  # a measured rate, or NVLink said in words
+            assert rate is not None or "NVLink" in sources[f"refit.{path}"], (name, path)
+
+
+def test_an_unknown_system_or_refit_path_names_the_key_and_the_known_ones() -> None:
+    with pytest.raises(SpecError) as err:
+        cost_spec(pricing={"system": "slimee"})
+    assert err.value.key == ("pricing", "system")
+    assert "did you mean 'slime'?" in err.value.message and "prime-rl" in err.value.message
+    with pytest.raises(SpecError, match="no refit path 'per_tensor'") as err:
+        cost_spec(pricing={"system": "slime", "refit": "per_tensor"})
+    assert err.value.key == ("pricing", "refit") and "flattened" in err.value.hint
+    with pytest.raises(SpecError, match="has no refit path") as err:
+        cost_spec(pricing={"system": "areal", "refit": "bucketed"})
+    assert "param_update" in err.value.hint
+    with pytest.raises(SpecError, match="unknown baseline") as err:
+        compile_plan(cost_spec(), baseline="skyrll")
+    assert "did you mean 'skyrl'?" in err.value.hint
+
+
+def test_a_refit_path_without_a_measurement_runs_at_the_presets_nvlink() -> None:
+    from rlgraph.compiler.shapes import shape_of
+    from rlgraph.presets.gpus import GPU_PRESETS
+
+    sglang = {**COST_NODES, "generate": {"engine": "sglang"}}
+    spec = cost_spec(groups=COLOCATED, nodes=sglang, pricing={"system": "openrlhf"})
+    detail = costs_of(spec)["generate"].detail
+    params = shape_of(spec).params
+    refit = 2 * params / GPU_PRESETS["H100"].nvlink_bytes_per_s
+    assert f"cuda_ipc refit {refit:.3g} s" in detail
+    slime = costs_of(cost_spec(groups=COLOCATED, nodes=sglang, pricing={"system": "slime"}))
+    assert f"flattened refit {2 * params / SYSTEMS['slime'].refit['flattened']:.3g} s" \
+        in slime["generate"].detail
+    plan = compile_plan(spec, baseline="verl")  # a baseline without the path: its default
+    assert plan.pricing.baseline == "verl" and plan.pricing.refit == "cuda_ipc"
+
+
+def test_a_system_that_never_colocates_refuses_a_shared_group_and_syncs_on_the_split() -> None:
+    with pytest.raises(SpecError, match="GPUs apart") as err:
+        compile_plan(cost_spec(groups=COLOCATED, pricing={"system": "prime-rl"}))
+    assert err.value.key == ("groups", "all")
+    split = cost_spec(pricing={"system": "prime-rl"}, schedule={"max_lag": 1})
+    plan = compile_plan(split)
+    same_split_at_zero = compile_plan(cost_spec(pricing={"system": "prime-rl"},
+                                                schedule={"max_lag": 0}))
+    assert plan.schedule.sync_period_s == pytest.approx(same_split_at_zero.schedule.period_s)
+    assert "prime-rl" not in compile_plan(cost_spec(groups=COLOCATED)).pricing.baselines
+
+
+def test_the_summary_says_which_workload_keys_a_foreign_run_left_at_rlgraphs_defaults() -> None:
+    data = {"prompts_per_step": 32, "samples_per_prompt": 4,
+            "response_len": {"mean": 512, "max": 1024}}
+    def said(system: str) -> list[str]:
+        plan = compile_plan(cost_spec(data=data, pricing={"system": system}))
+        return [line for line in plan.trust.assumptions if "rlgraph's defaults" in line]
+    [slime] = said("slime")
+    assert "data.prompt_len 16" in slime and "data.response_len.sigma 1" in slime
+    assert "prompts_per_step" not in slime and "micro_tokens" not in slime  # slime packs
+    [roll] = said("roll")  # ROLL pads: its passes' width is the graph's to state
+    assert "micro_tokens of logp, train" in roll
+    assert said("rlgraph") == []  # rlgraph's own tasks are what its defaults describe
