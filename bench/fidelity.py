@@ -66,6 +66,11 @@ STATED_SYSTEMS: list[tuple[str, list[str], str]] = [
     ("verl-recipe partial rollout", ["pricing.system=verl", "pricing.refit=bucketed"],
      "verl (hybrid engine, vLLM + Megatron); refit bucketed (guessed: the recipe is of "
      "2026, when verl buckets the refit by default)"),
+    ("NeMo-RL", ["pricing.system=nemo-rl"],
+     "nemo-rl: on policy, vLLM colocated with the Megatron policy, the switch every step "
+     "(optimizer and weights to host, vLLM sleep / wake, the CUDA-IPC refit at the rate NeMo-RL "
+     "published for DeepSeek V3); 1-step off, generation on its own nodes, weights over NCCL; "
+     "logprobs of the policy and the reference every step, packed sequences"),
     ("AReaL", ["pricing.system=areal"],
      "areal: packed passes, old log-probs recomputed on the trainer, no colocation switch "
      "and no driver transfer (its batches move over NCCL)"),

@@ -179,12 +179,13 @@ def expert_params(spec: Spec, shape: ModelShape) -> float:
 
 def model_parallel_shard(spec: Spec, node: Any, shape: ModelShape) -> float:
     """Parameters one GPU holds of the model `node` runs, before any FSDP sharding: megatron
-    splits by tp x pp (routed experts also by ep), an sglang engine by tp, rlgraph's torch
-    backend and native engine hold the whole model."""
+    splits the dense part by tp x pp and the routed experts by pp x ep (expert tensor
+    parallelism 1, megatron-core's default: ep takes the place of tp there), an sglang engine
+    by tp, rlgraph's torch backend and native engine hold the whole model."""
     if getattr(node, "backend", "torch") == "megatron":
         experts = expert_params(spec, shape)
-        mp = node.tp * node.pp
-        return (shape.params - experts) / mp + experts / (mp * max(1, node.ep))
+        return ((shape.params - experts) / (node.tp * node.pp)
+                + experts / (node.pp * max(1, node.ep)))
     if getattr(node, "engine", None) == "sglang":
         return shape.params / node.tp
     return shape.params
@@ -320,7 +321,7 @@ def _generate(spec: Spec, name: str, node: Any, shape: ModelShape, gpus: int) ->
     width = data.prompt_len + data.response_len.max
     shard = model_parallel_shard(spec, node, shape)
     if node.engine == "sglang":
-        kv = shape.kv_bytes_per_token() / node.tp * width
+        kv = shape.kv_bytes_per_gpu_token(node.tp) * width
         return TaskMemory(name, {"engine weights": BF16 * shard}, {"KV cache": kv},
                           "sglang: weights / tp + one whole sequence's KV cache")
     slots = _generate_slots(spec, node, gpus)

@@ -145,7 +145,7 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
     batch = spec.data.samples_per_step()
     for task in group.tasks:
         node = spec.nodes[task]
-        for size in ("tp", "pp", "ep"):
+        for size in ("tp", "pp", "ep", "cp"):
             value = getattr(node, size, 1)
             if value > 1 and group.gpus % value:
                 divisors = [d for d in range(1, group.gpus + 1) if group.gpus % d == 0]
@@ -157,9 +157,10 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
             continue
         mp = node.model_parallel()
         if group.gpus % mp:
-            raise SpecError(f"tp x pp = {mp} does not divide the {group.gpus} GPUs of group "
+            what = "tp x pp x cp" if getattr(node, "cp", 1) > 1 else "tp x pp"
+            raise SpecError(f"{what} = {mp} does not divide the {group.gpus} GPUs of group "
                             f"'{group.name}'", ("nodes", task, "tp"),
-                            hint="make tp x pp a divisor of the group's GPUs")
+                            hint=f"make {what} a divisor of the group's GPUs")
         dp = group.data_parallel.get(task, group.gpus // mp)
         if KINDS[node.kind].samples:
             if dp > spec.data.prompts_per_step:

@@ -17,6 +17,9 @@ class ParallelNodeSpec(NodeSpec):
     tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel size")
     pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline-parallel size")
     ep: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="expert-parallel size (MoE)")
+    cp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="context-parallel size "
+                    "(megatron: each sequence split over cp GPUs, which attend to each "
+                    "other's keys and values)")
     micro_tokens: int | None = Field(
         default=None, ge=1, le=MAX_COUNT * MAX_TOKENS,
         description="tokens per forward (padding included): rows sorted "
@@ -37,6 +40,13 @@ class ParallelNodeSpec(NodeSpec):
             raise ValueError("sharding: fsdp runs on backend: torch (megatron shards by tp)")
         return self
 
+    @model_validator(mode="after")
+    def _context_parallel_needs_megatron(self) -> ParallelNodeSpec:
+        if self.cp > 1 and self.backend != "megatron":
+            raise ValueError("cp (context parallelism) runs on backend: megatron")
+        return self
+
     def model_parallel(self) -> int:
-        """GPUs one model replica spans; the group's GPUs divided by it is the DP size."""
-        return self.tp * self.pp
+        """GPUs one model replica spans (tp x pp x cp); the group's GPUs divided by it is the
+        DP size."""
+        return self.tp * self.pp * self.cp

@@ -115,11 +115,11 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     if static_engine(node, ctx) and not varlen:  # SDPA over the graph's padded batch:
         context = max(context, longest)  # every slot of the compacted width, to the longest
         attended = max(16, 2 ** math.ceil(math.log2(max(1.0, rows))))
-    kv = attended * context * shape.kv_bytes_per_token() / tp / hbm
+    kv = attended * context * shape.kv_bytes_per_gpu_token(tp) / hbm
     if node.engine == "native" and gpu.sms and not varlen:  # SDPA: one block per (row, KV
         blocks = attended * max(1, shape.kv_heads // tp)  # head) on as many SMs, each at most
         rate = min(hbm, min(blocks, gpu.sms) * COSTS.sdpa_decode_bytes_per_s_per_sm)  # its rate
-        kv = attended * context * shape.kv_bytes_per_token() / tp / rate
+        kv = attended * context * shape.kv_bytes_per_gpu_token(tp) / rate
     if varlen:  # the longest row's blocks; the per-layer floor holds the kernel's own time
         kv = max(kv, split_kv_seconds(rows, longest, node, ctx))
         kv = max(0.0, kv - shape.layers * COSTS.decode_floor_attention_seconds_per_layer)
@@ -162,7 +162,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
-def generate_lag(node: Any, ctx: CostContext) -> int:
+def generate_lag(node: Any, ctx: CostContext) -> int | tuple[int, ...]:
     """Versions generate's weights lag the step whose batch it samples, from the plan's
     structure: 0 where generate shares train's group (the group runs it after the previous
     train step, on the newest weights); else 1, a split plan's call t running beside train
@@ -172,7 +172,11 @@ def generate_lag(node: Any, ctx: CostContext) -> int:
     train step (bench/results/gpu-inflight.json, split pair on 2x H200: the trained tokens'
     mean age `lag/mean` 1.2-1.4 versions a step without in-flight updates, 1.5-2.3 with
     them; their one-GPU colocated runs 0.5-1.0, the carried tokens' age alone); never more
-    than max_lag."""
+    than max_lag. Where the compiler read the lags off the plan's own simulated schedule
+    (`compiler.costs.schedule_lags`: a colocated group whose train waits on a batch from
+    outside the group runs the next generate first), that cycle of lags, one per round."""
+    if "generate_lag" in ctx.extra:
+        return tuple(ctx.extra["generate_lag"])
     max_lag = int(ctx.spec.schedule.max_lag)
     if "train" in ctx.colocated or max_lag <= 0:
         return 0
@@ -276,7 +280,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     model = lengths.of(data.response_len)
     mean, second = lengths.moments(model)
     weights = 2 * shape.params / tp
-    kv_token = shape.kv_bytes_per_token() / tp
+    kv_token = shape.kv_bytes_per_gpu_token(tp)
     free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
     seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
 

@@ -136,6 +136,11 @@ SYSTEMS: dict[str, System] = {
         name="pipelinerl", label="PipelineRL", runs_here=False,
         colocated_switch=False, offload=False, sleep_wake=False,
         packs_sequences=True, activation_recompute=True, colocates=False),
+    "nemo-rl": System(
+        name="nemo-rl", label="NeMo-RL", runs_here=False,
+        colocated_switch=True, offload=True, sleep_wake=True,
+        refit={"ipc_zmq": 2 * 671.0e9 / 47.2}, default_refit="ipc_zmq",
+        old_logp_always=True, packs_sequences=True, driver_transfer=True),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -312,6 +317,48 @@ SOURCES: dict[str, dict[str, str]] = {
                                 "(conf/finetune/base.yaml)",
         "batch_transfer": "streams through the filesystem or Redis, no Ray single controller: "
                           "none charged",
+    },
+    "nemo-rl": {
+        "colocated_switch": "NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py: with "
+                            "policy.generation.colocated.enabled (the default, "
+                            "examples/configs/grpo_math_1B.yaml) the Megatron policy and vLLM "
+                            "share the GPUs and hand them over every step "
+                            "(refit_policy_generation; finish_generation puts vLLM to sleep); "
+                            "colocated.enabled: false gives generation its own nodes, whose "
+                            "weights arrive over NCCL (update_weights_from_collective)",
+        "offload": "nemo_rl/models/policy/workers/megatron_policy_worker.py: "
+                   "offload_before_refit moves the grad buffers and the optimizer state to "
+                   "host memory, offload_after_refit the parameters too; "
+                   "prepare_for_lp_inference reloads the parameters, prepare_for_training "
+                   "parameters, grads and optimizer state: the train state "
+                   "(train_state_bytes_per_param, sharded over the group) goes out and back "
+                   "over PCIe every step",
+        "sleep_wake": "nemo_rl/models/generation/vllm/vllm_worker.py sleep(): "
+                      "llm.sleep(level=1) (weights to host memory, KV cache dropped) after "
+                      "generation, wake_up(tags=['weights']) before the refit and "
+                      "['kv_cache'] after it: a replica's bf16 weights out and back",
+        "refit.ipc_zmq": "NeMo-RL blog 'Journey of Optimizing Weight Transfer in Large MoE "
+                         "Models by 10x' (docs/blogs, NVIDIA-NeMo/RL discussions 1189), "
+                         "Table 1: the colocated refit of DeepSeek V3 (671B, 1.34 TB bf16; "
+                         "training EP64 PP8, generation TP64) takes 47.2 s in NeMo-RL v0.3 "
+                         "(gather 12.2 s, CUDA IPC handles 33.5 s, vLLM load 1.5 s): 28 GB/s "
+                         "of bf16 weights; the handles go to vLLM over ZMQ today "
+                         "(stream_weights_via_ipc_zmq / update_weights_via_ipc_zmq), the same "
+                         "packed-buffer path",
+        "old_logp_always": "grpo.py computes policy.get_logprobs (prev_logprobs) and, with "
+                           "reference_policy_kl_penalty 0.01 (grpo_math_1B.yaml), "
+                           "get_reference_policy_logprobs on every batch, on the policy's "
+                           "workers, before policy.train",
+        "packs_sequences": "policy.sequence_packing.enabled: True in grpo_math_1B.yaml "
+                           "(modified_first_fit_decreasing; the Megatron path packs), which "
+                           "every performance recipe inherits",
+        "driver_transfer": "a single controller: grpo.py's driver holds the batch "
+                           "(BatchedDataDict, train_data.to('cpu')) and lm_policy shards it to "
+                           "the policy workers through Ray for get_logprobs and train "
+                           "(object_store_bytes_per_s)",
+        "activation_recompute": "megatron_cfg.activation_checkpointing: false in "
+                                "grpo_math_1B.yaml; the recipes that turn it on say so (the "
+                                "graph's activation_checkpointing)",
     },
 }
 

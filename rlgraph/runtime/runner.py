@@ -115,6 +115,13 @@ class Runner(RunCheckpoints):
                                 "sharding: fsdp, for a model too large for one GPU")
                 err.source = self.spec.source
                 raise err
+            if getattr(spec, "cp", 1) > 1:
+                err = SpecError(f"context parallelism runs in the cost model only here (got cp "
+                                f"{spec.cp}): rlgraph's megatron backend calls the GPTModel "
+                                "without a context-parallel group", ("nodes", node, "cp"),
+                                hint="write cp: 1 to run the plan")
+                err.source = self.spec.source
+                raise err
             if (getattr(spec, "backend", "torch") == "megatron" and max(spec.tp, spec.pp) > 1
                     and self.local):
                 err = SpecError("megatron-core's tensor-parallel layers run on CUDA GPUs only, "
