@@ -32,6 +32,7 @@ from rlgraph.compiler.lag import (
     check_stream,
     lag_messages,
     prove_lag,
+    schedule_lags,
     smallest_lag_for_best_period,
     version_gate,
 )
@@ -49,6 +50,7 @@ from rlgraph.compiler.plan import (
 from rlgraph.compiler.references import check_references
 from rlgraph.compiler.schedule import (
     LowestStepFirst,
+    SteadyState,
     TaskState,
     simulate,
     steady_state,
@@ -360,6 +362,50 @@ def first_hour_advice(placement: Placement, period: float, sync: float) -> list[
     return advice
 
 
+def _scheduled(graph: Any, costs: dict[str, Any], placement: Placement
+               ) -> tuple[TimedGraph, TimedGraph, str | None, SteadyState]:
+    """The plan's timed graph (as the user's lag sets it, and as simulated), the lag note and
+    its simulated steady state."""
+    user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
+                          list(placement.groups))
+    simulated_lag, lag_note = effective_lag(user_tg)
+    tg = user_tg.with_lag(simulated_lag)
+    return user_tg, tg, lag_note, steady_state(tg)
+
+
+def _spans_versions(spec: Spec) -> bool:
+    """Whether a sample's tokens may span versions: partial rollout or in-flight updates."""
+    return bool(spec.schedule.partial_rollout or any(
+        getattr(node, "inflight", False) for node in spec.nodes.values()))
+
+
+def _priced(spec: Spec, graph: Any, placement: Placement,
+            measured: dict[str, float] | None = None, scale: dict[str, float] | None = None
+            ) -> tuple[dict[str, NodeCost], list[str],
+                       tuple[TimedGraph, TimedGraph, str | None, SteadyState]]:
+    """Node costs (`node_costs`, with `measured` seconds or `scale` ratios) and the plan they
+    schedule (`_scheduled`). Where samples span versions, a generate sharing train's group
+    samples with the weight lags the simulated schedule gives it (`lag.schedule_lags`); when
+    they are not the plan's structural ones, its rounds are priced again with them and the
+    plan scheduled again."""
+    costs, messages = node_costs(spec, graph, placement, measured, scale)
+    scheduled = _scheduled(graph, costs, placement)
+    steady = scheduled[3]
+    lags = schedule_lags(graph, steady.sim, steady.cyclicity) if _spans_versions(spec) else {}
+    if any(any(cycle) for cycle in lags.values()):
+        costs, messages = node_costs(spec, graph, placement, measured, scale,
+                                     generate_lags=lags)
+        scheduled = _scheduled(graph, costs, placement)
+    return costs, messages, scheduled
+
+
+def modelled_costs(spec: Spec, graph: Any, placement: Placement,
+                   scale: dict[str, float] | None = None) -> dict[str, NodeCost]:
+    """The node costs `compile_plan` prices the plan with (`_priced`): what a calibration
+    divides measured seconds by, and carries to another plan."""
+    return _priced(spec, graph, placement, scale=scale)[0]
+
+
 def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
     check_system_groups(spec)
@@ -369,17 +415,12 @@ def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     placement: Placement = place(spec)
     check_buckets(spec, placement.local)
     measured = as_calibration(calibration)
-    costs, messages = node_costs(spec, graph, placement, measured)
-    messages = placement.messages + messages
+    costs, messages, (user_tg, tg, lag_note, steady) = _priced(spec, graph, placement,
+                                                                measured)
     # a sample's tokens span versions with partial rollout and with in-flight updates
-    proof = prove_lag(graph, spec.schedule.partial_rollout or any(
-        getattr(node, "inflight", False) for node in spec.nodes.values()))
-    user_tg = timed_graph(graph, {n: c.seconds for n, c in costs.items()},
-                          list(placement.groups))
-    simulated_lag, lag_note = effective_lag(user_tg)
-    tg = user_tg.with_lag(simulated_lag)
+    proof = prove_lag(graph, _spans_versions(spec))
+    messages = placement.messages + messages
     bound = schedule_bound(tg)
-    steady = steady_state(tg)
     period = steady.period
     if period < bound.seconds <= period * (1 + 1e-9):
         period = bound.seconds  # float noise: the bound is a proven lower bound

@@ -99,12 +99,12 @@ def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str
     """measured / modelled seconds of each node of the run that measured them, its costs
     modelled under its own plan (`measured_spec`: its groups, GPUs and lag): what a
     calibration carries to another plan of the same machine and workload."""
-    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler import modelled_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
-    costs, _ = node_costs(measured_spec, build_graph(measured_spec),
-                          place(measured_spec, strict=False))
+    costs = modelled_costs(measured_spec, build_graph(measured_spec),
+                           place(measured_spec, strict=False))
     return {n: float(measured[n]) / c.modelled for n, c in costs.items()
             if n in measured and c.modelled > 0}
 
@@ -118,13 +118,13 @@ def carry(scale: Mapping[str, float], spec: Any, measured_spec: Any = None
     backward kernels over the same sequences (`pass_ratios`). A node that runs another
     program here than in the run that measured it (`measured_spec`) keeps its model
     (`same_program`)."""
-    from rlgraph.compiler.costs import node_costs
+    from rlgraph.compiler import modelled_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
     kept = same_program(scale, spec, measured_spec)
-    costs, _ = node_costs(spec, build_graph(spec), place(spec, strict=False),
-                          scale=pass_ratios(kept, spec))
+    costs = modelled_costs(spec, build_graph(spec), place(spec, strict=False),
+                           scale=pass_ratios(kept, spec))
     return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
 
 

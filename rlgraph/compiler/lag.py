@@ -29,6 +29,7 @@ from a snapshot of the weights refreshed by the group's param_update once per ve
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,6 +203,35 @@ def colocated_trainer(graph: nx.DiGraph, gen: str) -> str | None:
     group = graph.nodes[gen]["group"]
     return next((n for n, kind in graph.nodes(data="kind") if KINDS[kind].advances_policy
                  and group is not None and graph.nodes[n]["group"] == group), None)
+
+
+def schedule_lags(graph: nx.DiGraph, sim: Any, cyclicity: int) -> dict[str, tuple[int, ...]]:
+    """Each generate node that shares its group with a train node (`colocated_trainer`): the
+    versions its weights lag its step over the simulated schedule's steady cycle (`sim`, a
+    `schedule.Simulation`, repeating every `cyclicity` steps), round t taking lag
+    `[t % cyclicity]`. The engine samples from the trainer's live weights, so a call holds
+    the version of the train steps ended before it starts (step s makes version s + 1). A
+    group whose train waits on a batch from outside it (a reward in its own actor) while the
+    next generate may run (the bound allows it) runs that generate first, as the runtime's
+    policy does: lags (0, 1); a group that takes logp first keeps (0,). Empty for a streamed
+    plan (its calls are mini-batches of a version) and where the schedule did not repeat."""
+    if int(graph.graph.get("mini_batches", 1)) > 1 or cyclicity < 1:
+        return {}
+    tg, n = sim.tg, sim.tg.n
+    index = {name: i for i, name in enumerate(tg.names)}
+    out: dict[str, tuple[int, ...]] = {}
+    for gen in samplers(graph):
+        trainer = colocated_trainer(graph, gen)
+        if trainer is None or gen not in index or trainer not in index:
+            continue
+        ends = sorted(sim.end[s * n + index[trainer]] for s in range(sim.steps))
+        lags = [t - bisect_right(ends, sim.start[t * n + index[gen]] + 1e-9)
+                for t in range(sim.steps)]
+        first = len(lags) // 2
+        first += (-first) % cyclicity  # a whole number of cycles from step 0
+        if first + cyclicity <= len(lags):
+            out[gen] = tuple(max(0, lag) for lag in lags[first:first + cyclicity])
+    return out
 
 
 def version_gate(graph: nx.DiGraph) -> int:

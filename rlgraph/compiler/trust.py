@@ -15,7 +15,7 @@ from rlgraph.pricing.constants import COSTS, pass_efficiency
 from rlgraph.pricing.system import refit_path, system_of
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
-_DRIVER = re.compile(r"driver transfer ([0-9.e+-]+) s")
+_DRIVER = re.compile(r"\S+ driver transfer ([0-9.e+-]+) s")
 _HOST = re.compile(r"\+ host ([0-9.e+-]+) s \(rlgraph runtime")
 
 
@@ -53,6 +53,41 @@ def _split_trainer(spec: Spec) -> bool:
         for group in spec.groups.values())
 
 
+DEFAULT_WHY = {
+    "prompt_len": "published prompts run 100s to 1000s of tokens; every pass and decode "
+                  "step reads them",
+    "prompts_per_step": "the batch's prompts",
+    "samples_per_prompt": "samples per prompt (n)",
+    "mean": "the mean response length decides throughput",
+    "max": "the cap decides a synchronous batch's longest",
+    "sigma": "the lognormal tail decides a synchronous batch's longest and partial "
+             "rollout's carry",
+    "alpha": "the pareto tail decides a synchronous batch's longest",
+}
+
+
+def defaults_left(spec: Spec) -> list[str]:
+    """The workload keys a graph left at rlgraph's defaults, with what each decides: a
+    published run's prompts and length tail are its own, not rlgraph's examples'; a system
+    that packs nothing pads to micro_tokens where the graph gives them, else to the batch's
+    longest."""
+    data, length = spec.data, spec.data.response_len
+    out = [f"data.{key} {getattr(data, key)} ({DEFAULT_WHY[key]})"
+           for key in ("prompts_per_step", "samples_per_prompt", "prompt_len")
+           if key not in data.model_fields_set]
+    shape = ["mean", "max", "sigma" if length.dist == "lognormal" else "alpha"]
+    out += [f"data.response_len.{key} {getattr(length, key):g} ({DEFAULT_WHY[key]})"
+            for key in shape if key not in length.model_fields_set]
+    system = system_of(spec)
+    if not system.runs_here and not system.packs_sequences:
+        unsized = [name for name, node in spec.nodes.items()
+                   if KINDS[node.kind].sequence_passes and not getattr(node, "micro_tokens", 0)]
+        if unsized:
+            out.append(f"micro_tokens of {', '.join(unsized)} (none: {system.label}'s passes "
+                       f"priced padded to the batch's expected longest response)")
+    return out
+
+
 def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
           sync: float) -> dict[str, Any]:
     """How much to trust the period: whether costs are calibrated, and the assumptions that
@@ -66,6 +101,10 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
                      f"{data.response_len.max}, {data.response_len.dist} sigma "
                      f"{data.response_len.sigma:g}): decode, logp and train scale with it")
+        left = defaults_left(spec) if not system_of(spec).runs_here else []
+        if left and not spec.cluster.local:  # rlgraph's own tasks are what its defaults say
+            lines.append(f"left at rlgraph's defaults, not {system_of(spec).label}'s run's: "
+                         + "; ".join(left) + ": state them as the run did")
     gpu = GPU_PRESETS.get(spec.cluster.gpu)
     if gpu is not None and not spec.cluster.local and any(
             KINDS[spec.nodes[n].kind].sequence_passes for _, n in modelled):
@@ -86,7 +125,7 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
             lines.append(f"{name} is {seconds / busy:.0%} of the modelled work")
     driver, host = _summed(costs, _DRIVER), _summed(costs, _HOST)
     if busy > 0 and driver >= 0.05 * busy:
-        lines.append(f"the single controller's driver moving the padded batch is "
+        lines.append(f"{system_of(spec).label}'s driver moving the padded batch is "
                      f"{driver / busy:.0%} of the "
                      f"modelled work (Ray object store at "
                      f"{COSTS.object_store_bytes_per_s / 1e9:.2g} GB/s, our measurement)")
@@ -103,7 +142,7 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
         cited = ("a cited measurement" if system.refit.get(path) is not None
                  else "no measurement cited: NVLink")
         lines.append(f"the {system.label} colocation switch is {switch / sync:.0%} of the "
-                     f"colocated step ({path} refit at {rate / 1e9:.2g} GB/s, {cited}, "
+                     f"colocated step ({path} refit at {rate / 1e9:.3g} GB/s, {cited}, "
                      f"rlgraph/pricing/system.py SOURCES; pricing.refit states the path)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

@@ -168,39 +168,159 @@ def _clean_loc(loc: tuple[Any, ...]) -> Key:
     return tuple(k for k in loc if not (isinstance(k, str) and k.startswith("function-")))
 
 
-# Words of the seed systems' configs (verl, dots.rl async-rl, AReaL) and their rlgraph key.
+# Words of the configs users bring from other frameworks (verl, dots.rl async-rl, AReaL,
+# NeMo-RL, slime, OpenRLHF, ROLL, prime-rl, SkyRL, PipelineRL) and their rlgraph key. A dotted
+# word matches a nested key (verl's rollout.n); docs/how-to/price-a-published-run.md maps them.
+FIELD_ONE_GROUP = "one group holding generate and train with share 1 (groups.<name>)"
 SEED_WORDS: dict[str, str] = {
+    # lag and streaming
     "generate_ahead_steps": "schedule.max_lag",
     "staleness_threshold": "schedule.max_lag",
     "max_head_offpolicyness": "schedule.max_lag",
-    "sperated_node_tasks": "groups.<name>.tasks",
-    "sperated_node_ratios": "groups.<name>.share",
-    "hybrid_engine": "one group holding every task with share 1",
-    "param_update_preduce_bucket_size_mb": "bucket_mb.produce of the param_update node",
-    "param_update_consume_bucket_size_mb": "bucket_mb.consume of the param_update node",
-    "train_batch_size": "data.prompts_per_step",
-    "n": "data.samples_per_prompt",
-    "max_prompt_length": "data.prompt_len",
-    "max_response_length": "data.response_len.max",
-    "tensor_model_parallel_size": "tp of the node",
-    "pipeline_model_parallel_size": "pp of the node",
-    "expert_model_parallel_size": "ep of the node",
-    "n_gpus_per_node": "cluster.gpus_per_node",
-    "nnodes": "cluster.nodes",
+    "max_trajectory_age_steps": "schedule.max_lag",
+    "max_staleness_steps": "schedule.max_lag",
+    "max_async_level": "schedule.max_lag",
+    "max_off_policy_steps": "schedule.max_lag",
+    "async_generation_ratio": "schedule.max_lag",
+    "async_train": "schedule.max_lag: 1 on groups apart",
     "partial_rollout": "schedule.partial_rollout",
     "trigger_parameter_sync_step": "schedule.stream.mini_batches",
     "require_batches": "data.prompts_per_step / schedule.stream.mini_batches prompt groups per "
                        "mini-batch (with ppo_mini_batch_size)",
+    "in_flight_weight_updates": "inflight: true on the generate node",
+    # placement
+    "sperated_node_tasks": "groups.<name>.tasks",
+    "sperated_node_ratios": "groups.<name>.share",
+    "hybrid_engine": FIELD_ONE_GROUP,
+    "colocate": FIELD_ONE_GROUP,
+    "colocate_all": FIELD_ONE_GROUP,
+    "colocate_all_models": FIELD_ONE_GROUP,
+    "colocated": FIELD_ONE_GROUP + "; colocated.enabled false: a group each",
+    "allocation_mode": "groups.<name>.share (sglang.d96+d32: rollout 0.75, trainer 0.25)",
+    "device_mapping": "groups.<name>.tasks and share",
+    "rollout_num_gpus": "groups.<name>.share of the group holding generate",
+    "vllm_num_engines": "groups.<name>.share of the generate group (engines x tp GPUs)",
+    "num_inference_engines": "groups.<name>.share of the generate group (engines x tp GPUs)",
+    "n_gpus": "groups.<name>.share (its GPUs / all GPUs)",
+    "colocated.resources": "groups.<name>.share of the generate group (its GPUs / all GPUs)",
+    "n_gpus_per_node": "cluster.gpus_per_node",
+    "gpus_per_node": "cluster.gpus_per_node",
+    "actor_num_gpus_per_node": "cluster.gpus_per_node (and the trainer group's share)",
+    "nnodes": "cluster.nodes",
+    "num_nodes": "cluster.nodes",
+    # batch shape
+    "train_batch_size": "data.prompts_per_step",
+    "num_prompts_per_step": "data.prompts_per_step",
+    "rollout_batch_size": "data.prompts_per_step",
+    "n": "data.samples_per_prompt",
+    "rollout.n": "data.samples_per_prompt",
+    "num_generations_per_prompt": "data.samples_per_prompt",
+    "n_samples_per_prompt": "data.samples_per_prompt",
+    "n_samples": "data.samples_per_prompt",
+    "num_return_sequences_in_group": "data.samples_per_prompt",
+    "rollouts_per_example": "data.samples_per_prompt",
+    "attempts": "data.samples_per_prompt",
+    "max_prompt_length": "data.prompt_len (the mean prompt length, not the cap)",
+    "prompt_max_len": "data.prompt_len (the mean prompt length, not the cap)",
+    "rollout_max_prompt_len": "data.prompt_len (the mean prompt length, not the cap)",
+    "max_response_length": "data.response_len.max (and the stated mean: response_len.mean)",
+    "max_new_tokens": "data.response_len.max (and the stated mean: response_len.mean)",
+    "generate_max_len": "data.response_len.max (and the stated mean: response_len.mean)",
+    "rollout_max_response_len": "data.response_len.max (and the stated mean: "
+                                "response_len.mean)",
+    "max_total_sequence_length": "data.prompt_len + data.response_len.max",
+    "sequence_length": "data.prompt_len + data.response_len.max",
+    "seq_len": "data.prompt_len + data.response_len.max",
+    "global_batch_size": "data.prompts_per_step x data.samples_per_prompt / mini_batches of "
+                         "the train node",
+    "train_global_batch_size": "data.prompts_per_step x data.samples_per_prompt / mini_batches "
+                               "of the train node",
+    "ppo_mini_batch_size": "mini_batches of the train node (train_batch_size / "
+                           "ppo_mini_batch_size)",
+    "policy_mini_batch_size": "mini_batches of the train node (train_batch_size / "
+                              "policy_mini_batch_size)",
+    "num_steps_per_rollout": "mini_batches of the train node",
+    "ppo_epochs": "epochs of the train node",
+    # model parallelism and passes
+    "tensor_model_parallel_size": "tp of the node",
+    "rollout.tensor_model_parallel_size": "tp of the generate node",
+    "tensor_parallel_size": "tp of the node (the generate node for the engine's)",
+    "vllm_tensor_parallel_size": "tp of the generate node",
+    "rollout_num_gpus_per_engine": "tp of the generate node",
+    "inference_engine_tensor_parallel_size": "tp of the generate node",
+    "pipeline_model_parallel_size": "pp of the node",
+    "expert_model_parallel_size": "ep of the node",
+    "expert_parallel_size": "ep of the node",
+    "context_parallel_size": "cp of the node (backend megatron)",
+    "use_dynamic_bsz": "micro_tokens of the logp / train node",
+    "ppo_max_token_len_per_gpu": "micro_tokens of the logp / train node",
+    "log_prob_max_token_len_per_gpu": "micro_tokens of the logp node",
+    "max_tokens_per_gpu": "micro_tokens of the logp / train node",
+    "use_dynamic_batch_size": "micro_tokens of the logp / train node",
+    "train_max_tokens_per_gpu": "micro_tokens of the train node",
+    "dynamic_batching": "micro_tokens of the logp / train node",
+    "enable_gradient_checkpointing": "activation_checkpointing of the train node",
+    "gradient_checkpointing": "activation_checkpointing of the train node",
+    "zero_stage": "sharding: fsdp of the train node",
+    "dtensor_cfg": "sharding: fsdp of the train node (backend torch)",
+    "megatron_cfg": "backend: megatron of the train node (tp, pp, ep)",
+    "strategy": "backend (torch or megatron) and sharding (fsdp) of the train node",
+    "recompute_logprob": "a logp node feeding train",
+    "kl_coef": "algorithm.kl_coef (and a ref_logp node)",
+    "use_kl_loss": "algorithm.kl_coef and a ref_logp node",
+    "use_rollout_logprobs": "old_logp of the train node (no logp node)",
+    # the system around them
+    "use_remove_padding": "pricing.system (whether the system packs sequences)",
+    "sequence_packing": "pricing.system (whether the system packs sequences)",
+    "packing_samples": "pricing.system (whether the system packs sequences)",
+    "use_sample_packing": "pricing.system (whether the system packs sequences)",
+    "use_sequence_packing": "pricing.system (whether the system packs sequences)",
+    "seq_packing": "pricing.system (whether the system packs sequences)",
+    "offload": "pricing.system (the system's colocation switch prices its offload)",
+    "param_update_preduce_bucket_size_mb": "bucket_mb.produce of the param_update node",
+    "param_update_consume_bucket_size_mb": "bucket_mb.consume of the param_update node",
+    # whole sections
+    "rollout": "the generate node (engine, tp); rollout.n is data.samples_per_prompt",
+    "actor_rollout_ref": "the generate, logp and train nodes and their groups",
+    "vllm_cfg": "the generate node (engine, tp)",
+    "grpo": "data.prompts_per_step, data.samples_per_prompt and schedule",
+    "async_grpo": "schedule.max_lag (max_trajectory_age_steps)",
+    "policy": "model and the train / generate nodes",
 }
+MAX_NESTED_HINTS = 4  # words named in one hint for a pasted section
+
+
+def _nested_hints(value: Any, prefix: str = "") -> list[str]:
+    """'rollout.n is data.samples_per_prompt' for the words of a pasted section (a mapping)
+    that SEED_WORDS knows, by their dotted suffix or their last word."""
+    out: list[str] = []
+    if not isinstance(value, dict):
+        return out
+    for key, inner in value.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        tail = ".".join(dotted.split(".")[-2:])
+        word = tail if tail in SEED_WORDS else str(key) if str(key) in SEED_WORDS else None
+        if word and not isinstance(inner, dict):
+            out.append(f"{dotted} is {SEED_WORDS[word]}")
+        out += _nested_hints(inner, dotted)
+    return out
 
 
 def _unknown_key_hint(key: Key, raw: dict[str, Any]) -> str | None:
-    """did-you-mean among the keys allowed there, the seed vocabulary, or the allowed keys."""
+    """did-you-mean among the keys allowed there, the other frameworks' vocabulary (and the
+    words of a section pasted whole), or the allowed keys."""
     model = _model_at(key[:-1], raw)
     allowed = list(model.model_fields) if model else []
     word = str(key[-1])
+    value: Any = raw
+    for part in key:
+        value = value.get(part) if isinstance(value, dict) else None
+    nested = _nested_hints(value, word)[:MAX_NESTED_HINTS]
     if word in SEED_WORDS and SEED_WORDS[word] not in allowed:
-        return f"in rlgraph, {word} is {SEED_WORDS[word]}"
+        said = f"in rlgraph, {word} is {SEED_WORDS[word]}"
+        return "; ".join([said, *nested])
+    if nested:
+        return "in rlgraph, " + "; ".join(nested)
     return did_you_mean(word, allowed) or (
         f"allowed here: {', '.join(allowed)}" if allowed else None)
 

@@ -185,7 +185,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     return seconds, steps + end
 
 
-def generate_lag(node: Any, ctx: CostContext) -> int:
+def generate_lag(node: Any, ctx: CostContext) -> int | tuple[int, ...]:
     """Versions generate's weights lag the step whose batch it samples, from the plan's
     structure: 0 where generate shares train's group (the group runs it after the previous
     train step, on the newest weights); else 1, a split plan's call t running beside train
@@ -195,7 +195,11 @@ def generate_lag(node: Any, ctx: CostContext) -> int:
     train step (bench/results/gpu-inflight.json, split pair on 2x H200: the trained tokens'
     mean age `lag/mean` 1.2-1.4 versions a step without in-flight updates, 1.5-2.3 with
     them; their one-GPU colocated runs 0.5-1.0, the carried tokens' age alone); never more
-    than max_lag."""
+    than max_lag. Where the compiler read the lags off the plan's own simulated schedule
+    (`compiler.costs.schedule_lags`: a colocated group whose train waits on a batch from
+    outside the group runs the next generate first), that cycle of lags, one per round."""
+    if "generate_lag" in ctx.extra:
+        return tuple(ctx.extra["generate_lag"])
     max_lag = int(ctx.spec.schedule.max_lag)
     if "train" in ctx.colocated or max_lag <= 0:
         return 0

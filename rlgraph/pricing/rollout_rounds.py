@@ -165,14 +165,17 @@ def _alive(runs: list[tuple[int, int, int]]) -> Callable[[float], list[float]]:
 
 @lru_cache(maxsize=512)
 def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: int,
-             stale: str, check_every: int, prompt_len: int, generate_lag: int = 0,
+             stale: str, check_every: int, prompt_len: int,
+             generate_lag: int | tuple[int, ...] = 0,
              seed: int = 0, stride: int = 1, inflight: bool = False,
              reencode: bool = True, mix_versions: bool = True,
              slots: int | None = None, slot_refill: bool = True,
              shares_device: bool = False) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
-    generate runs after the previous train step, as in one colocated group). `stride` K > 1:
+    generate runs after the previous train step, as in one colocated group), or a cycle of
+    lags, round t taking `generate_lag[t % len]` (a colocated group that runs two generate
+    calls before their two train steps: (0, 1)). `stride` K > 1:
     streaming, one call per mini-batch of `prompts` groups, version = call // K, the whole
     batch's K x oversample x prompts groups in flight, admitted only while their version can
     still be trained (`RolloutCache.refill`). `inflight` (`engines.inflight`): a completed
@@ -191,6 +194,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
     the cache restarts only its samples older than the bound)."""
     lengths = _Lengths(m, seed)
+    lags = generate_lag if isinstance(generate_lag, tuple) else (generate_lag,)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
                             stale=stale, stride=stride, mix_versions=mix_versions,
                             shares_device=shares_device and inflight)
@@ -202,7 +206,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     counted = 0
     warm = WARMUP * stride
     for t in range(ROUNDS * stride):
-        version = t // stride - generate_lag
+        version = t // stride - lags[(t // stride) % len(lags)]
         if groups:  # evict: a group holding a token too old for batch t (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:

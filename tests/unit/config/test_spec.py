@@ -142,6 +142,25 @@ def test_seed_vocabulary_hints(minimal: Path) -> None:
         assert word in SEED_WORDS
 
 
+def test_other_frameworks_words_name_the_rlgraph_key(minimal: Path) -> None:
+    for override, said in [
+        ("data.num_generations_per_prompt=16", "num_generations_per_prompt is "
+         "data.samples_per_prompt"),  # NeMo-RL
+        ("data.n_samples_per_prompt=8", "n_samples_per_prompt is data.samples_per_prompt"),
+        ("schedule.max_staleness_steps=2", "max_staleness_steps is schedule.max_lag"),
+        ("+nodes.generate.rollout_num_gpus_per_engine=4", "is tp of the generate node"),
+        # a section pasted whole: each word it holds, by its dotted path
+        ("actor_rollout_ref={rollout: {n: 16}, actor: {ppo_mini_batch_size: 32}}",
+         "actor_rollout_ref.rollout.n is data.samples_per_prompt; "
+         "actor_rollout_ref.actor.ppo_mini_batch_size is mini_batches of the train node"),
+        ("grpo={num_prompts_per_step: 32}", "grpo.num_prompts_per_step is "
+         "data.prompts_per_step"),
+    ]:
+        with pytest.raises(SpecError) as info:
+            load_spec(minimal, [override])
+        assert said in info.value.render(), override
+
+
 def test_first_reported_error_is_the_unknown_key(minimal: Path) -> None:
     text = MINIMAL.replace("rollout: {share: 0.5", "rollout: {shares: 0.5")
     minimal.write_text(text)

@@ -294,3 +294,43 @@ def test_shared_length_draws_are_the_seeded_quantiles() -> None:
     assert first.take(20) == expected[:20]
     assert second.take(7) + second.take(43) == expected
     assert first.take(30) == expected[20:]
+
+
+def test_a_colocated_group_whose_train_waits_on_reward_samples_with_the_schedules_lags() -> None:
+    """Without a logp node, train(t) waits for reward(t) (its own actor) while generate(t + 1)
+    may already run: the plan's schedule runs generate twice, then train twice, so every
+    other round samples with one version older weights (lags (0, 1), as the run did:
+    bench/results/gpu-longtail-1gpu.json rollout-logp lag 4 decoded 1104 + 1552 + 1440 + 4096
+    steps over a must-finish cycle of four rounds, not five). With logp in the group it runs
+    at once after generate and the rounds keep lag 0."""
+    from rlgraph.compiler import _scheduled, compile_plan, modelled_costs
+    from rlgraph.compiler.lag import schedule_lags
+    from rlgraph.compiler.placement import place
+    from rlgraph.config.load import load_spec
+    from rlgraph.graph import build_graph
+
+    graph = Path(__file__).resolve().parents[3] / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+    base = ["cluster.gpu=H200", "data.response_len.sigma=1.5", "schedule.partial_rollout=true",
+            "schedule.max_lag=4", "nodes.generate.oversample=2.0"]
+    rollout_logp = ['nodes={"generate": {"kind": "generate", "cuda_decode": "graphs", '
+                    '"forced_lengths": true, "oversample": 2.0, "stale": "finish"}, '
+                    '"reward": {"kind": "reward"}, "train": {"kind": "train", '
+                    '"micro_tokens": 16384, "old_logp": "rollout"}, "param_update": '
+                    '{"kind": "param_update", "src": "train", "dst": "generate"}}',
+                    'groups={"all": {"share": 1.0, "tasks": ["generate", "train"]}}']
+
+    def lags(overrides: list[str]) -> dict[str, tuple[int, ...]]:
+        spec = load_spec(graph, [*base, *overrides])
+        g, placement = build_graph(spec), place(spec)
+        steady = _scheduled(g, modelled_costs(spec, g, placement), placement)[3]
+        return schedule_lags(g, steady.sim, steady.cyclicity)
+
+    assert lags(rollout_logp) == {"generate": (0, 1)}
+    assert lags([]) == {"generate": (0,)}
+    spec = load_spec(graph, [*base, *rollout_logp])
+    priced = compile_plan(spec).costs["generate"]
+    m = LengthModel(512, 8192, "lognormal", 1.5)
+    cycles = [simulate(m, 64, 8, 2.0, 4, "finish", 8, 8, generate_lag=g).steps
+              for g in (0, (0, 1))]
+    assert cycles[1] > 1.1 * cycles[0]
+    assert f"decode {cycles[1]:.0f} steps" in priced.detail

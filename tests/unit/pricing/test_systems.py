@@ -132,6 +132,14 @@ def test_every_framework_row_sources_each_fact_it_prices() -> None:
             assert rate is not None or "NVLink" in sources[f"refit.{path}"], (name, path)
 
 
+def test_every_system_prices_a_split_plans_baseline() -> None:
+    split = cost_spec()
+    for name in SYSTEMS:
+        plan = compile_plan(split, baseline=name)
+        assert plan.pricing.baseline == name and plan.schedule.sync_period_s > 0
+        assert plan.schedule.sync_period_s == pytest.approx(plan.pricing.baselines[name])
+
+
 def test_an_unknown_system_or_refit_path_names_the_key_and_the_known_ones() -> None:
     with pytest.raises(SpecError) as err:
         cost_spec(pricing={"system": "slimee"})
@@ -175,3 +183,17 @@ def test_a_system_that_never_colocates_refuses_a_shared_group_and_syncs_on_the_s
                                                 schedule={"max_lag": 0}))
     assert plan.schedule.sync_period_s == pytest.approx(same_split_at_zero.schedule.period_s)
     assert "prime-rl" not in compile_plan(cost_spec(groups=COLOCATED)).pricing.baselines
+
+
+def test_the_summary_says_which_workload_keys_a_foreign_run_left_at_rlgraphs_defaults() -> None:
+    data = {"prompts_per_step": 32, "samples_per_prompt": 4,
+            "response_len": {"mean": 512, "max": 1024}}
+    def said(system: str) -> list[str]:
+        plan = compile_plan(cost_spec(data=data, pricing={"system": system}))
+        return [line for line in plan.trust.assumptions if "rlgraph's defaults" in line]
+    [slime] = said("slime")
+    assert "data.prompt_len 16" in slime and "data.response_len.sigma 1" in slime
+    assert "prompts_per_step" not in slime and "micro_tokens" not in slime  # slime packs
+    [roll] = said("roll")  # ROLL pads: its passes' width is the graph's to state
+    assert "micro_tokens of logp, train" in roll
+    assert said("rlgraph") == []  # rlgraph's own tasks are what its defaults describe
