@@ -386,7 +386,8 @@ def implied_mean(case: dict[str, Any], published: Path, readme: str) -> dict[str
     target = phases.get("sync", {}).get("old_log_prob")
     async_spec = load_spec(graph_path(published, case["async"]), list(case.get("overrides", [])))
     has_logp = any(n.kind == "logp" for n in async_spec.nodes.values())
-    work = published_work(phases.get("async", {}), has_logp).get("trainer_work")
+    work = published_work(phases.get("async", {}), has_logp,
+                          ref_with_train(async_spec)).get("trainer_work")
     if not target and not work:
         return None
     top = 0.95 * async_spec.data.response_len.max
@@ -431,17 +432,26 @@ def implied_mean(case: dict[str, Any], published: Path, readme: str) -> dict[str
 FLOOR_PASSES = {"old_log_prob": 2, "update_actor": 6, "trainer_work": 6}
 
 
-def published_work(figures: dict[str, float], has_logp: bool) -> dict[str, float]:
+def published_work(figures: dict[str, float], has_logp: bool,
+                   ref_with_train: bool = False) -> dict[str, float]:
     """The phases the floor checks: old_log_prob and update_actor as published, and where an
     async row's trainer does nothing but train (no logp node, no published old_log_prob) its
-    work a step: step - trainer_wait, which verl sums over the same local updates as
-    update_actor (recipe/fully_async_policy/detach_utils.py, MetricsAggregator: timing_s/*
-    summed), so it bounds update_actor too."""
+    work a step: step - trainer_wait (less the published ref forward where ref_logp shares
+    train's group), which verl sums over the same local updates as update_actor
+    (recipe/fully_async_policy/detach_utils.py, MetricsAggregator: timing_s/* summed), so it
+    bounds update_actor too."""
     out = {p: figures[p] for p in ("old_log_prob", "update_actor") if figures.get(p)}
     if (not has_logp and "old_log_prob" not in figures and figures.get("step")
             and figures.get("trainer_wait") is not None):
-        out["trainer_work"] = round(figures["step"] - figures["trainer_wait"], 2)
+        ref = figures.get("ref", 0.0) if ref_with_train else 0.0
+        out["trainer_work"] = round(figures["step"] - figures["trainer_wait"] - ref, 2)
     return out
+
+
+def ref_with_train(spec: Any) -> bool:
+    """Whether a ref_logp node runs in the group that trains."""
+    return any({spec.nodes[t].kind for t in g.tasks} >= {"train", "ref_logp"}
+               for g in spec.groups.values())
 
 
 def peak_floor(case: dict[str, Any], published: Path, readme: str) -> list[dict[str, Any]]:
@@ -471,7 +481,7 @@ def peak_floor(case: dict[str, Any], published: Path, readme: str) -> list[dict[
         peak = GPU_PRESETS[spec.cluster.gpu].bf16_flops
         train = next((n for n in spec.nodes.values() if n.kind == "train"), None)
         recompute = train is not None and checkpoints_activations(train, system_of(spec))
-        work = published_work(phases.get(mode, {}), gpus["logp"] > 0)
+        work = published_work(phases.get(mode, {}), gpus["logp"] > 0, ref_with_train(spec))
         for phase, per_param in FLOOR_PASSES.items():
             figure = work.get(phase)
             kind = "logp" if phase == "old_log_prob" else "train"

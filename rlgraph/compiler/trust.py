@@ -15,7 +15,7 @@ from rlgraph.pricing.constants import COSTS, pass_efficiency
 from rlgraph.pricing.system import refit_path, system_of
 
 _SWITCH = re.compile(r"colocation switch ([0-9.e+-]+) s")
-_DRIVER = re.compile(r"verl driver transfer ([0-9.e+-]+) s")
+_DRIVER = re.compile(r"\S+ driver transfer ([0-9.e+-]+) s")
 _HOST = re.compile(r"\+ host ([0-9.e+-]+) s \(rlgraph runtime")
 
 
@@ -125,7 +125,8 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
             lines.append(f"{name} is {seconds / busy:.0%} of the modelled work")
     driver, host = _summed(costs, _DRIVER), _summed(costs, _HOST)
     if busy > 0 and driver >= 0.05 * busy:
-        lines.append(f"verl's driver moving the padded batch is {driver / busy:.0%} of the "
+        lines.append(f"{system_of(spec).label}'s driver moving the padded batch is "
+                     f"{driver / busy:.0%} of the "
                      f"modelled work (Ray object store at "
                      f"{COSTS.object_store_bytes_per_s / 1e9:.2g} GB/s, our measurement)")
     if busy > 0 and host >= 0.05 * busy:

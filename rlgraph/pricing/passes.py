@@ -326,7 +326,7 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
     driver = (driver_transfer(ctx, response_bytes) if system_of(ctx.spec).driver_transfer
               else 0.0)
     if driver:
-        ctx.extra["detail"] += f" + verl driver transfer {driver:.3g} s"
+        ctx.extra["detail"] += f" + {system_of(ctx.spec).name} driver transfer {driver:.3g} s"
     return (seconds + exchange + floor) * epochs + driver
 
 

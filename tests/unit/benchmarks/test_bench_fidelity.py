@@ -88,3 +88,12 @@ def test_step_windows_divide_the_published_total_times_by_100_steps() -> None:
     assert windows[0]["sync_s"] == 494.4 and windows[0]["async_s"] == 286.8
     assert fidelity.duration("1d 3h 43m") == 86400 + 3 * 3600 + 43 * 60
     assert fidelity.step_windows("a case without totals") == []
+
+
+def test_the_trainer_work_leaves_out_the_wait_and_a_ref_forward_beside_train() -> None:
+    row = {"step": 282.75, "trainer_wait": 22.06, "ref": 50.05, "update_actor": 206.63}
+    assert fidelity.published_work(row, has_logp=False)["trainer_work"] == 260.69
+    assert fidelity.published_work(row, False, ref_with_train=True)["trainer_work"] == 210.64
+    # a trainer that also computes old log-probs is not a train-only trainer
+    assert "trainer_work" not in fidelity.published_work(row, has_logp=True)
+    assert "trainer_work" not in fidelity.published_work(dict(row, old_log_prob=9.0), False)

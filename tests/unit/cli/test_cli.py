@@ -55,6 +55,13 @@ def test_overrides_may_follow_options() -> None:
     assert (args.progress, args.checkpoint_every, args.steps) == (False, 5, None)
 
 
+def test_an_unknown_baseline_system_is_one_line_with_the_known_ones(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capsys, "compile", "g.yaml", "--baseline", "versl")
+    assert status == 2 and "--baseline: unknown system 'versl'" in err
+    assert "did you mean 'verl'?" in err and "prime-rl" in err and "Traceback" not in err
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_cli(capsys, "compile", "g.yaml", "--bogus")
     assert status == 2 and "unrecognized arguments: --bogus" in err

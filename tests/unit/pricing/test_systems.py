@@ -132,6 +132,14 @@ def test_every_framework_row_sources_each_fact_it_prices() -> None:
             assert rate is not None or "NVLink" in sources[f"refit.{path}"], (name, path)
 
 
+def test_every_system_prices_a_split_plans_baseline() -> None:
+    split = cost_spec()
+    for name in SYSTEMS:
+        plan = compile_plan(split, baseline=name)
+        assert plan.pricing.baseline == name and plan.schedule.sync_period_s > 0
+        assert plan.schedule.sync_period_s == pytest.approx(plan.pricing.baselines[name])
+
+
 def test_an_unknown_system_or_refit_path_names_the_key_and_the_known_ones() -> None:
     with pytest.raises(SpecError) as err:
         cost_spec(pricing={"system": "slimee"})
