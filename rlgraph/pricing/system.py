@@ -48,10 +48,18 @@ class System:
     driver_transfer: bool = False  # a single controller moves every pass's batch via Ray
     activation_recompute: bool = False  # train recomputes activations unless the graph says
     colocates: bool = True  # a group may hold both train and generate (else: GPUs apart only)
+    # its synchronous runs keep rollout and training on their GPUs apart, at max_lag 0 (the
+    # baseline keeps the plan's groups); always so where it never colocates
+    sync_apart: bool = False
     # a MoE model's passes at this fraction of the dense roofline figure (None: the measured
     # Megatron-core figure, COSTS.moe_pass_factor), where the system's own MoE training path
     # is measured slower
     moe_pass_factor: float | None = None
+
+    @property
+    def syncs_apart(self) -> bool:
+        """Whether this system's synchronous baseline keeps the plan's groups."""
+        return self.sync_apart or not self.colocates
 
     def refit_rate(self, path: str | None, link_bytes_per_s: float = 0.0) -> tuple[str, float]:
         """(path, bytes/s) of the refit: the graph's `pricing.refit`, else the default; a
@@ -108,7 +116,7 @@ SYSTEMS: dict[str, System] = {
     "areal": System(
         name="areal", label="AReaL", runs_here=False,
         colocated_switch=False, offload=False, sleep_wake=False,
-        old_logp_always=True, packs_sequences=True),
+        old_logp_always=True, packs_sequences=True, sync_apart=True),
     "slime": System(
         name="slime", label="slime", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
@@ -189,6 +197,10 @@ SOURCES: dict[str, dict[str, str]] = {
         "old_logp_always": "recompute_logprob: the trainer recomputes the old log-probs "
                            "(examples/arealite/configs/boba.yaml)",
         "packs_sequences": "AReaL packs each batch's sequences (blog/AReaL_v0_2.md)",
+        "sync_apart": "synchronous AReaL is the same allocation at max_head_offpolicyness 0 "
+                      "(examples/configs/v0.2-qwen2-math/README.md runs synchronous and "
+                      "asynchronous on one allocation_mode; blog/AReaL_v0_3.md Table 2 "
+                      "compares the two), so its baseline keeps the plan's groups",
         "batch_transfer": "no single controller: packed batches move over NCCL with "
                           "GPUDirect RDMA, 'below 3 seconds even in a 1,000-GPU cluster' "
                           "(blog/AReaL_v0_2.md), so no driver transfer is charged",
