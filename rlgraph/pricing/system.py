@@ -55,6 +55,10 @@ class System:
     # Megatron-core figure, COSTS.moe_pass_factor), where the system's own MoE training path
     # is measured slower
     moe_pass_factor: float | None = None
+    # bytes/s at which the trainer gathers its model-parallel shards into whole bf16 tensors
+    # before sending them to generate GPUs apart (None: the param_update node's transfer is the
+    # whole refit)
+    refit_gather_bytes_per_s: float | None = None
 
     @property
     def syncs_apart(self) -> bool:
@@ -153,7 +157,7 @@ SYSTEMS: dict[str, System] = {
         colocated_switch=True, offload=True, sleep_wake=True,
         refit={"ipc_zmq": 2 * 671.0e9 / 47.2}, default_refit="ipc_zmq",
         old_logp_always=True, packs_sequences=True, driver_transfer=True,
-        moe_pass_factor=0.29),
+        moe_pass_factor=0.29, refit_gather_bytes_per_s=2 * 671.0e9 / 12.2),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -373,6 +377,14 @@ SOURCES: dict[str, dict[str, str]] = {
                            "(BatchedDataDict, train_data.to('cpu')) and lm_policy shards it to "
                            "the policy workers through Ray for get_logprobs and train "
                            "(object_store_bytes_per_s)",
+        "refit_gather_bytes_per_s": "the refit blog's Table 1 (above): step 1, the policy "
+                                    "workers gathering DeepSeek V3's parameters from their "
+                                    "model-parallel shards (training EP64 PP8), took 12.2 s "
+                                    "of the 47.2 s, 110 GB/s of bf16 weights; GPUs apart "
+                                    "gather the same way before the NCCL broadcast "
+                                    "(megatron_policy_worker.broadcast_weights_for_collective "
+                                    "exports whole tensors, then broadcasts them), so the "
+                                    "param_update node pays it beside its transfer",
         "moe_pass_factor": "NVIDIA-NeMo/RL#966 ('SFT on Qwen3 30B-a3b is quite slow', "
                            "Megatron backend): Qwen3-30B-A3B on 4 nodes x 8 H200, sequences of "
                            "4k, global batch 512, micro batch 8, EP 8, TP 1: ~13 s an "

@@ -122,3 +122,12 @@ def test_decode_step_is_vllms_published_step(preset: str, tp: int, rows: int,
                       tp, extra={"local": False})
     priced = decode_step_seconds(rows, 5600, node, ctx, longest=5600)
     assert 0.8 < priced / measured < 1.3
+
+
+def test_gpus_apart_pay_nemo_rls_gather_before_the_broadcast() -> None:
+    spec = load_spec(EXTRA / "nemorl-dsv3-async.yaml")
+    plan = compile_plan(spec)
+    cost = plan.costs["param_update"]
+    assert "gather of the shards" in cost.detail
+    # 1.34 TB over 50 GB/s of network plus the published 12.2 s gather
+    assert cost.seconds == pytest.approx(1342e9 / 50e9 + 12.2, rel=0.05)
