@@ -98,9 +98,9 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
     max_lag 0, no partial rollout, priced as `system` (default: the plan's own). Where that
     system computes old_log_prob on every batch (verl) it is that system's baseline: the
     switch is paid (cost pass) and a plan without a logp node gets one (OLD_LOG_PROB). A
-    system that runs rollout and training only on GPUs apart (prime-rl, PipelineRL:
-    `System.colocates` False) keeps the plan's groups: its synchronous step is the same
-    split at max_lag 0."""
+    system whose synchronous runs keep rollout and training on GPUs apart (AReaL, prime-rl,
+    PipelineRL: `System.syncs_apart`) keeps the plan's groups: its synchronous step is the
+    same split at max_lag 0."""
     if system is not None:
         spec = with_system(spec, system)
     tasks = [t for g in spec.groups.values() for t in g.tasks]
@@ -117,7 +117,7 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
             edges = [*edges, *(f"{g} -> {OLD_LOG_PROB}" for g in samplers),
                      *(f"{OLD_LOG_PROB} -> {t}" for t in trainers)]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
-    if not system_of(spec).colocates:  # its synchronous runs keep rollout and training apart
+    if system_of(spec).syncs_apart:  # its synchronous runs keep rollout and training apart
         added = [t for t in tasks if spec.group_of(t) is None]  # old_log_prob, where added
         groups = {}
         for name, group in spec.groups.items():
@@ -171,7 +171,7 @@ def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost],
     a calibration carries over only to the plan's own system)."""
     base = sync_spec(spec, system)
     check_system_groups(base)
-    apart = not system_of(base).colocates
+    apart = system_of(base).syncs_apart
     graph = (sync_graph(graph) if len(base.nodes) == len(spec.nodes) and not apart
              else build_graph(base))
     placement = place(base, strict=False)

@@ -162,6 +162,14 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
                             f"'{group.name}'", ("nodes", task, "tp"),
                             hint=f"make {what} a divisor of the group's GPUs")
         dp = group.data_parallel.get(task, group.gpus // mp)
+        per_node = spec.cluster.gpus_per_node
+        if (KINDS[node.kind].samples and not spec.cluster.local and node.tp > per_node
+                and node.tp % per_node):
+            raise SpecError(f"'{task}' has tp {node.tp}: an engine replica wider than a node "
+                            f"takes whole nodes of {per_node} GPUs, and {node.tp} is not a "
+                            f"multiple of {per_node}", ("nodes", task, "tp"),
+                            hint=f"use tp {per_node * (node.tp // per_node)} or "
+                            f"{per_node * (node.tp // per_node + 1)}")
         if KINDS[node.kind].samples:
             if dp > spec.data.prompts_per_step:
                 raise SpecError(f"'{task}' runs {dp} engine replicas ({group.gpus} GPUs / tp "

@@ -97,3 +97,28 @@ def test_context_parallel_divides_the_data_parallel_ranks() -> None:
     assert group.data_parallel["train"] == 128 // (2 * 8 * 2)
     with pytest.raises(SpecError, match="cp"):
         load_spec(EXTRA / "nemorl-q235b-sync.yaml", ["nodes.train.backend=torch"])
+
+
+def test_an_engine_replica_wider_than_a_node_takes_whole_nodes() -> None:
+    spec = load_spec(EXTRA / "nemorl-dsv3-sync.yaml", ["cluster.nodes=3", "nodes.generate.tp=12"])
+    with pytest.raises(SpecError, match="whole nodes"):
+        place(spec)
+
+
+# vLLM's measured inter-token latency on H100 (ml-energy/leaderboard public/data/tasks/
+# gpqa.json: median ITL at a steady batch, ~8k-token outputs, bf16), against the decode step
+# priced for vLLM (engine sglang: a CUDA-graph decoder) at a mean live context of 5600
+ML_ENERGY_ITL = [("qwen3-30b-a3b", 2, 32, 16.4e-3), ("qwen3-30b-a3b", 2, 128, 28.6e-3),
+                 ("qwen3-235b-a22b", 8, 16, 24.9e-3), ("qwen3-235b-a22b", 8, 32, 33.4e-3),
+                 ("qwen3-32b", 2, 64, 32.3e-3), ("qwen3-8b", 1, 64, 26.6e-3)]
+
+
+@pytest.mark.parametrize(("preset", "tp", "rows", "measured"), ML_ENERGY_ITL)
+def test_decode_step_is_vllms_published_step(preset: str, tp: int, rows: int,
+                                             measured: float) -> None:
+    spec = load_spec(EXTRA / "nemorl-q30b-sync.yaml")
+    node = spec.nodes["generate"].model_copy(update={"tp": tp})
+    ctx = CostContext(spec, "generate", model_shape(MODEL_PRESETS[preset]), GPU_PRESETS["H100"],
+                      tp, extra={"local": False})
+    priced = decode_step_seconds(rows, 5600, node, ctx, longest=5600)
+    assert 0.8 < priced / measured < 1.3
