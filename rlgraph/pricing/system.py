@@ -141,7 +141,7 @@ SYSTEMS: dict[str, System] = {
     "skyrl": System(
         name="skyrl", label="SkyRL", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
-        refit={"cuda_ipc": PHYSICAL_REFIT}, default_refit="cuda_ipc",
+        refit={"batched": 2 * 14e9 / 1.6, "per_param": 2 * 14e9 / 4.4}, default_refit="batched",
         old_logp_always=True, packs_sequences=True, driver_transfer=True,
         activation_recompute=True),
     "prime-rl": System(
@@ -254,9 +254,12 @@ SOURCES: dict[str, dict[str, str]] = {
                    "scripts' setting, priced as verl's switch terms",
         "refit.cuda_ipc": "DeepSpeed -> vLLM weight sync (--vllm_sync_backend nccl; CUDA IPC "
                           "in the hybrid engine: the vLLM blog 'Accelerating RLHF with vLLM, "
-                          "Best Practice from OpenRLHF', 2025-04-23); no measured rate is "
-                          "cited, so the gathered bf16 weights move at the GPU preset's NVLink "
-                          "bandwidth (physics, not a measurement)",
+                          "Best Practice from OpenRLHF', 2025-04-23); no measured rate of "
+                          "this path is cited, so the gathered bf16 weights move at the GPU "
+                          "preset's NVLink bandwidth (physics, not a measurement). The one "
+                          "measurement found is of its 2024 broadcast to vLLM on GPUs apart "
+                          "(a graph's param_update): HybridFlow (arXiv 2409.19256) Figure 14, "
+                          "over 80 s for a 70B model, quoted in OpenRLHF/OpenRLHF#647",
         "old_logp_always": "the experience maker runs the actor over every batch for "
                            "action_log_probs (openrlhf/trainer/ppo_utils/experience_maker.py, "
                            "make_experience)",
@@ -299,9 +302,13 @@ SOURCES: dict[str, dict[str, str]] = {
         "offload": "colocate_all: policy_model.offload_to_cpu(offload_optimizer=True) before "
                    "the weight sync and backload_to_gpu() before its passes (skyrl trainer.py), "
                    "priced as verl's switch terms (16 B/param)",
-        "refit.cuda_ipc": "sync_policy_weights_to_inference_engines after wake_up(tags="
-                          "['weights']); no measured rate is cited, so the bf16 weights move "
-                          "at the GPU preset's NVLink bandwidth (physics, not a measurement)",
+        "refit.batched": "colocated CUDA IPC weight sync in 1 GB batches of tensors, one "
+                         "load_weights call each (NovaSky-AI/SkyRL#161: 'a 14B model on a "
+                         "8xH100 node (TP2) ... from around 4.4s to 1.6s'): 28 GB bf16 in "
+                         "1.6 s, 17.5 GB/s; sync_policy_weights_to_inference_engines after "
+                         "wake_up(tags=['weights'])",
+        "refit.per_param": "the same path parameter by parameter, before that change: 4.4 s "
+                           "for the 14B model, 6.4 GB/s (NovaSky-AI/SkyRL#161)",
         "old_logp_always": "fwd_logprobs_values_reward runs the policy forward for "
                            "action_log_probs on every batch (skyrl trainer.py)",
         "packs_sequences": "trainer.use_sample_packing: true (docs/.../configuration/config.mdx)",
