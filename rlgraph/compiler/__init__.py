@@ -367,14 +367,17 @@ def _priced(spec: Spec, graph: Any, placement: Placement,
             ) -> tuple[dict[str, NodeCost], list[str],
                        tuple[TimedGraph, TimedGraph, str | None, SteadyState]]:
     """Node costs (`node_costs`, with `measured` seconds or `scale` ratios) and the plan they
-    schedule (`_scheduled`). Where samples span versions, a generate sharing train's group
-    samples with the weight lags the simulated schedule gives it (`lag.schedule_lags`); when
-    they are not the plan's structural ones, its rounds are priced again with them and the
-    plan scheduled again."""
+    schedule (`_scheduled`). Where samples span versions on rlgraph's runtime (whose policy
+    the simulated schedule is), a generate sharing train's group samples with the weight lags
+    that schedule gives it (`lag.schedule_lags`); when they are not the plan's structural
+    ones, its rounds are priced again with them and the plan scheduled again. Another
+    system's loop keeps its own order (verl's trainer runs generate, reward and update in
+    turn), so its plans keep the structural lags."""
     costs, messages = node_costs(spec, graph, placement, measured, scale)
     scheduled = _scheduled(graph, costs, placement)
     steady = scheduled[3]
-    lags = schedule_lags(graph, steady.sim, steady.cyclicity) if _spans_versions(spec) else {}
+    lags = (schedule_lags(graph, steady.sim, steady.cyclicity)
+            if _spans_versions(spec) and system_of(spec).runs_here else {})
     if any(any(cycle) for cycle in lags.values()):
         costs, messages = node_costs(spec, graph, placement, measured, scale,
                                      generate_lags=lags)

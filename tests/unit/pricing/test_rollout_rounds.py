@@ -334,6 +334,9 @@ def test_a_colocated_group_whose_train_waits_on_reward_samples_with_the_schedule
               for g in (0, (0, 1))]
     assert cycles[1] > 1.1 * cycles[0]
     assert f"decode {cycles[1]:.0f} steps" in priced.detail
+    # another system's loop runs generate, reward and train in turn: the structural lag
+    verl = compile_plan(load_spec(graph, [*base, *rollout_logp, "pricing.system=verl"]))
+    assert f"decode {cycles[0]:.0f} steps" in verl.costs["generate"].detail
 
 
 def test_driven_with_a_runs_forced_lengths_the_rounds_are_the_runs_rounds(
