@@ -64,7 +64,6 @@ from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
 from rlgraph.pricing.system import (
     SYSTEMS,
-    colocated_groups,
     refit_path,
     system_of,
     unknown_system_hint,
@@ -131,21 +130,6 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
                                    "edges": edges})
 
 
-def check_system_groups(spec: Spec) -> None:
-    """Refuse a plan whose priced system cannot run its groups: a system that runs rollout
-    and training only on GPUs apart (`System.colocates` False) under a group that holds
-    both."""
-    system = system_of(spec)
-    if system.colocates or spec.cluster.local:
-        return
-    for name in colocated_groups(spec):
-        raise SpecError(f"{system.label} runs rollout and training on GPUs apart, but group "
-                        f"'{name}' holds both a generate and a train node",
-                        ("groups", name), hint="give generate and train groups of their own "
-                        "(see docs/how-to/price-a-published-run.md), or price a system that "
-                        "colocates (pricing.system)")
-
-
 def _is_sync(spec: Spec) -> bool:
     groups = list(spec.groups.values())
     return (spec.schedule.max_lag == 0 and not spec.schedule.partial_rollout
@@ -170,7 +154,6 @@ def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost],
     """The baseline's period and node costs, priced as `system` (default: the plan's own;
     a calibration carries over only to the plan's own system)."""
     base = sync_spec(spec, system)
-    check_system_groups(base)
     apart = system_of(base).syncs_apart
     graph = (sync_graph(graph) if len(base.nodes) == len(spec.nodes) and not apart
              else build_graph(base))
@@ -411,7 +394,6 @@ def modelled_costs(spec: Spec, graph: Any, placement: Placement,
 
 def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
-    check_system_groups(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
     check_inflight(spec, graph)

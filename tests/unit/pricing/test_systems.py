@@ -187,6 +187,11 @@ def test_a_system_that_syncs_apart_keeps_the_split_and_one_that_never_colocates_
         assert plan.schedule.sync_period_s == pytest.approx(
             same_split_at_zero.schedule.period_s)
     compile_plan(cost_spec(groups=COLOCATED, pricing={"system": "areal"}))  # not refused
+    from rlgraph.tune.search import tune
+
+    ranked = tune(cost_spec(pricing={"system": "pipelinerl"}), top=20).top
+    assert ranked and not any(  # tune never proposes a group PipelineRL could not run
+        {"generate", "train"} <= set(group["tasks"]) for plan in ranked for group in plan.groups)
     assert "prime-rl" not in compile_plan(cost_spec(groups=COLOCATED)).pricing.baselines
 
 
