@@ -71,10 +71,15 @@ def defaults_left(spec: Spec) -> list[str]:
     published run's prompts and length tail are its own, not rlgraph's examples'; a system
     that packs nothing pads to micro_tokens where the graph gives them, else to the batch's
     longest."""
-    data, length = spec.data, spec.data.response_len
-    out = [f"data.{key} {getattr(data, key)} ({DEFAULT_WHY[key]})"
-           for key in ("prompts_per_step", "samples_per_prompt", "prompt_len")
-           if key not in data.model_fields_set]
+    data, length, cluster = spec.data, spec.data.response_len, spec.cluster
+    out = [f"cluster.{key} {getattr(cluster, key)}"
+           for key in ("gpu", "nodes", "gpus_per_node") if key not in cluster.model_fields_set]
+    if spec.model.preset == "tiny":
+        out.append("model: preset tiny (rlgraph's 4-layer test model: give the run's preset, "
+                   "hf_config or path)")
+    out += [f"data.{key} {getattr(data, key)} ({DEFAULT_WHY[key]})"
+            for key in ("prompts_per_step", "samples_per_prompt", "prompt_len")
+            if key not in data.model_fields_set]
     shape = ["mean", "max", "sigma" if length.dist == "lognormal" else "alpha"]
     out += [f"data.response_len.{key} {getattr(length, key):g} ({DEFAULT_WHY[key]})"
             for key in shape if key not in length.model_fields_set]

@@ -11,8 +11,9 @@ from rl_support import COST_NODES, cost_spec, costs_of
 from rlgraph.cli.run import refuse_other_system
 from rlgraph.compiler import compile_plan
 from rlgraph.compiler.calibrate import carried_scale, carry
+from rlgraph.config.load import validate_spec
 from rlgraph.config.schema import PricingSpec
-from rlgraph.errors import SpecError
+from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.pricing.system import (
     CURRENT_ENGINE,
@@ -197,3 +198,7 @@ def test_the_summary_says_which_workload_keys_a_foreign_run_left_at_rlgraphs_def
     [roll] = said("roll")  # ROLL pads: its passes' width is the graph's to state
     assert "micro_tokens of logp, train" in roll
     assert said("rlgraph") == []  # rlgraph's own tasks are what its defaults describe
+    bare = compile_plan(validate_spec({"pricing": {"system": "verl"}, "nodes": COST_NODES,
+                                       "groups": COLOCATED}, SourceMap()))
+    [line] = [a for a in bare.trust.assumptions if "rlgraph's defaults" in a]
+    assert "cluster.gpu H200" in line and "preset tiny" in line
