@@ -64,7 +64,6 @@ from rlgraph.graph import build_graph
 from rlgraph.nodes import KINDS
 from rlgraph.pricing.system import (
     SYSTEMS,
-    colocated_groups,
     refit_path,
     system_of,
     unknown_system_hint,
@@ -98,9 +97,9 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
     max_lag 0, no partial rollout, priced as `system` (default: the plan's own). Where that
     system computes old_log_prob on every batch (verl) it is that system's baseline: the
     switch is paid (cost pass) and a plan without a logp node gets one (OLD_LOG_PROB). A
-    system that runs rollout and training only on GPUs apart (prime-rl, PipelineRL:
-    `System.colocates` False) keeps the plan's groups: its synchronous step is the same
-    split at max_lag 0."""
+    system whose synchronous runs keep rollout and training on GPUs apart (AReaL, prime-rl,
+    PipelineRL: `System.syncs_apart`) keeps the plan's groups: its synchronous step is the
+    same split at max_lag 0."""
     if system is not None:
         spec = with_system(spec, system)
     tasks = [t for g in spec.groups.values() for t in g.tasks]
@@ -117,7 +116,7 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
             edges = [*edges, *(f"{g} -> {OLD_LOG_PROB}" for g in samplers),
                      *(f"{OLD_LOG_PROB} -> {t}" for t in trainers)]
     groups = {SYNC_GROUP: GroupSpec(share=1.0, tasks=tasks)} if tasks else {}
-    if not system_of(spec).colocates:  # its synchronous runs keep rollout and training apart
+    if system_of(spec).syncs_apart:  # its synchronous runs keep rollout and training apart
         added = [t for t in tasks if spec.group_of(t) is None]  # old_log_prob, where added
         groups = {}
         for name, group in spec.groups.items():
@@ -129,21 +128,6 @@ def sync_spec(spec: Spec, system: str | None = None) -> Spec:
                                                 "stream": None})
     return spec.model_copy(update={"groups": groups, "schedule": schedule, "nodes": nodes,
                                    "edges": edges})
-
-
-def check_system_groups(spec: Spec) -> None:
-    """Refuse a plan whose priced system cannot run its groups: a system that runs rollout
-    and training only on GPUs apart (`System.colocates` False) under a group that holds
-    both."""
-    system = system_of(spec)
-    if system.colocates or spec.cluster.local:
-        return
-    for name in colocated_groups(spec):
-        raise SpecError(f"{system.label} runs rollout and training on GPUs apart, but group "
-                        f"'{name}' holds both a generate and a train node",
-                        ("groups", name), hint="give generate and train groups of their own "
-                        "(see docs/how-to/price-a-published-run.md), or price a system that "
-                        "colocates (pricing.system)")
 
 
 def _is_sync(spec: Spec) -> bool:
@@ -170,8 +154,7 @@ def _sync_baseline(spec: Spec, graph: nx.DiGraph, costs: dict[str, NodeCost],
     """The baseline's period and node costs, priced as `system` (default: the plan's own;
     a calibration carries over only to the plan's own system)."""
     base = sync_spec(spec, system)
-    check_system_groups(base)
-    apart = not system_of(base).colocates
+    apart = system_of(base).syncs_apart
     graph = (sync_graph(graph) if len(base.nodes) == len(spec.nodes) and not apart
              else build_graph(base))
     placement = place(base, strict=False)
@@ -384,14 +367,17 @@ def _priced(spec: Spec, graph: Any, placement: Placement,
             ) -> tuple[dict[str, NodeCost], list[str],
                        tuple[TimedGraph, TimedGraph, str | None, SteadyState]]:
     """Node costs (`node_costs`, with `measured` seconds or `scale` ratios) and the plan they
-    schedule (`_scheduled`). Where samples span versions, a generate sharing train's group
-    samples with the weight lags the simulated schedule gives it (`lag.schedule_lags`); when
-    they are not the plan's structural ones, its rounds are priced again with them and the
-    plan scheduled again."""
+    schedule (`_scheduled`). Where samples span versions on rlgraph's runtime (whose policy
+    the simulated schedule is), a generate sharing train's group samples with the weight lags
+    that schedule gives it (`lag.schedule_lags`); when they are not the plan's structural
+    ones, its rounds are priced again with them and the plan scheduled again. Another
+    system's loop keeps its own order (verl's trainer runs generate, reward and update in
+    turn), so its plans keep the structural lags."""
     costs, messages = node_costs(spec, graph, placement, measured, scale)
     scheduled = _scheduled(graph, costs, placement)
     steady = scheduled[3]
-    lags = schedule_lags(graph, steady.sim, steady.cyclicity) if _spans_versions(spec) else {}
+    lags = (schedule_lags(graph, steady.sim, steady.cyclicity)
+            if _spans_versions(spec) and system_of(spec).runs_here else {})
     if any(any(cycle) for cycle in lags.values()):
         costs, messages = node_costs(spec, graph, placement, measured, scale,
                                      generate_lags=lags)
@@ -408,7 +394,6 @@ def modelled_costs(spec: Spec, graph: Any, placement: Placement,
 
 def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:
     check_references(spec)
-    check_system_groups(spec)
     graph = build_graph(spec)
     check_stream(spec, graph)
     check_inflight(spec, graph)

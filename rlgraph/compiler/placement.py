@@ -26,7 +26,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.errors import SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.presets.gpus import GPU_PRESETS, GPUPreset
-from rlgraph.pricing.system import system_of
+from rlgraph.pricing.system import colocated_groups, system_of
 
 SHARE_TOLERANCE = 1e-6  # shares may sum to 1 + float error (1/3 + 1/3 + 1/3)
 
@@ -162,6 +162,14 @@ def _check_parallel(spec: Spec, group: GroupPlacement) -> None:
                             f"'{group.name}'", ("nodes", task, "tp"),
                             hint=f"make {what} a divisor of the group's GPUs")
         dp = group.data_parallel.get(task, group.gpus // mp)
+        per_node = spec.cluster.gpus_per_node
+        if (KINDS[node.kind].samples and not spec.cluster.local and node.tp > per_node
+                and node.tp % per_node):
+            raise SpecError(f"'{task}' has tp {node.tp}: an engine replica wider than a node "
+                            f"takes whole nodes of {per_node} GPUs, and {node.tp} is not a "
+                            f"multiple of {per_node}", ("nodes", task, "tp"),
+                            hint=f"use tp {per_node * (node.tp // per_node)} or "
+                            f"{per_node * (node.tp // per_node + 1)}")
         if KINDS[node.kind].samples:
             if dp > spec.data.prompts_per_step:
                 raise SpecError(f"'{task}' runs {dp} engine replicas ({group.gpus} GPUs / tp "
@@ -222,8 +230,25 @@ def data_parallel_sizes(spec: Spec, group: str, gpus: int, replicas: int, local:
     return out
 
 
+def check_system_groups(spec: Spec) -> None:
+    """Refuse a plan whose priced system cannot run its groups: a system that runs rollout
+    and training only on GPUs apart (`System.colocates` False) under a group that holds
+    both."""
+    system = system_of(spec)
+    if system.colocates or spec.cluster.local:
+        return
+    for name in colocated_groups(spec):
+        raise SpecError(f"{system.label} runs rollout and training on GPUs apart, but group "
+                        f"'{name}' holds both a generate and a train node",
+                        ("groups", name), hint="give generate and train groups of their own "
+                        "(see docs/how-to/price-a-published-run.md), or price a system that "
+                        "colocates (pricing.system)")
+
+
 def place(spec: Spec, strict: bool = True) -> Placement:
-    """Placement of every group; `strict=False` skips the checks (for the sync baseline)."""
+    """Placement of every group; `strict=False` skips the checks of shares, parallelism and
+    memory (for the sync baseline), never the priced system's own (`check_system_groups`)."""
+    check_system_groups(spec)
     cluster = spec.cluster
     if strict:
         _check_shares(spec)

@@ -149,6 +149,22 @@ class ModelShape:
         outside attention (MoE: the routed experts only; no input embedding lookup)."""
         return self.active_params - self.embedding_params
 
+    @property
+    def routed_expert_params(self) -> float:
+        """Parameters of every routed expert of every MoE layer (0 for a dense model): the
+        part of the weights a decode step reads only for the experts its rows are routed to."""
+        if not self.moe_layers or self.experts <= self.top_k:
+            return 0.0
+        return (self.params - self.active_params) * self.experts / (self.experts - self.top_k)
+
+    def experts_read(self, rows: float) -> float:
+        """Fraction of the routed experts a forward over `rows` tokens reads: each token picks
+        top_k of the experts, so (tokens spread evenly) an expert is left unread with
+        probability (1 - top_k / experts)^rows; 1 for a dense model."""
+        if not self.routed_expert_params:
+            return 1.0
+        return 1.0 - (1.0 - self.top_k / self.experts) ** max(1.0, rows)
+
     def attention_flops(self, length: float) -> float:
         """Forward FLOPs of causal self-attention over one sequence of `length` tokens beyond
         the projections: QK^T and AV each 2 x (length^2 / 2) x query width per layer."""

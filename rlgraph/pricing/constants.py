@@ -29,6 +29,9 @@ class CostConstants:
     graph_decode_floor_per_layer_s: float = 47e-6
     graphs_only_decode_floor_per_layer_s: float = 133e-6
     tp_allreduce_latency_s: float = 10e-6
+    nccl_tree_base_latency_s: float = 4.4e-6
+    nccl_nvlink_hop_latency_s: float = 0.5e-6
+    nccl_net_hop_latency_s: float = 5.0e-6
     sampling_logit_passes: float = 3.5
     generate_call_overhead_s: float = 0.046
     generate_host_seconds_per_row: float = 128e-6
@@ -127,6 +130,18 @@ COST_SOURCES: dict[str, str] = {
                               "3.7-7.8 us); a tensor-parallel decode step all-reduces twice "
                               "per layer (attention and MLP outputs): 2 x layers x 10 us per "
                               "step, 0.56 ms for a 28-layer model at tp 2",
+    "nccl_tree_base_latency_s": "NVIDIA/nccl src/graph/tuning.cc (NCCL 2.5 tuning model, "
+                                "'Latencies in us'): baseLat[Tree][LL] = 4.4 us, the fixed "
+                                "latency of a small all-reduce by the tree algorithm, which "
+                                "NCCL picks across nodes for small messages; a tensor-parallel "
+                                "group that spans nodes all-reduces through NCCL (vLLM's custom "
+                                "all-reduce works inside one node only)",
+    "nccl_nvlink_hop_latency_s": "NVIDIA/nccl src/graph/tuning.cc: hwLat[NVLINK][Tree][LL] = "
+                                 "0.5 us a hop inside a node; the tree adds 2 x (ranks per node "
+                                 "- 1) of them",
+    "nccl_net_hop_latency_s": "NVIDIA/nccl src/graph/tuning.cc: hwLat[NET][Tree][LL] = 5.0 us a "
+                              "hop over the network; the tree adds 2 x log2(nodes) of them "
+                              "(tp 32 over 4 nodes: 4.4 + 2 x (7 x 0.5 + 2 x 5.0) = 31.4 us)",
     "sampling_logit_passes": "bench/results/gpu-decode.json, the compiled static engine's "
                              "kernel profile (H200, llama-374m, batch 64): the fused "
                              "log_softmax / sampling kernel took 8.5 us per decode step over "

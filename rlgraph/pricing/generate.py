@@ -8,7 +8,8 @@ the GEMM efficiency: H20's ridge point is ~37 FLOP/byte, so a large batch is com
 there), then attention,
 which reads the rows' KV (R * c * kv bytes) at HBM speed. Every step also pays a floor per
 layer (kernel launches of a CUDA-graph decode, or the host overhead of a dynamic one) and,
-with tp > 1, two all-reduce latencies per layer. Lengths follow
+with tp > 1, two all-reduces per layer (`tp_allreduce_seconds`). A MoE model's step reads
+only the routed experts its rows pick (`ModelShape.experts_read`). Lengths follow
 `data.response_len` (dist / sigma / alpha, clipped at max, `rlgraph.lengths`): rows
 finish along its survival curve, so KV reads go with E[L^2] and a synchronous batch decodes
 until the expected longest of its samples, not always max.
@@ -82,34 +83,34 @@ def split_kv_seconds(rows: float, longest: float, node: Any, ctx: CostContext) -
 
 def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext,
                         longest: float = 0.0) -> float:
-    """One decode step of a replica over `rows` live rows whose context is `context` tokens,
-    kernel by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed
-    and their FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed
-    (the two run one after the other, so they add) — on transformers' SDPA (the dynamic
-    decode; the static engine's split-KV varlen kernel does not pay it: bench/results/
-    gpu-longtail-1gpu.json decode_varlen, sync/varlen, H100: 3.48-3.54 ms a step at 1-16
-    live rows against 3.46 ms at 32), which runs one
-    block per (row, KV head) and does not split a row's KV, only that many of the GPU's SMs
-    stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16 rows x 2 KV heads
-    read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs), each at most
-    COSTS.sdpa_decode_bytes_per_s_per_sm (the SMs, not HBM, bound SDPA's decode: the same
-    2.3 TB/s on an H100 and an H200); sampling reads the
-    rows' fp32 logits over the vocabulary COSTS.sampling_logit_passes times; plus layers x
-    (floor + 2 all-reduce latencies when tp > 1); on an engine revision without the varlen
-    kernel (`sdpa`) SDPA reads every slot of the compacted width (the power of two >= rows,
-    16 at least) to the longest row, its CUDA graph's padded batch; the varlen engine's
-    attention lasts at least its longest row's split-KV blocks (`split_kv_seconds`,
-    `longest`: that row's context), and only what it takes beyond the attention kernel's
-    own time, which the per-layer floor already holds
-    (COSTS.decode_floor_attention_seconds_per_layer), is added; the host spends the engine
-    revision's `host_seconds_per_step` between its steps (`inflight_host_seconds_per_step`
-    with in-flight updates, whose looks overlap the launched steps;
+    """One decode step of a replica over `rows` live rows whose context is `context` tokens, kernel
+    by kernel on a GPU: the GEMMs take the larger of reading the weights at HBM speed and their
+    FLOPs at COSTS.gemm_efficiency; attention then reads the rows' KV at HBM speed (the two run
+    one after the other, so they add) — on transformers' SDPA (the dynamic decode; the static
+    engine.s split-KV varlen kernel does not pay it: bench/results/gpu-longtail-1gpu.json
+    decode_varlen, sync/varlen, H100: 3.48-3.54 ms a step at 1-16 live rows against 3.46 ms at
+    32), which runs one block per (row, KV head) and does not split a row's KV, only that many
+    of the GPU's SMs stream it (measured on an H200, `gpu-longtail-1gpu.json` step_sweep: 16
+    rows x 2 KV heads read their KV at 0.24x the bandwidth of 128+ rows, 32 / 132 SMs), each at
+    most COSTS.sdpa_decode_bytes_per_s_per_sm (the SMs, not HBM, bound SDPA's decode: the same
+    2.3 TB/s on an H100 and an H200); sampling reads the rows' fp32 logits over the vocabulary
+    COSTS.sampling_logit_passes times; plus layers x (floor + 2 all-reduces when tp > 1,
+    `tp_allreduce_seconds`); a MoE model reads only the routed experts its rows pick
+    (`ModelShape.experts_read`); on an engine revision without the varlen kernel (`sdpa`) SDPA
+    reads every slot of the compacted width (the power of two >= rows, 16 at least) to the
+    longest row, its CUDA graph's padded batch; the varlen engine's attention lasts at least its
+    longest row's split-KV blocks (`split_kv_seconds`, `longest`: that row's context), and only
+    what it takes beyond the attention kernel's own time, which the per-layer floor already
+    holds (COSTS.decode_floor_attention_seconds_per_layer), is added; the host spends the engine
+    revision's `host_seconds_per_step` between its steps (`inflight_host_seconds_per_step` with
+    in-flight updates, whose looks overlap the launched steps;
     `rlgraph.pricing.system.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp
     hbm = gpu.hbm_bytes_per_s * COSTS.decode_hbm_efficiency
-    weights = 2 * shape.matmul_params / tp / hbm
+    unread = shape.routed_expert_params * (1.0 - shape.experts_read(rows))
+    weights = 2 * (shape.matmul_params - unread) / tp / hbm
     varlen = static_engine(node, ctx) and engine_of(ctx.spec).varlen_attention
     attended = rows
     if static_engine(node, ctx) and not varlen:  # SDPA over the graph's padded batch:
@@ -126,7 +127,7 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     flops = 2 * shape.matmul_active * rows / tp
     sampling = rows * shape.vocab * 4 * COSTS.sampling_logit_passes / hbm
     floor, _ = per_layer_floor(node, ctx)
-    allreduce = 2 * COSTS.tp_allreduce_latency_s if tp > 1 else 0.0
+    allreduce = 2 * tp_allreduce_seconds(rows, node, ctx)
     fixed = shape.layers * (floor + allreduce + thread_handoff(ctx))
     if ctx.local:
         compute = max(weights + kv, flops / (gpu.bf16_flops * COSTS.forward_mfu))
@@ -138,6 +139,28 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
         host = (engine.inflight_host_seconds_per_step if getattr(node, "inflight", False)
                 else engine.host_seconds_per_step)
     return gemms + kv + sampling + fixed + host
+
+
+def tp_allreduce_seconds(rows: float, node: Any, ctx: CostContext) -> float:
+    """One all-reduce of a decode step's `rows` hidden states (bf16) over a tensor-parallel
+    replica of tp GPUs (0 at tp 1): inside one node the engine's custom all-reduce, its
+    measured latency (COSTS.tp_allreduce_latency_s) plus a ring's 2 (tp - 1) / tp of the bytes
+    over NVLink; a replica wider than a node spans tp / gpus_per_node nodes and all-reduces
+    through NCCL, whose tree costs its base latency plus 2 x (hops inside a node and log2 of
+    the nodes across the network, NCCL's own latency model) and whose bytes cross the network
+    at the preset's per-GPU bandwidth."""
+    tp = node.tp
+    if tp <= 1 or ctx.local:
+        return 0.0
+    message = rows * ctx.shape.hidden * 2 * 2 * (tp - 1) / tp
+    per_node = ctx.spec.cluster.gpus_per_node
+    if tp <= per_node:
+        return COSTS.tp_allreduce_latency_s + message / ctx.gpu.nvlink_bytes_per_s
+    nodes = math.ceil(tp / per_node)
+    latency = COSTS.nccl_tree_base_latency_s + 2 * (
+        (per_node - 1) * COSTS.nccl_nvlink_hop_latency_s
+        + math.ceil(math.log2(nodes)) * COSTS.nccl_net_hop_latency_s)
+    return latency + message / ctx.gpu.network_bytes_per_s
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,

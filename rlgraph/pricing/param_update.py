@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.system import system_of
 from rlgraph.weights import MIB
 
 if TYPE_CHECKING:
@@ -25,7 +26,9 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
     size. The receiver stages the version in its second buffer while generation runs, so
     generate pays only `switch_cost`. Reads ctx.extra["local"] and ctx.extra["cross_node"].
     Within one group nothing moves (`ParamUpdateWorker.local`): 0 s. Bucket sizes are MiB
-    (2^20 bytes), as the runtime cuts them (`rlgraph.weights.MIB`)."""
+    (2^20 bytes), as the runtime cuts them (`rlgraph.weights.MIB`). A system that gathers its
+    trainer's model-parallel shards before sending (`System.refit_gather_bytes_per_s`,
+    NeMo-RL) pays that gather too."""
     gpu = ctx.gpu
     weight_bytes = 2 * ctx.shape.params
     home = ctx.spec.group_of(node.src)
@@ -56,7 +59,13 @@ def param_update_cost(node: NodeSpec, ctx: CostContext) -> float:
         overhead = COSTS.nccl_chunk_overhead_s
     ctx.extra["detail"] = (f"{weight_bytes / 1e9:.3g} GB over {via} at {link / 1e9:.3g} GB/s + "
                            f"{buckets} buckets x {overhead * 1e3:.3g} ms")
-    return weight_bytes / link + fill_drain + buckets * overhead
+    gather = 0.0
+    system = system_of(ctx.spec)
+    if system.refit_gather_bytes_per_s and not local:
+        gather = weight_bytes / system.refit_gather_bytes_per_s
+        ctx.extra["detail"] += (f" + {system.label}'s gather of the shards {gather:.3g} s at "
+                                f"{system.refit_gather_bytes_per_s / 1e9:.3g} GB/s")
+    return weight_bytes / link + fill_drain + buckets * overhead + gather
 
 
 def switch_cost(node: NodeSpec, shape: object, gpu: object, local: bool) -> float:

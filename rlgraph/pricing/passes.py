@@ -79,19 +79,37 @@ def efficiency(ctx: CostContext, local_figure: float) -> float:
 def moe_factor(ctx: CostContext) -> float:
     """COSTS.moe_pass_factor for a model with routed experts on GPUs (small grouped GEMMs,
     router, token permutation: a fine-grained MoE sustains less of the roofline figure than a
-    dense model), else 1 (a local CPU cluster's figure is measured as it is)."""
+    dense model), or the system's own measured figure (`System.moe_pass_factor`), else 1 (a
+    local CPU cluster's figure is measured as it is)."""
     if not ctx.shape.moe_layers or ctx.local:
         return 1.0
-    return COSTS.moe_pass_factor
+    own = system_of(ctx.spec).moe_pass_factor
+    return COSTS.moe_pass_factor if own is None else own
 
 
-def pipeline_bubble(node: NodeSpec, ctx: CostContext) -> float:
-    """Time factor of a pp-stage pipeline over one-sequence micro-batches: (m + pp - 1) / m."""
+def micro_batches(node: NodeSpec, ctx: CostContext, mini_batches: int = 1) -> int:
+    """Micro-batches a data-parallel rank runs per update (optimizer step): its share of the
+    update's sequences one at a time, or, where the system packs sequences and the node states
+    `micro_tokens` (NeMo-RL: train_mb_tokens / logprob_mb_tokens, verl:
+    ppo_max_token_len_per_gpu), its share of the update's tokens in packs of that many."""
+    data = ctx.spec.data
+    ranks = max(1, ctx.gpus // node.model_parallel())
+    rows = max(1, data.samples_per_step() // max(1, mini_batches))
+    budget = getattr(node, "micro_tokens", None)
+    if budget and system_of(ctx.spec).packs_sequences:
+        mean, _ = lengths.moments(lengths.of(data.response_len))
+        tokens = rows * (data.prompt_len + mean) / ranks / max(1, getattr(node, "cp", 1))
+        return max(1, math.ceil(tokens / budget))
+    return max(1, rows // ranks)
+
+
+def pipeline_bubble(node: NodeSpec, ctx: CostContext, mini_batches: int = 1) -> float:
+    """Time factor of a pp-stage pipeline: (m + pp - 1) / m over the m micro-batches of each
+    update (`micro_batches`), the pipeline filling and draining once per optimizer step."""
     pp = getattr(node, "pp", 1)
     if pp <= 1:
         return 1.0
-    data_parallel = max(1, ctx.gpus // node.model_parallel())
-    micro = max(1, ctx.spec.data.samples_per_step() // data_parallel)
+    micro = micro_batches(node, ctx, mini_batches)
     return (micro + pp - 1) / micro
 
 
@@ -312,7 +330,8 @@ def token_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, mfu:
                            f"{ctx.gpus} x {ctx.gpu.name}"
                            + (f", slowest DP rank {imbalance:.2f}x" if imbalance > 1.005
                               else ""))
-    seconds = ((matmul + attention) / peak * pipeline_bubble(node, ctx) * imbalance
+    seconds = ((matmul + attention) / peak * pipeline_bubble(node, ctx, mini_batches)
+               * imbalance
                * thread_slowdown(ctx))
     logits = logits_traffic(ctx, tokens, flops_per_param)
     if logits:
@@ -345,8 +364,9 @@ def runtime_pass_cost(node: NodeSpec, ctx: CostContext, flops_per_param: int, fl
     passes = flops_per_param / 2
     units = compute_units(ctx)
     compute = flops / (ctx.gpu.bf16_flops * COSTS.gemm_efficiency * units)
-    compute *= pipeline_bubble(node, ctx)
-    terms = {"attention under the padding mask's bias": bias * pipeline_bubble(node, ctx),
+    bubble = pipeline_bubble(node, ctx, mini_batches)
+    compute *= bubble
+    terms = {"attention under the padding mask's bias": bias * bubble,
              "activations": eager_activation_traffic(ctx, tokens, passes),
              "fp32 logits": logits_traffic(ctx, tokens, flops_per_param),
              "expert all-to-all": expert_all_to_all(node, ctx, tokens, passes)}

@@ -48,6 +48,22 @@ class System:
     driver_transfer: bool = False  # a single controller moves every pass's batch via Ray
     activation_recompute: bool = False  # train recomputes activations unless the graph says
     colocates: bool = True  # a group may hold both train and generate (else: GPUs apart only)
+    # its synchronous runs keep rollout and training on their GPUs apart, at max_lag 0 (the
+    # baseline keeps the plan's groups); always so where it never colocates
+    sync_apart: bool = False
+    # a MoE model's passes at this fraction of the dense roofline figure (None: the measured
+    # Megatron-core figure, COSTS.moe_pass_factor), where the system's own MoE training path
+    # is measured slower
+    moe_pass_factor: float | None = None
+    # bytes/s at which the trainer gathers its model-parallel shards into whole bf16 tensors
+    # before sending them to generate GPUs apart (None: the param_update node's transfer is the
+    # whole refit)
+    refit_gather_bytes_per_s: float | None = None
+
+    @property
+    def syncs_apart(self) -> bool:
+        """Whether this system's synchronous baseline keeps the plan's groups."""
+        return self.sync_apart or not self.colocates
 
     def refit_rate(self, path: str | None, link_bytes_per_s: float = 0.0) -> tuple[str, float]:
         """(path, bytes/s) of the refit: the graph's `pricing.refit`, else the default; a
@@ -104,7 +120,7 @@ SYSTEMS: dict[str, System] = {
     "areal": System(
         name="areal", label="AReaL", runs_here=False,
         colocated_switch=False, offload=False, sleep_wake=False,
-        old_logp_always=True, packs_sequences=True),
+        old_logp_always=True, packs_sequences=True, sync_apart=True),
     "slime": System(
         name="slime", label="slime", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
@@ -125,7 +141,7 @@ SYSTEMS: dict[str, System] = {
     "skyrl": System(
         name="skyrl", label="SkyRL", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
-        refit={"cuda_ipc": PHYSICAL_REFIT}, default_refit="cuda_ipc",
+        refit={"batched": 2 * 14e9 / 1.6, "per_param": 2 * 14e9 / 4.4}, default_refit="batched",
         old_logp_always=True, packs_sequences=True, driver_transfer=True,
         activation_recompute=True),
     "prime-rl": System(
@@ -140,7 +156,8 @@ SYSTEMS: dict[str, System] = {
         name="nemo-rl", label="NeMo-RL", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
         refit={"ipc_zmq": 2 * 671.0e9 / 47.2}, default_refit="ipc_zmq",
-        old_logp_always=True, packs_sequences=True, driver_transfer=True),
+        old_logp_always=True, packs_sequences=True, driver_transfer=True,
+        moe_pass_factor=0.29, refit_gather_bytes_per_s=2 * 671.0e9 / 12.2),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -184,6 +201,10 @@ SOURCES: dict[str, dict[str, str]] = {
         "old_logp_always": "recompute_logprob: the trainer recomputes the old log-probs "
                            "(examples/arealite/configs/boba.yaml)",
         "packs_sequences": "AReaL packs each batch's sequences (blog/AReaL_v0_2.md)",
+        "sync_apart": "synchronous AReaL is the same allocation at max_head_offpolicyness 0 "
+                      "(examples/configs/v0.2-qwen2-math/README.md runs synchronous and "
+                      "asynchronous on one allocation_mode; blog/AReaL_v0_3.md Table 2 "
+                      "compares the two), so its baseline keeps the plan's groups",
         "batch_transfer": "no single controller: packed batches move over NCCL with "
                           "GPUDirect RDMA, 'below 3 seconds even in a 1,000-GPU cluster' "
                           "(blog/AReaL_v0_2.md), so no driver transfer is charged",
@@ -233,9 +254,12 @@ SOURCES: dict[str, dict[str, str]] = {
                    "scripts' setting, priced as verl's switch terms",
         "refit.cuda_ipc": "DeepSpeed -> vLLM weight sync (--vllm_sync_backend nccl; CUDA IPC "
                           "in the hybrid engine: the vLLM blog 'Accelerating RLHF with vLLM, "
-                          "Best Practice from OpenRLHF', 2025-04-23); no measured rate is "
-                          "cited, so the gathered bf16 weights move at the GPU preset's NVLink "
-                          "bandwidth (physics, not a measurement)",
+                          "Best Practice from OpenRLHF', 2025-04-23); no measured rate of "
+                          "this path is cited, so the gathered bf16 weights move at the GPU "
+                          "preset's NVLink bandwidth (physics, not a measurement). The one "
+                          "measurement found is of its 2024 broadcast to vLLM on GPUs apart "
+                          "(a graph's param_update): HybridFlow (arXiv 2409.19256) Figure 14, "
+                          "over 80 s for a 70B model, quoted in OpenRLHF/OpenRLHF#647",
         "old_logp_always": "the experience maker runs the actor over every batch for "
                            "action_log_probs (openrlhf/trainer/ppo_utils/experience_maker.py, "
                            "make_experience)",
@@ -278,9 +302,13 @@ SOURCES: dict[str, dict[str, str]] = {
         "offload": "colocate_all: policy_model.offload_to_cpu(offload_optimizer=True) before "
                    "the weight sync and backload_to_gpu() before its passes (skyrl trainer.py), "
                    "priced as verl's switch terms (16 B/param)",
-        "refit.cuda_ipc": "sync_policy_weights_to_inference_engines after wake_up(tags="
-                          "['weights']); no measured rate is cited, so the bf16 weights move "
-                          "at the GPU preset's NVLink bandwidth (physics, not a measurement)",
+        "refit.batched": "colocated CUDA IPC weight sync in 1 GB batches of tensors, one "
+                         "load_weights call each (NovaSky-AI/SkyRL#161: 'a 14B model on a "
+                         "8xH100 node (TP2) ... from around 4.4s to 1.6s'): 28 GB bf16 in "
+                         "1.6 s, 17.5 GB/s; sync_policy_weights_to_inference_engines after "
+                         "wake_up(tags=['weights'])",
+        "refit.per_param": "the same path parameter by parameter, before that change: 4.4 s "
+                           "for the 14B model, 6.4 GB/s (NovaSky-AI/SkyRL#161)",
         "old_logp_always": "fwd_logprobs_values_reward runs the policy forward for "
                            "action_log_probs on every batch (skyrl trainer.py)",
         "packs_sequences": "trainer.use_sample_packing: true (docs/.../configuration/config.mdx)",
@@ -356,6 +384,25 @@ SOURCES: dict[str, dict[str, str]] = {
                            "(BatchedDataDict, train_data.to('cpu')) and lm_policy shards it to "
                            "the policy workers through Ray for get_logprobs and train "
                            "(object_store_bytes_per_s)",
+        "refit_gather_bytes_per_s": "the refit blog's Table 1 (above): step 1, the policy "
+                                    "workers gathering DeepSeek V3's parameters from their "
+                                    "model-parallel shards (training EP64 PP8), took 12.2 s "
+                                    "of the 47.2 s, 110 GB/s of bf16 weights; GPUs apart "
+                                    "gather the same way before the NCCL broadcast "
+                                    "(megatron_policy_worker.broadcast_weights_for_collective "
+                                    "exports whole tensors, then broadcasts them), so the "
+                                    "param_update node pays it beside its transfer",
+        "moe_pass_factor": "NVIDIA-NeMo/RL#966 ('SFT on Qwen3 30B-a3b is quite slow', "
+                           "Megatron backend): Qwen3-30B-A3B on 4 nodes x 8 H200, sequences of "
+                           "4k, global batch 512, micro batch 8, EP 8, TP 1: ~13 s an "
+                           "iteration, at most 512 x 4096 tokens (4.8e16 FLOP with causal "
+                           "attention: 116 TFLOP/s a GPU, 11.7% of peak); less the expert "
+                           "all-to-all priced apart (1.5 s at NVLink speed), the passes ran "
+                           "at 0.29 of the dense roofline figure on H200 (46%), against the "
+                           "0.55 of Megatron-Bridge's tuned pretraining recipe "
+                           "(COSTS.moe_pass_factor): NeMo-RL's defaults (grpo_math_1B.yaml: "
+                           "moe_permute_fusion false, moe_router_dtype fp64, the alltoall "
+                           "dispatcher) run every MoE pass of its policy worker",
         "activation_recompute": "megatron_cfg.activation_checkpointing: false in "
                                 "grpo_math_1B.yaml; the recipes that turn it on say so (the "
                                 "graph's activation_checkpointing)",

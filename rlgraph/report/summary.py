@@ -110,9 +110,10 @@ def summary_renderables(plan: Plan) -> list[Any]:
     facts.add_row("bound", f"{fmt_seconds(sched.bound_s)}/step "
                   "(max of cycle ratio and group load)")
     base = plan.pricing.baseline
-    if base in SYSTEMS and not SYSTEMS[base].colocates:
+    if base in SYSTEMS and SYSTEMS[base].syncs_apart:
         facts.add_row("sync", f"{fmt_seconds(sched.sync_period_s)}/step (the plan's groups, "
-                      f"max_lag 0, on {base}: it never colocates rollout and training)")
+                      f"max_lag 0, on {base}: its synchronous runs keep rollout and training "
+                      f"apart)")
     else:
         facts.add_row("colocated sync", f"{fmt_seconds(sched.sync_period_s)}/step "
                       f"(all tasks on all GPUs, max_lag 0, on {base})")

@@ -155,7 +155,7 @@ def test_verl_driver_moves_the_padded_batch_however_many_gpus() -> None:
         return cost.seconds, cost.detail
 
     def driver(detail: str) -> float:
-        return float(detail.split("verl driver transfer ")[1].split(" s")[0])
+        return float(detail.split("driver transfer ")[1].split(" s")[0])
 
     one, two, longer = logp(1, 4096), logp(2, 4096), logp(1, 8192)
     per_row = 24 * (256 + 4096) + 16 * 4096  # input_ids, mask, positions; responses, out

@@ -334,3 +334,66 @@ def test_a_colocated_group_whose_train_waits_on_reward_samples_with_the_schedule
               for g in (0, (0, 1))]
     assert cycles[1] > 1.1 * cycles[0]
     assert f"decode {cycles[1]:.0f} steps" in priced.detail
+    # another system's loop runs generate, reward and train in turn: the structural lag
+    verl = compile_plan(load_spec(graph, [*base, *rollout_logp, "pricing.system=verl"]))
+    assert f"decode {cycles[0]:.0f} steps" in verl.costs["generate"].detail
+
+
+def test_driven_with_a_runs_forced_lengths_the_rounds_are_the_runs_rounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation's rules are the runtime's: fed the lengths two GPU runs forced
+    (benchmark mode, seeded by data position and sample), it decodes their rounds one for
+    one, to within a look (sync_every, 8 steps) or four. The one-GPU rollout-logp run at
+    max_lag 4 (bench/results/gpu-longtail-1gpu.json), whose group ran two generate calls
+    before their two train steps (lags (0, 1), `compiler.lag.schedule_lags`): its must-finish
+    cycle spans four rounds (1104 + 1552 + 1440 + 4096 = 8192 steps, the longest row), not
+    the five of lag 0. The one-GPU streamed in-flight run (gpu-inflight-1gpu.json, mini-batch
+    calls): its 4456-step call, the stall the table's mean does not show, is in the rules."""
+    import json
+
+    import rlgraph.pricing.rollout_rounds as rounds_module
+    from rlgraph.bench_mode import forced_length
+
+    results = Path(__file__).resolve().parents[3] / "bench" / "results"
+
+    def drive(response_len: LengthModel, prompts: int, oversample: float, max_lag: int, lag,
+              rounds: int, **kw) -> list[int]:
+        steps: list[int] = []
+        alive = rounds_module._alive
+
+        class Forced:  # the lengths `generate` forces, group by group in data order
+            def __init__(self, *_: object) -> None:
+                self.position = 0
+
+            def take(self, n: int) -> list[int]:
+                out = [forced_length(0, self.position, s, response_len) for s in range(n)]
+                self.position += 1
+                return out
+
+        def recording(runs):  # each round's last step
+            steps.append(max((a + r for a, r, _ in runs), default=0))
+            return alive(runs)
+
+        monkeypatch.setattr(rounds_module, "_Lengths", Forced)
+        monkeypatch.setattr(rounds_module, "_alive", recording)
+        monkeypatch.setattr(rounds_module, "WARMUP", 0)
+        monkeypatch.setattr(rounds_module, "ROUNDS", rounds)
+        simulate.__wrapped__(response_len, prompts, 8, oversample, max_lag, "finish", 8,
+                             8, generate_lag=lag, **kw)
+        return steps
+
+    tail = LengthModel(512, 8192, "lognormal", 1.5)
+    run = json.loads((results / "gpu-longtail-1gpu.json").read_text())[
+        "throughput_sigma_1.5_rolloutlogp"]["partial-lag4-rolloutlogp-os2"]
+    measured = [int(s) for s in run["per_step"]["rollout/decode_steps"]]
+    simulated = drive(tail, 64, 2.0, 4, (0, 1), len(measured))
+    assert all(abs(a - b) <= 8 for a, b in zip(simulated, measured, strict=True))
+    assert abs(drive(tail, 64, 2.0, 4, 0, 5)[4] - measured[4]) > 1000  # lag 0: not this run
+
+    run = json.loads((results / "gpu-inflight-1gpu.json").read_text())[
+        "modes"]["stream4-colocated-lag3-inflight"]
+    measured = [int(s or 0) for s in run["per_step"]["rollout/decode_steps"]]
+    simulated = drive(LengthModel(512, 8192, "lognormal", 1.0), 8, 1.5, 3, 0,
+                      len(measured) // 4, stride=4, inflight=True)
+    assert all(abs(a - b) <= 32 for a, b in zip(simulated, measured, strict=True))
+    assert max(measured) == 4456 and max(simulated) >= 4456 - 32

@@ -174,15 +174,24 @@ def test_a_refit_path_without_a_measurement_runs_at_the_presets_nvlink() -> None
     assert plan.pricing.baseline == "verl" and plan.pricing.refit == "cuda_ipc"
 
 
-def test_a_system_that_never_colocates_refuses_a_shared_group_and_syncs_on_the_split() -> None:
+def test_a_system_that_syncs_apart_keeps_the_split_and_one_that_never_colocates_refuses_it(
+) -> None:
     with pytest.raises(SpecError, match="GPUs apart") as err:
         compile_plan(cost_spec(groups=COLOCATED, pricing={"system": "prime-rl"}))
     assert err.value.key == ("groups", "all")
-    split = cost_spec(pricing={"system": "prime-rl"}, schedule={"max_lag": 1})
-    plan = compile_plan(split)
-    same_split_at_zero = compile_plan(cost_spec(pricing={"system": "prime-rl"},
-                                                schedule={"max_lag": 0}))
-    assert plan.schedule.sync_period_s == pytest.approx(same_split_at_zero.schedule.period_s)
+    for system in ("prime-rl", "areal"):  # AReaL colocates, but syncs on its allocation
+        split = cost_spec(pricing={"system": system}, schedule={"max_lag": 1})
+        plan = compile_plan(split)
+        same_split_at_zero = compile_plan(cost_spec(pricing={"system": system},
+                                                    schedule={"max_lag": 0}))
+        assert plan.schedule.sync_period_s == pytest.approx(
+            same_split_at_zero.schedule.period_s)
+    compile_plan(cost_spec(groups=COLOCATED, pricing={"system": "areal"}))  # not refused
+    from rlgraph.tune.search import tune
+
+    ranked = tune(cost_spec(pricing={"system": "pipelinerl"}), top=20).top
+    assert ranked and not any(  # tune never proposes a group PipelineRL could not run
+        {"generate", "train"} <= set(group["tasks"]) for plan in ranked for group in plan.groups)
     assert "prime-rl" not in compile_plan(cost_spec(groups=COLOCATED)).pricing.baselines
 
 
