@@ -153,6 +153,20 @@ def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: An
     assert err.value.key == ("nodes", "train", "pp")
 
 
+def test_megatron_context_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
+    from rlgraph.compiler import compile_plan
+    from rlgraph.config.load import validate_spec
+    from rlgraph.errors import SourceMap
+    from rlgraph.runtime.runner import Runner, RunOptions
+
+    data = make_spec(train={"backend": "megatron", "cp": 2}).to_yaml_dict()
+    data["cluster"] = {"local": True, "cpus": 4}
+    plan = compile_plan(validate_spec(data, SourceMap()))  # the compiler prices cp 2
+    with pytest.raises(SpecError, match="context parallelism") as err:
+        Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
+    assert err.value.key == ("nodes", "train", "cp")
+
+
 def test_checkpointed_layers_recompute_with_the_forwards_attention_kernel() -> None:
     """train's forward picks attention kernels (`sdpa_kernel`) that the backward, where a
     checkpointed layer recomputes, runs outside of: the recompute must use the same ones, and
