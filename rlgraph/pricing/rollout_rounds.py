@@ -228,12 +228,12 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     the cache restarts only its samples older than the bound).
     `first_lags` and `window` price a run's first rounds rather than the steady ones: round
     t < len(first_lags) takes lag `first_lags[t]` (its start-up's, `lag.startup_lags`), and
-    the profile averages rounds window[0] <= t < window[1] of a cache empty at round 0.
+    the profile averages rounds window[0] <= t < window[1] of a cache empty at the first.
     `forced`: the lengths a benchmark-mode run forces (`Forced`) instead of seeded draws.
     `after_on_policy`: the lag of a round that follows an on-policy batch (every token of
     the version train starts from: the runtime skips its old-log-prob forward, so a group
-    whose train waits on a batch from outside it runs the next generate first; round 0's
-    batch is always one), where the start-up's schedule says (`lag.startup_lags`)."""
+    whose train waits on a batch from outside it runs the next generate first; the first
+    round's batch is always one), where the start-up's schedule says (`lag.startup_lags`)."""
     lengths = _ForcedLengths(m, forced) if forced is not None else _Lengths(m, seed)
     lags = generate_lag if isinstance(generate_lag, tuple) else (generate_lag,)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,

@@ -403,8 +403,9 @@ def test_driven_with_a_runs_forced_lengths_the_rounds_are_the_runs_rounds(
 
 def test_a_runs_first_rounds_from_an_empty_cache_are_the_runs_rounds() -> None:
     """A short run's window holds its first rounds, not the steady ones: from an empty cache,
-    fed the lengths the runs forced (`Forced`), round 1 after the on-policy batch 0 at lag 1
-    (its old-log-prob forward skipped, the next generate ran before train 0), the simulation
+    fed the lengths the runs forced (`Forced`), the second round (after the on-policy batch
+    0) at lag 1 (its old-log-prob forward skipped, the next generate ran before train 0), the
+    simulation
     decodes the one-GPU `sdpa` runs' rounds exactly (bench/results/gpu-longtail-1gpu.json):
     max_lag 2's long third round finishes the groups both version-0 rounds began; max_lag 1
     finishes every group each round its version cannot carry, so each such batch is
@@ -425,7 +426,7 @@ def test_a_runs_first_rounds_from_an_empty_cache_are_the_runs_rounds() -> None:
         run = sections["throughput_sigma_1.5"][name]
         measured = run["per_step"]["rollout/decode_steps"]
         assert rounds(max_lag, len(measured), after_on_policy=1) == measured
-    assert rounds(1, 4, after_on_policy=None)[3] < 8192  # the rule makes round 3's length
+    assert rounds(1, 4, after_on_policy=None)[3] < 8192  # the rule makes the fourth's length
     steady = simulate(tail, 64, 8, 1.5, 2, "finish", 8, 8).steps
     assert steady < sum(rounds(2, 4, 1)[2:]) / 2 - 500  # the window's rounds, not the steady
 
