@@ -164,10 +164,13 @@ def tp_allreduce_seconds(rows: float, node: Any, ctx: CostContext) -> float:
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
-                  model: lengths.LengthModel) -> tuple[float, float]:
+                  model: lengths.LengthModel, batch: float = 0.0) -> tuple[float, float]:
     """(seconds, steps) of a synchronous batch of `rows` per replica when the KV cache holds
     `held` of them: continuous batching streams the surplus at `held` rows, then the last
-    `held` rows finish along the survival curve until the expected longest."""
+    `held` rows finish along the survival curve until the expected longest of the call's
+    whole `batch` (all replicas' rows; at least this replica's `held`): the call returns
+    when its slowest replica does, and that replica decodes the batch's longest sample
+    (the longest of R replicas' longests is the longest of all their rows)."""
     mean, second = lengths.moments(model)
     prompt = ctx.spec.data.prompt_len
     seconds = steps = 0.0
@@ -175,7 +178,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     if held < rows:
         steps = (rows - held) * mean / held
         seconds = steps * decode_step_seconds(held, prompt + second / (2 * mean), node, ctx)
-    end = lengths.expected_max(model, max(1, round(live)))
+    end = lengths.expected_max(model, max(1, round(max(live, batch))))
     width = end / SEGMENTS
     for i in range(SEGMENTS):
         t = (i + 0.5) * width
@@ -314,7 +317,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         return min(rows_held, slots) if slots else rows_held
 
     concurrent = held(per_replica)
-    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model)
+    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model,
+                                  batch=min(batch, per_replica * replicas))
     how = ("synchronous batch streamed through the KV cache, then its longest tail"
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len
