@@ -668,7 +668,9 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         out.append(f"| {cell(r['name'])} | {pub} | {r['predicted']:.2f}× | {r['ratio']:.2f} | "
                    f"{'yes' if r['within_target'] else '**no**'} |")
     out += ["", f"Median |log(predicted / published)|: {summary['median_abs_log']:.3f} "
-            f"(target ≤ {MEDIAN_LOG_TARGET}).", "",
+            f"(target ≤ {MEDIAN_LOG_TARGET}). By the system each run used: "
+            + "; ".join(f"{name} {n[0]} of {n[1]} within ±25%"
+                        for name, n in summary.get("by_system", {}).items()) + ".", "",
             "| case | mode | phase | published s | predicted s | ratio |",
             "|---|---|---|---:|---:|---:|"]
     for r in rows:
@@ -736,6 +738,16 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def by_system(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """{system label: [cases within target, cases]} in the order the cases come."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        tally = out.setdefault(r.get("pricing") or "rlgraph runtime", [0, 0])
+        tally[0] += bool(r["within_target"])
+        tally[1] += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compile every case, compare, write the JSON, print the README tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -776,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_abs_log": round(statistics.median(logs), 4) if logs else None,
         "phases": len(phase_ratios),
         "phases_within_target": sum(abs(x - 1) <= PHASE_TARGET for x in phase_ratios),
+        "by_system": by_system(rows),
     }
     summary["tune"] = [tuned(c, published, args.override) for c in cases]
     if not args.override:

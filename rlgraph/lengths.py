@@ -104,6 +104,21 @@ def moments(m: LengthModel) -> tuple[float, float]:
     return sum(values) / GRID, sum(v * v for v in values) / GRID
 
 
+def mean_before_cap(clipped_mean: float, m: LengthModel) -> float | None:
+    """The mean before the cap whose distribution, clipped at `m.max` with `m`'s shape, has
+    mean `clipped_mean` (the mean a run reports), by bisection; None where none reaches it
+    (at a pre-cap mean of max, the clipped mean is the largest this shape gives)."""
+    if clipped_mean >= m.max:
+        return m.max
+    low, high = max(1.0, clipped_mean), m.max
+    if moments(replace(m, mean=high * (1 - 1e-9)))[0] < clipped_mean:
+        return None
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if moments(replace(m, mean=mid))[0] < clipped_mean else (low, mid)
+    return (low + high) / 2
+
+
 @lru_cache(maxsize=4096)
 def expected_max(m: LengthModel, n: int) -> float:
     """E[max of n lengths] = integral over [0, max] of 1 - F(x)^n (clipped at max)."""

@@ -303,7 +303,9 @@ def _system_messages(spec: Spec, period: float, baselines: dict[str, float], cho
             and not spec.cluster.local):
         out.append("engine sglang prices SGLang's decode under rlgraph's runtime "
                    "(pricing.system: rlgraph); to price verl's hybrid engine, as engine "
-                   "sglang once meant, set pricing.system: verl")
+                   "sglang once meant, set pricing.system: verl, or another framework's run: "
+                   + ", ".join(name for name in SYSTEMS if not SYSTEMS[name].runs_here)
+                   + " (docs/how-to/price-a-published-run.md)")
     if period > 0 and len(baselines) > 1:
         differing = disagreeing_baselines(period, baselines, chosen)
         if differing:

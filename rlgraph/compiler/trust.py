@@ -9,6 +9,8 @@ from typing import Any
 from rlgraph.compiler.costs import NodeCost
 from rlgraph.compiler.shapes import shape_of
 from rlgraph.config.schema import Spec
+from rlgraph.lengths import moments
+from rlgraph.lengths import of as lengths_of
 from rlgraph.nodes import KINDS
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.pricing.constants import COSTS, pass_efficiency
@@ -82,7 +84,8 @@ def defaults_left(spec: Spec) -> list[str]:
             if key not in data.model_fields_set]
     shape = ["mean", "max", "sigma" if length.dist == "lognormal" else "alpha"]
     out += [f"data.response_len.{key} {getattr(length, key):g} ({DEFAULT_WHY[key]})"
-            for key in shape if key not in length.model_fields_set]
+            for key in shape if key not in length.model_fields_set
+            and not (key == "mean" and length.clipped_mean is not None)]
     system = system_of(spec)
     if not system.runs_here and not system.packs_sequences:
         unsized = [name for name, node in spec.nodes.items()
@@ -91,6 +94,19 @@ def defaults_left(spec: Spec) -> list[str]:
             out.append(f"micro_tokens of {', '.join(unsized)} (none: {system.label}'s passes "
                        f"priced padded to the batch's expected longest response)")
     return out
+
+
+def length_assumption(response_len: Any) -> str:
+    """The response lengths a plan is priced at, in words: the mean before the cap and, where
+    the cap lowers it by more than 2%, the mean as trained (what a run reports; the key
+    `response_len.clipped_mean` states that one instead)."""
+    r = response_len
+    shape = f"{r.dist} sigma {r.sigma:g}" if r.dist == "lognormal" else f"pareto alpha {r.alpha:g}"
+    trained = moments(lengths_of(r))[0]
+    if trained < 0.98 * r.mean:
+        return (f"mean {r.mean:.0f} before the cap, {trained:.0f} as trained "
+                f"(response_len.clipped_mean states that one), max {r.max}, {shape}")
+    return f"mean {r.mean:g}, max {r.max}, {shape}"
 
 
 def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost],
@@ -103,9 +119,8 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     lines = []
     data = spec.data
     if any(KINDS[spec.nodes[n].kind].uses_gpu for _, n in modelled):  # model forwards
-        lines.append(f"response_len is assumed (mean {data.response_len.mean:g}, max "
-                     f"{data.response_len.max}, {data.response_len.dist} sigma "
-                     f"{data.response_len.sigma:g}): decode, logp and train scale with it")
+        lines.append(f"response_len is assumed ({length_assumption(data.response_len)}): "
+                     f"decode, logp and train scale with it")
         left = defaults_left(spec) if not system_of(spec).runs_here else []
         if left and not spec.cluster.local:  # rlgraph's own tasks are what its defaults say
             lines.append(f"left at rlgraph's defaults, not {system_of(spec).label}'s run's: "

@@ -98,11 +98,40 @@ class ResponseLength(StrictModel):
     alpha: float = Field(default=1.5, gt=1, le=100, description="pareto: tail index (smaller: "
                          "heavier tail)")
 
+    clipped_mean: float | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="the mean of the lengths as trained, "
+        "after the cap (the mean response length a run reports); give it instead of mean, "
+        "and the mean before the cap is solved from it with this max and shape")
+
     @model_validator(mode="after")
     def _mean_below_max(self) -> ResponseLength:
+        if self.clipped_mean is not None:
+            self._solve_mean()
         if self.mean > self.max:
             raise ValueError(f"mean ({self.mean}) is larger than max ({self.max})")
         return self
+
+    def _solve_mean(self) -> None:
+        """Set `mean` (before the cap) from `clipped_mean` (after it)."""
+        from rlgraph.lengths import LengthModel, mean_before_cap, moments
+
+        if self.clipped_mean > self.max:
+            raise ValueError(f"clipped_mean ({self.clipped_mean:g}) is larger than max "
+                             f"({self.max})")
+        shape = LengthModel(float(self.max), float(self.max), self.dist, self.sigma, self.alpha)
+        solved = mean_before_cap(float(self.clipped_mean), shape)
+        if solved is None:
+            top = moments(LengthModel(self.max * (1 - 1e-9), float(self.max), self.dist,
+                                      self.sigma, self.alpha))[0]
+            what = f"sigma {self.sigma:g}" if self.dist == "lognormal" else f"alpha {self.alpha:g}"
+            raise ValueError(f"a {self.dist} of {what} capped at {self.max} averages at most "
+                             f"{top:.0f} tokens, below clipped_mean {self.clipped_mean:g}: "
+                             f"{'lower sigma' if self.dist == 'lognormal' else 'raise alpha'}"
+                             f" (a narrower distribution) or raise max")
+        if "mean" in self.model_fields_set and abs(self.mean - solved) > 1e-6 * solved:
+            raise ValueError("give mean (before the cap) or clipped_mean (after it, as a run "
+                             "reports it), not both")
+        self.__dict__["mean"] = solved  # no re-validation (a dumped spec reloads as it was)
 
 
 class DataSpec(StrictModel):

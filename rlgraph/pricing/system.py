@@ -59,6 +59,7 @@ class System:
     # before sending them to generate GPUs apart (None: the param_update node's transfer is the
     # whole refit)
     refit_gather_bytes_per_s: float | None = None
+    refit_overhead_s: float = 0.0  # fixed seconds of every colocated refit beside its bytes
 
     @property
     def syncs_apart(self) -> bool:
@@ -155,7 +156,7 @@ SYSTEMS: dict[str, System] = {
     "nemo-rl": System(
         name="nemo-rl", label="NeMo-RL", runs_here=False,
         colocated_switch=True, offload=True, sleep_wake=True,
-        refit={"ipc_zmq": 2 * 671.0e9 / 47.2}, default_refit="ipc_zmq",
+        refit={"ipc_zmq": 33.4 * GB}, default_refit="ipc_zmq", refit_overhead_s=7.3,
         old_logp_always=True, packs_sequences=True, driver_transfer=True,
         moe_pass_factor=0.29, refit_gather_bytes_per_s=2 * 671.0e9 / 12.2),
 }
@@ -365,14 +366,19 @@ SOURCES: dict[str, dict[str, str]] = {
                       "llm.sleep(level=1) (weights to host memory, KV cache dropped) after "
                       "generation, wake_up(tags=['weights']) before the refit and "
                       "['kv_cache'] after it: a replica's bf16 weights out and back",
-        "refit.ipc_zmq": "NeMo-RL blog 'Journey of Optimizing Weight Transfer in Large MoE "
-                         "Models by 10x' (docs/blogs, NVIDIA-NeMo/RL discussions 1189), "
-                         "Table 1: the colocated refit of DeepSeek V3 (671B, 1.34 TB bf16; "
-                         "training EP64 PP8, generation TP64) takes 47.2 s in NeMo-RL v0.3 "
-                         "(gather 12.2 s, CUDA IPC handles 33.5 s, vLLM load 1.5 s): 28 GB/s "
-                         "of bf16 weights; the handles go to vLLM over ZMQ today "
-                         "(stream_weights_via_ipc_zmq / update_weights_via_ipc_zmq), the same "
-                         "packed-buffer path",
+        "refit.ipc_zmq": "least squares over NeMo-RL's published colocated refits, bf16 "
+                         "bytes against seconds: its v0.3 blog ('NeMo-RL V0.3: Scalable and "
+                         "Performant Post-training ... via Megatron-Core', the Refit column: "
+                         "Llama 3.1-8B 5 s, Qwen3-32B 7 s, Qwen3-30B-A3B 12 s, Llama 3.1-70B "
+                         "14 s) and its refit blog ('Journey of Optimizing Weight Transfer in "
+                         "Large MoE Models by 10x', NVIDIA-NeMo/RL discussions 1189, Table 1: "
+                         "DeepSeek V3, 1.34 TB, 47.2 s in v0.3: gather 12.2 s, CUDA IPC "
+                         "handles 33.5 s, vLLM load 1.5 s): 7.3 s + the weights at 33.4 GB/s "
+                         "(residuals within 3 s); the handles go to vLLM over ZMQ today "
+                         "(stream_weights_via_ipc_zmq / update_weights_via_ipc_zmq)",
+        "refit_overhead_s": "the same least squares: 7.3 s of every colocated refit beside its "
+                            "bytes (collective_rpc to every vLLM executor, IPC handle "
+                            "packing, the weights' metadata)",
         "old_logp_always": "grpo.py computes policy.get_logprobs (prev_logprobs) and, with "
                            "reference_policy_kl_penalty 0.01 (grpo_math_1B.yaml), "
                            "get_reference_policy_logprobs on every batch, on the policy's "
@@ -560,7 +566,7 @@ def switch_terms(system: System, path: str | None, params: float, gpus: int, tp:
         terms["sleep_wake"] = 2 * 2 * params / tp / host_bytes_per_s
     chosen, rate = system.refit_rate(path, link_bytes_per_s)
     if rate:
-        terms[f"{chosen} refit"] = 2 * params / rate
+        terms[f"{chosen} refit"] = system.refit_overhead_s + 2 * params / rate
     return terms
 
 

@@ -97,3 +97,10 @@ def test_the_trainer_work_leaves_out_the_wait_and_a_ref_forward_beside_train() -
     # a trainer that also computes old log-probs is not a train-only trainer
     assert "trainer_work" not in fidelity.published_work(row, has_logp=True)
     assert "trainer_work" not in fidelity.published_work(dict(row, old_log_prob=9.0), False)
+
+
+def test_cases_are_counted_by_the_system_their_run_used() -> None:
+    rows = [{"pricing": "verl hybrid engine", "within_target": True},
+            {"pricing": "AReaL", "within_target": False},
+            {"pricing": "verl hybrid engine", "within_target": False}]
+    assert fidelity.by_system(rows) == {"verl hybrid engine": [1, 2], "AReaL": [0, 1]}

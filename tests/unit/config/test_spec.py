@@ -113,6 +113,24 @@ def test_resolved_spec_round_trips(minimal: Path) -> None:
     assert again.to_yaml_dict() == spec.to_yaml_dict()
 
 
+def test_a_reported_mean_length_is_the_mean_after_the_cap(minimal: Path) -> None:
+    from rlgraph.lengths import moments
+    from rlgraph.lengths import of as lengths_of
+
+    spec = load_spec(minimal, ["data.response_len={clipped_mean: 3201, max: 4096, sigma: 0.35}"])
+    length = spec.data.response_len
+    assert length.mean > 3201, "the cap lowers the mean: the one before it is larger"
+    assert moments(lengths_of(length))[0] == pytest.approx(3201, rel=1e-6)
+    text = yaml.safe_dump(spec.to_yaml_dict())  # a dumped spec (run dirs, tune) reloads
+    again = validate_spec(*parse_yaml(text))
+    assert again.data.response_len.mean == pytest.approx(length.mean)
+    with pytest.raises(SpecError, match="averages at most 2528 tokens") as info:
+        load_spec(minimal, ["data.response_len={clipped_mean: 3201, max: 4096}"])
+    assert "lower sigma" in str(info.value)
+    with pytest.raises(SpecError, match="not both"):
+        load_spec(minimal, ["data.response_len={mean: 100, clipped_mean: 90, max: 300}"])
+
+
 def test_a_written_kl_coef_needs_a_ref_logp_node(minimal: Path) -> None:
     build_graph(load_spec(minimal))  # grpo's default kl_coef applies only with a reference
     build_graph(load_spec(minimal, ["algorithm.kl_coef=0"]))

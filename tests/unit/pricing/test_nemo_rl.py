@@ -33,7 +33,9 @@ def test_nemo_rl_switch_is_seconds_and_its_refit_the_published_one() -> None:
     q30b = model_shape(MODEL_PRESETS["qwen3-30b-a3b"]).params
     terms = switch_terms(nemo, None, q30b, 32, 4, GPU_PRESETS["H100"].host_bytes_per_s)
     assert set(terms) == {"offload", "sleep_wake", "ipc_zmq refit"}
-    assert sum(terms.values()) < 10  # seconds, where verl's per-tensor path takes minutes
+    verl = switch_terms(SYSTEMS["verl"], "per_tensor", q30b, 32, 4,
+                        GPU_PRESETS["H100"].host_bytes_per_s)
+    assert sum(terms.values()) < 20 < 300 < sum(verl.values())  # seconds, not minutes
     dsv3 = model_shape(MODEL_PRESETS["deepseek-v3"]).params
     refit = switch_terms(nemo, None, dsv3, 256, 32, 50e9)["ipc_zmq refit"]
     assert refit == pytest.approx(47.2, rel=0.01)  # NeMo-RL's measured DeepSeek-V3 refit

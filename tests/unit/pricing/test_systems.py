@@ -204,6 +204,8 @@ def test_the_summary_says_which_workload_keys_a_foreign_run_left_at_rlgraphs_def
     [slime] = said("slime")
     assert "data.prompt_len 16" in slime and "data.response_len.sigma 1" in slime
     assert "prompts_per_step" not in slime and "micro_tokens" not in slime  # slime packs
+    data["response_len"] = {"clipped_mean": 500, "max": 1024}  # the mean a run reports
+    assert "response_len.mean" not in said("slime")[0]
     [roll] = said("roll")  # ROLL pads: its passes' width is the graph's to state
     assert "micro_tokens of logp, train" in roll
     assert said("rlgraph") == []  # rlgraph's own tasks are what its defaults describe
