@@ -45,6 +45,11 @@ class GenerateSpec(NodeSpec):
     kv: Literal["keep", "recompute"] = Field(
         default="keep", description="inflight: at a version change rows keep their KV cache "
         "(keep), or re-encode it under the new weights (recompute: the exact behaviour policy)")
+    memory_fraction: float | None = Field(
+        default=None, ge=0.05, le=1.0, description="engine sglang: the share of each GPU's "
+        "memory the engine takes for its weights and KV cache (SGLang's mem_fraction_static, "
+        "vLLM's gpu_memory_utilization: NeMo-RL 0.6 where vLLM shares the GPUs with "
+        "training); none: SGLang's 0.8 when rlgraph runs it, 0.9 when priced")
     sync_every: int = Field(default=8, ge=1, le=MAX_TOKENS, description="static engine: "
                             "decode steps between the host's checks for finished rows")
     cuda_decode: Literal["compiled", "graphs", "dynamic"] = Field(
@@ -301,8 +306,10 @@ class GenerateWorker:
         if self.sglang is None:
             from rlgraph.engines.sglang_engine import SGLangRollout
 
+            share = ({"mem_fraction_static": self.node.memory_fraction}
+                     if self.node.memory_fraction is not None else {})
             self.sglang = SGLangRollout(self.sampling_model, seed=self.ws.spec.data.seed,
-                                        eos_id=self.ws.tokenizer.eos_id)
+                                        eos_id=self.ws.tokenizer.eos_id, **share)
         return self.sglang
 
     def _swap(self) -> int | None:

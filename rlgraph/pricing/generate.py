@@ -164,13 +164,18 @@ def tp_allreduce_seconds(rows: float, node: Any, ctx: CostContext) -> float:
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
-                  model: lengths.LengthModel, batch: float = 0.0) -> tuple[float, float]:
+                  model: lengths.LengthModel, paged_tokens: float = 0.0,
+                  batch: float = 0.0) -> tuple[float, float]:
     """(seconds, steps) of a synchronous batch of `rows` per replica when the KV cache holds
     `held` of them: continuous batching streams the surplus at `held` rows, then the last
     `held` rows finish along the survival curve until the expected longest of the call's
     whole `batch` (all replicas' rows; at least this replica's `held`): the call returns
     when its slowest replica does, and that replica decodes the batch's longest sample
-    (the longest of R replicas' longests is the longest of all their rows)."""
+    (the longest of R replicas' longests is the longest of all their rows). A paged KV
+    cache of `paged_tokens` tokens (engine sglang: vLLM and SGLang allocate a row's blocks
+    as it grows) holds only paged_tokens / (prompt + t) rows of context t: where the live
+    rows outgrow it, the engine preempts the rest and decodes them later, so that stretch of
+    the tail runs at the rows the cache holds, for as many more steps."""
     mean, second = lengths.moments(model)
     prompt = ctx.spec.data.prompt_len
     seconds = steps = 0.0
@@ -180,12 +185,19 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
         seconds = steps * decode_step_seconds(held, prompt + second / (2 * mean), node, ctx)
     end = lengths.expected_max(model, max(1, round(max(live, batch))))
     width = end / SEGMENTS
+    stretched = 0.0
     for i in range(SEGMENTS):
         t = (i + 0.5) * width
-        alive = max(1.0, live * model.survival(t)) if t < end else 1.0
-        seconds += width * decode_step_seconds(min(alive, live), prompt + t, node, ctx,
+        alive = min(live, max(1.0, live * model.survival(t)) if t < end else 1.0)
+        fit = max(1.0, paged_tokens / (prompt + t)) if paged_tokens > 0 else alive
+        if fit < alive:  # the cache holds `fit` rows: the segment's row-steps at fit a step
+            stretched += width * (alive / fit - 1)
+            seconds += width * alive / fit * decode_step_seconds(fit, prompt + t, node, ctx,
+                                                                 longest=prompt + t)
+            continue
+        seconds += width * decode_step_seconds(alive, prompt + t, node, ctx,
                                                longest=prompt + t)
-    return seconds, steps + end
+    return seconds, steps + end + stretched
 
 
 def generate_lag(node: Any, ctx: CostContext) -> int | tuple[int, ...]:
@@ -307,7 +319,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     mean, second = lengths.moments(model)
     weights = 2 * shape.params / tp
     kv_token = shape.kv_bytes_per_gpu_token(tp)
-    free = gpu.memory_bytes * COSTS.usable_memory_fraction - weights
+    share = getattr(node, "memory_fraction", None) or COSTS.usable_memory_fraction
+    free = gpu.memory_bytes * share - weights
     seq_kv = kv_token * (data.prompt_len + second / (2 * mean))  # paged KV of a live row
 
     slots = ctx.extra.get("engine_slots")  # the native engine's, from the memory pass
@@ -317,7 +330,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
         return min(rows_held, slots) if slots else rows_held
 
     concurrent = held(per_replica)
-    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model,
+    paged = free / kv_token if node.engine == "sglang" and not ctx.local and free > 0 else 0.0
+    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model, paged,
                                   batch=min(batch, per_replica * replicas))
     how = ("synchronous batch streamed through the KV cache, then its longest tail"
            if concurrent < per_replica else "synchronous batch: until its expected longest")

@@ -15,7 +15,7 @@ from rlgraph.errors import SpecError
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
 from rlgraph.pricing.context import CostContext
-from rlgraph.pricing.generate import decode_step_seconds, tp_allreduce_seconds
+from rlgraph.pricing.generate import decode_step_seconds, generate_cost, tp_allreduce_seconds
 from rlgraph.pricing.passes import micro_batches, pipeline_bubble
 from rlgraph.pricing.system import SYSTEMS, switch_terms
 
@@ -133,3 +133,11 @@ def test_gpus_apart_pay_nemo_rls_gather_before_the_broadcast() -> None:
     assert "gather of the shards" in cost.detail
     # 1.34 TB over 50 GB/s of network plus the published 12.2 s gather
     assert cost.seconds == pytest.approx(1342e9 / 50e9 + 12.2, rel=0.05)
+
+
+def test_a_paged_kv_cache_too_small_for_the_long_tail_stretches_it() -> None:
+    spec = load_spec(EXTRA / "nemorl-q32b-sync.yaml")
+    ctx = _ctx(spec, "generate", 32)
+    roomy, tight = (generate_cost(spec.nodes["generate"].model_copy(
+        update={"memory_fraction": share}), ctx) for share in (0.9, 0.3))
+    assert tight > 1.2 * roomy  # preempted rows decode later, at the rows the cache holds
