@@ -31,11 +31,13 @@ from typing import Any
 from common import RESULTS, ROOT, machine, write_result
 
 from rlgraph import lengths
-from rlgraph.compiler import compile_plan
+from rlgraph.compiler import compile_plan, first_steps_period
 from rlgraph.compiler.calibrate import carried_scale, carry
 from rlgraph.config.load import apply_overrides, load_spec, validate_spec
 from rlgraph.errors import SourceMap, SpecError
+from rlgraph.nodes import KINDS
 from rlgraph.nodes import logp as logp_kind
+from rlgraph.pricing.rollout_rounds import WARMUP
 from rlgraph.pricing.system import ENGINE_REVISIONS
 
 TARGET = 0.25
@@ -205,7 +207,7 @@ def gpu_rows() -> list[dict[str, Any]]:
             superseded = SUPERSEDED.get(file.name) or SUPERSEDED_SECTIONS.get(
                 (file.name, found.section))
             rows.append(price(f"{file.name}: {found.name}", graph, overrides,
-                              measured_step(run), superseded,
+                              measured_step(run), superseded, rounds=measured_rounds(run),
                               logp_ran=float((nodes or {}).get("logp", 0.0)) > 0,
                               length=measured_length(run), unsteady=only_filled(run),
                               nodes=nodes, machine=f"{file.name}: {found.section}"
@@ -269,13 +271,20 @@ def measured_step(run: dict[str, Any]) -> float:
 
 
 def steady_window(run: dict[str, Any]) -> float | None:
+    """Mean step over the run's window of spans (`window_of`), or None."""
+    found = window_of(run)
+    return None if found is None else found[0]
+
+
+def window_of(run: dict[str, Any]) -> tuple[float, tuple[int, int]] | None:
     """Mean step over the last steps whose window (from one train's end to the last's) holds
     as many generate calls as steps, where the run recorded its node spans (`events`) and
     the steps after the first train's end hold fewer: within the lag, step 1's generate may
     run before train 0 (the pipeline fills), and the steps after train 0 then hold one
     generate less than their count, a window no steady state has. Whole pairs of steps
     where partial rollout alternates short and long rounds and a pair fits; None where the
-    first window already holds a generate a step (steady_step's figure is then the same)."""
+    first window already holds a generate a step (steady_step's figure is then the same).
+    With the steps (first, last + 1) of the generate calls the window holds."""
     events = run.get("events")
     if not isinstance(events, list) or run.get("mini_batches", 1) > 1:
         return None
@@ -294,7 +303,47 @@ def steady_window(run: dict[str, Any]) -> float | None:
         fits = [a for a in fits if (last - a) % 2 == 0] or fits
     if not fits:
         return None
-    return (trains[last] - trains[fits[0]]) / (last - fits[0])
+    held = [e["step"] for e in events if e.get("node") == "generate"
+            and trains[fits[0]] < e["end"] <= trains[last]]
+    return ((trains[last] - trains[fits[0]]) / (last - fits[0]),
+            (min(held), max(held) + 1))
+
+
+def measured_rounds(run: dict[str, Any]) -> tuple[int, int] | None:
+    """The steps (a streamed run: versions) first..last - 1 whose generate calls the measured
+    period holds (`measured_step`'s window), or None where the run does not say."""
+    found = window_of(run)
+    if found is not None:
+        return found[1]
+    if run.get("mini_batches", 1) > 1:
+        versions = (run.get("version_s") or [])[fill_versions(run):]
+        count = len(versions) // 2 * 2
+        return (fill_versions(run), fill_versions(run) + count) if count else None
+    if "step_s_steady_mean" not in run and "step_s" not in run:
+        return None
+    after = (run.get("step_s_all") or run.get("step_s") or [])[1:]
+    partial = run.get("partial_rollout") or (run.get("schedule") or {}).get("partial_rollout")
+    count = len(after) - (len(after) % 2 if partial else 0)
+    return (1, 1 + count) if count else None
+
+
+def settles_after(spec: Any, rounds: tuple[int, int] | None) -> bool:
+    """Whether a run's window holds rollout rounds before the model's steady ones: its
+    generate's rounds are simulated (partial rollout, streaming, in-flight updates; not a
+    multi-turn env's), the window begins within the simulation's warm-up
+    (`rollout_rounds.WARMUP` rounds from an empty cache), which the plan's period leaves
+    out, and generate shares train's group, where the schedule from step 0 gives the first
+    rounds' lags (`first_steps.startup_lags`; a generator of its own runs ahead of train by
+    as much as its calls' lengths let it, which no start-up state the compiler holds
+    says). Such a window is priced as its own rounds (`first_steps_period`)."""
+    if rounds is None or rounds[0] >= WARMUP:
+        return False
+    trains = {spec.group_of(n) for n, node in spec.nodes.items()
+              if KINDS[node.kind].advances_policy}
+    return any(KINDS[node.kind].samples and getattr(node, "env", None) is None
+               and spec.group_of(name) in trains - {None}
+               and (spec.schedule.partial_rollout or spec.schedule.stream is not None
+                    or getattr(node, "inflight", False)) for name, node in spec.nodes.items())
 
 
 def per_step_nodes(run: dict[str, Any]) -> dict[str, float]:
@@ -442,14 +491,18 @@ def cpu_rows() -> list[dict[str, Any]]:
 def price(name: str, graph: Path, overrides: list[str], measured: float,
           superseded: str | None, logp_ran: bool = False, length: float | None = None,
           unsteady: bool = False, nodes: dict[str, float] | None = None,
-          machine: str | None = None) -> dict[str, Any]:
+          machine: str | None = None, rounds: tuple[int, int] | None = None
+          ) -> dict[str, Any]:
     """The uncalibrated prediction of one run against its measured step (`logp_ran`: the
     run's logp node ran its forward, priced even where today's runtime skips it), and where
     the run recorded its mean trained response `length`, the prediction again at that mean
     (the graph's other length terms kept). That is the run's figure where its policy chose
     its lengths (`policy_lengths`: no generate forces them), so the workload priced is the
     one the run trained; a run of forced lengths decoded the graph's distribution, and its
-    trained mean (biased by which samples a window trains) is a diagnostic beside it."""
+    trained mean (biased by which samples a window trains) is a diagnostic beside it.
+    A window of `rounds` (steps first..last - 1) within the rounds the model's steady price
+    leaves out (`settles_after`) is priced as a run from scratch decodes them
+    (`first_steps_period`); the steady prediction is kept beside it."""
     spec = spec_of(graph, overrides)
     with logp_forward_priced(logp_ran):
         refused = memory_refusal(spec)
@@ -474,11 +527,19 @@ def price(name: str, graph: Path, overrides: list[str], measured: float,
                            "ratio_at_graph_length": round(at_graph / measured, 3)}
         if chosen:
             predicted, overrides = again, [*overrides, *at_mean]
+    steady = predicted
+    windowed = settles_after(spec, rounds)
+    if windowed:
+        with logp_forward_priced(logp_ran), memory_measured_only():
+            predicted = first_steps_period(spec_of(graph, overrides), rounds)
     return {"run": name, "graph": graph_name(graph), "graph_data": graph_data(graph),
             "overrides": overrides,
             "measured_step_s": round(measured, 4), "predicted_step_s": round(predicted, 4),
             "ratio": round(predicted / measured, 3),
             "within_target": within(predicted / measured),
+            "window_rounds": list(rounds) if windowed else None,
+            "steady_predicted_step_s": round(steady, 4),
+            "steady_ratio": round(steady / measured, 3),
             "pricing": plan["pricing"]["runtime"], "superseded_runtime": superseded,
             "priced_at_trained_length": chosen and at_length is not None,
             "no_steady_state": unsteady,
@@ -535,7 +596,9 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     section of it), its node medians over the model's costs under its own plan
     (`carried_scale`), and predict every other plan of that machine with the ratios carried
     to its own modelled costs (`carry`), as `rlgraph compile --calibrate RUN` does. A plan
-    that stopped while its pipeline filled (`only_filled`) is listed, not counted."""
+    that stopped while its pipeline filled (`only_filled`) is listed, not counted. A plan
+    whose window holds rounds before the steady ones (`settles_after`) is predicted over
+    those rounds (`first_steps_period`), as uncalibrated."""
     out = []
     current = [r for r in rows if not r["superseded_runtime"] and r["machine_key"]
                and r["measured_nodes_s"]]
@@ -552,9 +615,11 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if r is anchor:
                 continue
             spec = spec_of(row_graph(r), r["overrides"])
+            window = tuple(r["window_rounds"]) if r.get("window_rounds") else None
             with logp_forward_priced(r["logp_ran"]), memory_measured_only():
-                plan = compile_plan(spec, calibration=carry(scale, spec, anchor_spec))
-            period = plan["schedule"]["period_s"]
+                calibration = carry(scale, spec, anchor_spec, window=window)
+                period = (first_steps_period(spec, window, calibration) if window else
+                          compile_plan(spec, calibration=calibration)["schedule"]["period_s"])
             out.append({"machine": key, "gpus": r["gpus"], "calibrated_on": anchor["run"],
                         "run": r["run"], "measured_step_s": r["measured_step_s"],
                         "uncalibrated_ratio": r["ratio"],

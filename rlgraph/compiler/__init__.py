@@ -25,6 +25,7 @@ import networkx as nx
 
 from rlgraph.compiler.calibrate import as_calibration, load_calibration
 from rlgraph.compiler.costs import NodeCost, calibration_scale, node_costs
+from rlgraph.compiler.first_steps import window_costs
 from rlgraph.compiler.lag import (
     BEST_PERIOD_TOLERANCE,
     channel_capacities,
@@ -83,6 +84,7 @@ __all__ = [
     "compile_plan",
     "describe_bottleneck",
     "disagreeing_baselines",
+    "first_steps_period",
     "load_calibration",
     "simulate",
     "steady_state",
@@ -388,10 +390,26 @@ def _priced(spec: Spec, graph: Any, placement: Placement,
 
 
 def modelled_costs(spec: Spec, graph: Any, placement: Placement,
-                   scale: dict[str, float] | None = None) -> dict[str, NodeCost]:
+                   scale: dict[str, float] | None = None,
+                   window: tuple[int, int] | None = None) -> dict[str, NodeCost]:
     """The node costs `compile_plan` prices the plan with (`_priced`): what a calibration
-    divides measured seconds by, and carries to another plan."""
+    divides measured seconds by, and carries to another plan. `window`: those of steps
+    window[0] .. window[1] - 1 of a run from scratch instead (`first_steps.window_costs`)."""
+    if window is not None:
+        return window_costs(spec, graph, placement, window, scale=scale)
     return _priced(spec, graph, placement, scale=scale)[0]
+
+
+def first_steps_period(spec: Spec, window: tuple[int, int], calibration: Any = None) -> float:
+    """The mean step a run from scratch measures over steps window[0] .. window[1] - 1:
+    the plan scheduled with those steps' costs (`first_steps.window_costs`: the rollout
+    rounds a run decodes first, at its start-up's lags), where the plan's period prices the
+    steady rounds. `calibration` as `compile_plan` takes it."""
+    graph = build_graph(spec)
+    placement = place(spec)
+    costs = window_costs(spec, graph, placement, window, as_calibration(calibration))
+    _, tg, _, steady = _scheduled(graph, costs, placement)
+    return max(steady.period, schedule_bound(tg).seconds)
 
 
 def _compile(spec: Spec, calibration: Any, baseline: str | None = None) -> Plan:

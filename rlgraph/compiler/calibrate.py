@@ -109,22 +109,23 @@ def carried_scale(measured: Mapping[str, float], measured_spec: Any) -> dict[str
             if n in measured and c.modelled > 0}
 
 
-def carry(scale: Mapping[str, float], spec: Any, measured_spec: Any = None
-          ) -> dict[str, float]:
+def carry(scale: Mapping[str, float], spec: Any, measured_spec: Any = None,
+          window: tuple[int, int] | None = None) -> dict[str, float]:
     """Seconds of each node of `spec` with `scale` (measured / modelled, `carried_scale`)
     applied to its modelled cost under its own plan, as `compile_plan` takes a calibration.
     A node of whole-sequence passes the run did not measure (logp skipped on its on-policy
     batches, say) takes the ratio of the run's train passes: the same model's forward and
     backward kernels over the same sequences (`pass_ratios`). A node that runs another
     program here than in the run that measured it (`measured_spec`) keeps its model
-    (`same_program`)."""
+    (`same_program`). `window`: the costs of steps window[0] .. window[1] - 1 of a run
+    from scratch (`compiler.first_steps_period`)."""
     from rlgraph.compiler import modelled_costs
     from rlgraph.compiler.placement import place
     from rlgraph.graph import build_graph
 
     kept = same_program(scale, spec, measured_spec)
     costs = modelled_costs(spec, build_graph(spec), place(spec, strict=False),
-                           scale=pass_ratios(kept, spec))
+                           scale=pass_ratios(kept, spec), window=window)
     return {n: c.seconds for n, c in costs.items() if c.source == "calibrated"}
 
 

@@ -137,12 +137,17 @@ def _host_processes(spec: Spec, placement: Placement) -> int:
 def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
                calibration: dict[str, float] | None = None,
                scale: dict[str, float] | None = None,
-               generate_lags: dict[str, tuple[int, ...]] | None = None
+               generate_lags: dict[str, tuple[int, ...]] | None = None,
+               rounds_window: dict[str, tuple[int, int, tuple[int, ...], int | None]]
+               | None = None
                ) -> tuple[dict[str, NodeCost], list[str]]:
     """Seconds per step of every node and advice; `scale` multiplies modelled costs (used to
     carry a calibration over to the synchronous baseline); `generate_lags`: a generate node's
     cycle of weight lags as the plan's own schedule runs it (`schedule_lags`), else the
-    plan's structure gives it (`pricing.generate.generate_lag`)."""
+    plan's structure gives it (`pricing.generate.generate_lag`); `rounds_window`: a generate
+    node's rounds priced as a run's rounds first..last - 1 from its start, the first ones at
+    the given lags, and a round after an on-policy batch at the last (`compiler.first_steps`),
+    instead of the steady rounds."""
     shape = shape_of(spec)
     switches = _colocated_switch_groups(spec, placement)
     fed = _fed_by_other_group(graph)
@@ -157,6 +162,8 @@ def node_costs(spec: Spec, graph: nx.DiGraph, placement: Placement,
         ctx = _context(spec, graph, placement, name, shape, kinds, host_processes, fitting)
         if generate_lags and name in generate_lags:
             ctx.extra["generate_lag"] = generate_lags[name]
+        if rounds_window and name in rounds_window:
+            ctx.extra["rounds_window"] = rounds_window[name]
         if node.cost is not None and node.cost.seconds is not None:
             seconds, source = node.cost.seconds, "override"
             detail = f"cost.seconds {seconds:g}"

@@ -145,9 +145,13 @@ class Simulation:
         return out
 
 
-def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) -> Simulation:
-    """Run `steps` steps of the timed graph under the policy (see the module docstring)."""
+def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None,
+             first_step: Mapping[int, float] | None = None) -> Simulation:
+    """Run `steps` steps of the timed graph under the policy (see the module docstring).
+    `first_step`: seconds of some nodes (by index) at step 0 alone, where a run's first step
+    costs otherwise (the runtime skips the old-log-prob forward of its on-policy batch 0)."""
     n = tg.n
+    first = dict(first_step or {})
     policy = policy or LowestStepFirst.of(tg.names)
     dur = tg.duration
     cap = tg.capacity
@@ -186,7 +190,7 @@ def simulate(tg: TimedGraph, steps: int, policy: LowestStepFirst | None = None) 
     def begin(task: int) -> None:
         t, i = divmod(task, n)
         start[task] = now
-        end[task] = now + dur[i]
+        end[task] = now + (first.get(i, dur[i]) if t == 0 else dur[i])
         heapq.heappush(running, (end[task], task))
         for g in tg.occupies[i]:
             busy[g] = True

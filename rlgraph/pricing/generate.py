@@ -17,6 +17,7 @@ until the expected longest of its samples, not always max.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
 
 SEGMENTS = 48  # pieces of a batch's survival curve the decode time integrates over
+# seeded draws a run's first rounds are averaged over where its policy chooses the lengths
+# (a sample size of the simulation, not a cost)
+WINDOW_SEEDS = 8
 
 
 def per_layer_floor(node: Any, ctx: CostContext) -> tuple[float, str]:
@@ -243,19 +247,31 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     inflight = bool(getattr(node, "inflight", False))
     mix = bool(schedule.partial_rollout or inflight)  # else a sample never spans versions
     engine = engine_of(ctx.spec)
-    profile = rollout_rounds.simulate(model, prompts, k,
-                                      float(node.oversample) if schedule.partial_rollout
-                                      else 1.0,
-                                      int(schedule.max_lag), str(node.stale), check,
-                                      int(data.prompt_len),
-                                      generate_lag=generate_lag(node, ctx), stride=stride,
-                                      inflight=inflight,
-                                      slots=int(ctx.extra.get("engine_slots") or 0) or None,
-                                      slot_refill=engine.slot_refill,
-                                      shares_device=engine.shared_gpu_reserve
-                                      and "train" in ctx.colocated,
-                                      reencode=getattr(node, "kv", "keep") == "recompute",
-                                      mix_versions=mix)
+    rounds = functools.partial(
+        rollout_rounds.simulate, model, prompts, k,
+        float(node.oversample) if schedule.partial_rollout else 1.0,
+        int(schedule.max_lag), str(node.stale), check, int(data.prompt_len),
+        generate_lag=generate_lag(node, ctx), stride=stride, inflight=inflight,
+        slots=int(ctx.extra.get("engine_slots") or 0) or None,
+        slot_refill=engine.slot_refill,
+        shares_device=engine.shared_gpu_reserve and "train" in ctx.colocated,
+        reencode=getattr(node, "kv", "keep") == "recompute", mix_versions=mix)
+    window = ctx.extra.get("rounds_window")
+    if window is None:
+        profile = rounds()
+    else:  # a run's first rounds (`compiler.first_steps`): its lengths where it forces them
+        first, last, first_lags, after_on_policy = window
+        steady = generate_lag(node, ctx)
+        cycle = steady if isinstance(steady, tuple) else (steady,)
+        lags = tuple(first_lags) or tuple(  # a round never lags more versions than exist
+            min(t, cycle[t % len(cycle)]) for t in range(last))
+        kept = dict(window=(first, last), first_lags=lags, after_on_policy=after_on_policy)
+        if getattr(node, "forced_lengths", False):
+            profile = rounds(forced=rollout_rounds.Forced(
+                int(data.seed), int(data.prompts_per_step), 0, prompts * stride), **kept)
+        else:  # policy lengths: the window's expected rounds over seeded draws
+            profile = rollout_rounds.pooled([rounds(seed=seed, **kept)
+                                             for seed in range(WINDOW_SEEDS)])
     seconds = sum(steps * decode_step_seconds(rows, context, node, ctx, longest)
                   for steps, rows, context, longest in profile.segments)
     busy = sum(steps for steps, *_ in profile.segments)

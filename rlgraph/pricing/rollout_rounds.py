@@ -140,6 +140,36 @@ class _Lengths:
         return self.drawn[first:self.taken].tolist()
 
 
+@dataclass(frozen=True)
+class Forced:
+    """A replica's forced lengths (benchmark mode, `bench_mode.forced_length`): data seed
+    `seed`, `prompts` of the step's `per_step` data positions from `first` on (the replica's
+    share, `nodes.generate`'s `_data_position`)."""
+
+    seed: int
+    per_step: int
+    first: int
+    prompts: int
+
+
+class _ForcedLengths:
+    """The lengths a run forces, group by group in data order: the replica's own n-th prompt
+    is data position (n // prompts) x per_step + first + n % prompts."""
+
+    def __init__(self, m: LengthModel, forced: Forced) -> None:
+        self.m, self.forced, self.own = m, forced, 0
+
+    def take(self, n: int) -> list[int]:
+        """The next group's `n` sample lengths."""
+        from rlgraph.bench_mode import forced_length
+
+        f = self.forced
+        step, index = divmod(self.own, f.prompts)
+        self.own += 1
+        position = step * f.per_step + f.first + index
+        return [forced_length(f.seed, position, j, self.m) for j in range(n)]
+
+
 def _alive(runs: list[tuple[int, int, int]]) -> Callable[[float], list[float]]:
     """For `runs` sorted (first step, steps, context): s -> the contexts at step s of the rows
     decoding then (a <= s < a + r, as c + s - a), in the order of `runs`. Rows of one first
@@ -170,7 +200,10 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
              seed: int = 0, stride: int = 1, inflight: bool = False,
              reencode: bool = True, mix_versions: bool = True,
              slots: int | None = None, slot_refill: bool = True,
-             shares_device: bool = False) -> RoundProfile:
+             shares_device: bool = False, first_lags: tuple[int, ...] = (),
+             window: tuple[int, int] | None = None,
+             forced: Forced | None = None,
+             after_on_policy: int | None = None) -> RoundProfile:
     """Run the cache's rounds with lengths drawn from `m` (seeded) and average the steady
     ones (after WARMUP). `generate_lag`: versions the round's weights lag its step (0 where
     generate runs after the previous train step, as in one colocated group), or a cycle of
@@ -192,8 +225,16 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     Without `mix_versions` (streaming without partial rollout) a sample never spans versions:
     an unfinished one begun under an older version restarts from its prompt (as
     `RolloutCache.evict` does; with `stale: restart` a stale group restarts whole here, where
-    the cache restarts only its samples older than the bound)."""
-    lengths = _Lengths(m, seed)
+    the cache restarts only its samples older than the bound).
+    `first_lags` and `window` price a run's first rounds rather than the steady ones: round
+    t < len(first_lags) takes lag `first_lags[t]` (its start-up's, `lag.startup_lags`), and
+    the profile averages rounds window[0] <= t < window[1] of a cache empty at the first.
+    `forced`: the lengths a benchmark-mode run forces (`Forced`) instead of seeded draws.
+    `after_on_policy`: the lag of a round that follows an on-policy batch (every token of
+    the version train starts from: the runtime skips its old-log-prob forward, so a group
+    whose train waits on a batch from outside it runs the next generate first; the first
+    round's batch is always one), where the start-up's schedule says (`lag.startup_lags`)."""
+    lengths = _ForcedLengths(m, forced) if forced is not None else _Lengths(m, seed)
     lags = generate_lag if isinstance(generate_lag, tuple) else (generate_lag,)
     rules = RolloutRules.of(prompts=prompts, oversample=oversample * stride, max_lag=max_lag,
                             stale=stale, stride=stride, mix_versions=mix_versions,
@@ -204,9 +245,15 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
               "dropped": 0.0, "pad": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
-    warm = WARMUP * stride
-    for t in range(ROUNDS * stride):
-        version = t // stride - lags[(t // stride) % len(lags)]
+    first, last = window or (WARMUP, ROUNDS)
+    warm = first * stride
+    on_policy = False  # the previous round's batch
+    for t in range(last * stride):
+        call = t // stride
+        lag = first_lags[call] if call < len(first_lags) else lags[call % len(lags)]
+        if after_on_policy is not None and on_policy:
+            lag = after_on_policy
+        version = call - lag
         if groups:  # evict: a group holding a token too old for batch t (finish: the
             kept = []  # overflow beyond a batch of must-finish groups) is dropped or restarted
             for g in groups:
@@ -297,6 +344,9 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             g["done"] = [d + min(r, ran) for r, d in zip(g["left"], g["done"], strict=True)]
             g["left"] = [max(0, r - ran) for r in g["left"]]
         complete = [i for i, g in enumerate(groups) if max(g["left"]) == 0][:prompts]
+        on_policy = version == call and all(groups[i]["version"] == version
+                                            and "restarted" not in groups[i]
+                                            for i in complete)
         chosen = set(complete)
         groups = [g for i, g in enumerate(groups) if i not in chosen]
     n = max(1, counted)
@@ -334,3 +384,16 @@ def _merge(segments: list[tuple[float, float, float, float]], rounds: int
         b[3] += steps * longest
     return tuple((s / rounds, rows / s, kv / rows, top / s) for s, rows, kv, top in
                  (bins[key] for key in sorted(bins)) if s > 0 and rows > 0)
+
+
+def pooled(profiles: list[RoundProfile]) -> RoundProfile:
+    """The mean round of several profiles of as many rounds each (seeds of one window)."""
+    n = len(profiles)
+    segments = [s for p in profiles for s in p.segments]
+
+    def mean(field: str) -> float:
+        return sum(getattr(p, field) for p in profiles) / n
+
+    return RoundProfile(mean("steps"), _merge(segments, n), mean("reencoded_tokens"),
+                        mean("reencoded_square"), mean("carried_groups"),
+                        mean("decoded_tokens"), mean("dropped_samples"), mean("padding_tokens"))

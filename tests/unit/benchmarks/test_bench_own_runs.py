@@ -79,3 +79,32 @@ def test_only_a_run_whose_policy_chose_its_lengths_is_priced_at_its_trained_mean
     forced = own_runs.spec_of(own_runs.ROOT / "bench/graphs_gpu/longtail-1gpu.yaml", [])
     chosen = own_runs.spec_of(own_runs.ROOT / "graphs/longtail.yaml", [])
     assert not own_runs.policy_lengths(forced) and own_runs.policy_lengths(chosen)
+
+
+def test_a_short_window_is_priced_as_the_rounds_it_holds() -> None:
+    """The window of a run's spans names the generate calls it holds; a colocated partial
+    rollout whose window begins before the round simulation's warm-up is priced over those
+    rounds, a split one (its generator runs ahead of train) and a late window are not."""
+    events = [{"node": "generate", "step": 0, "start": 0.0, "end": 10.0},
+              {"node": "generate", "step": 1, "start": 10.0, "end": 14.0},
+              {"node": "train", "step": 0, "start": 14.0, "end": 15.0},
+              {"node": "train", "step": 1, "start": 15.0, "end": 16.0},
+              {"node": "generate", "step": 2, "start": 16.0, "end": 26.0},
+              {"node": "train", "step": 2, "start": 26.0, "end": 27.0},
+              {"node": "generate", "step": 3, "start": 27.0, "end": 30.0},
+              {"node": "train", "step": 3, "start": 30.0, "end": 31.0}]
+    run = {"events": events, "partial_rollout": True, "step_s_all": [15, 1, 11, 4]}
+    assert own_runs.window_of(run) == (7.5, (2, 4))
+    assert own_runs.measured_rounds(run) == (2, 4)
+    assert own_runs.measured_rounds({"step_s_all": [9.0, 1.0, 2.0, 3.0], "step_s_steady_mean": 2,
+                                     "partial_rollout": True}) == (1, 3)
+    graph = own_runs.ROOT / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+    partial = ["schedule.partial_rollout=true", "schedule.max_lag=2"]
+    spec = own_runs.spec_of(graph, partial)
+    assert own_runs.settles_after(spec, (2, 4))
+    assert not own_runs.settles_after(spec, (own_runs.WARMUP, own_runs.WARMUP + 2))
+    assert not own_runs.settles_after(own_runs.spec_of(graph, []), (2, 4))  # synchronous
+    split = own_runs.spec_of(graph, [*partial, "cluster.gpus_per_node=2", 'groups={"t": '
+                                     '{"share": 0.5, "tasks": ["logp", "train"]}, "r": '
+                                     '{"share": 0.5, "tasks": ["generate"]}}'])
+    assert not own_runs.settles_after(split, (2, 4))

@@ -18,9 +18,11 @@ from rlgraph.pricing.rollout_rounds import (
     PREFILL_TOKENS,
     ROUNDS,
     WARMUP,
+    Forced,
     _alive,
     _Lengths,
     chunk_padding,
+    pooled,
     simulate,
 )
 
@@ -397,3 +399,43 @@ def test_driven_with_a_runs_forced_lengths_the_rounds_are_the_runs_rounds(
                       len(measured) // 4, stride=4, inflight=True)
     assert all(abs(a - b) <= 32 for a, b in zip(simulated, measured, strict=True))
     assert max(measured) == 4456 and max(simulated) >= 4456 - 32
+
+
+def test_a_runs_first_rounds_from_an_empty_cache_are_the_runs_rounds() -> None:
+    """A short run's window holds its first rounds, not the steady ones: from an empty cache,
+    fed the lengths the runs forced (`Forced`), the second round (after the on-policy batch
+    0) at lag 1 (its old-log-prob forward skipped, the next generate ran before train 0), the
+    simulation
+    decodes the one-GPU `sdpa` runs' rounds exactly (bench/results/gpu-longtail-1gpu.json):
+    max_lag 2's long third round finishes the groups both version-0 rounds began; max_lag 1
+    finishes every group each round its version cannot carry, so each such batch is
+    on-policy again and the next round lags again (8192, the longest row, every other)."""
+    import json
+
+    results = Path(__file__).resolve().parents[3] / "bench" / "results"
+    sections = json.loads((results / "gpu-longtail-1gpu.json").read_text())
+    tail = LengthModel(512, 8192, "lognormal", 1.5)
+    forced = Forced(seed=0, per_step=64, first=0, prompts=64)
+
+    def rounds(max_lag: int, count: int, after_on_policy: int | None) -> list[float]:
+        return [simulate(tail, 64, 8, 1.5, max_lag, "finish", 8, 8, forced=forced,
+                         first_lags=(0, 1) + (0,) * count, window=(t, t + 1),
+                         after_on_policy=after_on_policy).steps for t in range(count)]
+
+    for name, max_lag in (("partial-lag2", 2), ("partial-lag1", 1)):
+        run = sections["throughput_sigma_1.5"][name]
+        measured = run["per_step"]["rollout/decode_steps"]
+        assert rounds(max_lag, len(measured), after_on_policy=1) == measured
+    assert rounds(1, 4, after_on_policy=None)[3] < 8192  # the rule makes the fourth's length
+    steady = simulate(tail, 64, 8, 1.5, 2, "finish", 8, 8).steps
+    assert steady < sum(rounds(2, 4, 1)[2:]) / 2 - 500  # the window's rounds, not the steady
+
+
+def test_seeded_profiles_pool_into_their_mean_round() -> None:
+    tail = LengthModel(512, 8192, "lognormal", 1.0)
+    profiles = [simulate(tail, 16, 4, 1.5, 2, "finish", 8, 8, seed=s, window=(1, 3))
+                for s in range(3)]
+    mean = pooled(profiles)
+    assert mean.steps == pytest.approx(sum(p.steps for p in profiles) / 3)
+    assert sum(s for s, *_ in mean.segments) == pytest.approx(
+        sum(s for p in profiles for s, *_ in p.segments) / 3)
