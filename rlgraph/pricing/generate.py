@@ -226,10 +226,12 @@ def generate_lag(node: Any, ctx: CostContext) -> int | tuple[int, ...]:
 
 
 def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
-                   model: lengths.LengthModel) -> tuple[float, float, float, float, float]:
+                   model: lengths.LengthModel
+                   ) -> tuple[float, float, float, float, float, float]:
     """(decode seconds, decode steps, mean live rows, re-encoded tokens with the padding of
-    the engine's prefill chunks, `rollout_rounds.chunk_padding`, and the sum of the
-    re-encoded rows' squared lengths) of one steady-state
+    the engine's prefill chunks, `rollout_rounds.chunk_padding`, the sum of the
+    re-encoded rows' squared lengths, and the unfinished rows handed the engine) of one
+    steady-state
     partial-rollout round of a replica: the simulated round's stretches (live rows, their
     mean context) each priced by `decode_step_seconds`; the static engine checks for
     complete groups every `sync_every` steps (engine native on a GPU), the CPU decoder
@@ -278,7 +280,7 @@ def partial_rounds(per_replica: int, node: Any, ctx: CostContext,
     live = sum(steps * rows for steps, rows, *_ in profile.segments) / max(busy, 1e-12)
     return (seconds * stride, profile.steps * stride, live,
             (profile.reencoded_tokens + profile.padding_tokens) * stride,
-            profile.reencoded_square * stride)
+            profile.reencoded_square * stride, profile.submitted_rows * stride)
 
 
 def eager_prefill_seconds(tokens: float, square: float, calls: int, node: Any,
@@ -354,9 +356,10 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
     prefill_tokens = batch * data.prompt_len
     reencoded = reencoded_square = 0.0  # carried rows' prompt + prefix, the group's
     inflight = getattr(node, "inflight", False)
+    handed_rows = float(per_replica)  # rows a call hands the engine (a request in, a row out)
     if ctx.spec.schedule.partial_rollout or inflight:
-        partial, partial_steps, live, reencode, square = partial_rounds(per_replica, node,
-                                                                        ctx, model)
+        partial, partial_steps, live, reencode, square, handed = partial_rounds(
+            per_replica, node, ctx, model)
         decode, steps = partial, partial_steps
         how = (f"partial rollout: {node.oversample:g}x groups in flight, {live:.0f} rows "
                f"decoding on average (rounds simulated, `rollout_rounds`); carried rows' "
@@ -366,9 +369,11 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
                    f"refilled inside the call, {live:.0f} rows decoding on average; "
                    f"{reencode:.3g} tokens re-encoded; the swap's pause is switch_cost")
         reencoded, reencoded_square = reencode * replicas, square * replicas
+        if not inflight:  # every unfinished row held, carried or new, goes in and out again
+            handed_rows = max(handed_rows, handed)
     if (ctx.spec.schedule.stream is not None and not ctx.spec.schedule.partial_rollout
             and not inflight):  # the cache's mini-batch calls, a sample within one version
-        decode, steps, live, reencode, _ = partial_rounds(per_replica, node, ctx, model)
+        decode, steps, live, reencode, *_ = partial_rounds(per_replica, node, ctx, model)
         how = (f"streaming: {ctx.spec.schedule.mini_batches} calls a version, finished groups "
                f"refilled while the version can train them, {live:.0f} rows decoding on "
                f"average (rounds simulated, `rollout_rounds`)")
@@ -387,7 +392,7 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
             * thread_slowdown(ctx))
     host = 0.0
     if node.engine == "native" and not ctx.local:
-        host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * per_replica
+        host = COSTS.generate_call_overhead_s + COSTS.generate_host_seconds_per_row * handed_rows
     _, floor_kind = per_layer_floor(node, ctx)
     waves = "" if concurrent >= per_replica else f"; KV holds {concurrent:.0f}/{per_replica}"
     ctx.extra["detail"] = (f"prefill {prefill:.3g} s + decode {steps:.0f} steps x "

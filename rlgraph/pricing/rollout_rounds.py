@@ -51,6 +51,9 @@ class RoundProfile:
     dropped_samples: float = 0.0  # samples a round evicts with their group (stale)
     # padding the engine's prefill chunks add to a round's re-encoded and new rows
     padding_tokens: float = 0.0
+    # unfinished rows a round hands the engine (carried and new): each a request in, a
+    # completion out (`StaticRollout.resume`)
+    submitted_rows: float = 0.0
 
 
 def _inflight_stop(groups: list[dict], starts: list[int], prompts: int,
@@ -242,7 +245,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     engine = min(slots, rules.in_flight * k) if slots else rules.in_flight * k
     groups: list[dict] = []  # {"version": first token's, "left": [remaining], "done": [...]}
     totals = {"steps": 0.0, "re": 0.0, "re2": 0.0, "carried": 0.0, "tokens": 0.0,
-              "dropped": 0.0, "pad": 0.0}
+              "dropped": 0.0, "pad": 0.0, "rows": 0.0}
     segments: list[tuple[float, float, float, float]] = []
     counted = 0
     first, last = window or (WARMUP, ROUNDS)
@@ -295,6 +298,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
 
         while len(groups) < target:
             groups.append(new_group(0))
+        submitted = sum(1 for g in groups for r in g["left"] if r > 0)
         queue += [prompt_len] * (k * (len(groups) - admitted))
         padding = chunk_padding(queue) if queue and queue[0] > prompt_len else 0
         need = [max(g["left"]) for g in groups]  # steps until each group is complete
@@ -329,6 +333,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
             totals["re2"] += re_square
             totals["carried"] += carried
             totals["pad"] += padding
+            totals["rows"] += submitted
             totals["tokens"] += sum(r for _, r, _ in runs)
             width = stop / SEGMENTS
             live = _alive(runs)
@@ -353,7 +358,7 @@ def simulate(m: LengthModel, prompts: int, k: int, oversample: float, max_lag: i
     merged = _merge(segments, n)
     return RoundProfile(totals["steps"] / n, merged, totals["re"] / n, totals["re2"] / n,
                         totals["carried"] / n, totals["tokens"] / n, totals["dropped"] / n,
-                        totals["pad"] / n)
+                        totals["pad"] / n, totals["rows"] / n)
 
 
 def chunk_padding(rows: list[int], budget: int = PREFILL_TOKENS) -> int:
@@ -396,4 +401,5 @@ def pooled(profiles: list[RoundProfile]) -> RoundProfile:
 
     return RoundProfile(mean("steps"), _merge(segments, n), mean("reencoded_tokens"),
                         mean("reencoded_square"), mean("carried_groups"),
-                        mean("decoded_tokens"), mean("dropped_samples"), mean("padding_tokens"))
+                        mean("decoded_tokens"), mean("dropped_samples"), mean("padding_tokens"),
+                        mean("submitted_rows"))

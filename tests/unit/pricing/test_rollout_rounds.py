@@ -439,3 +439,13 @@ def test_seeded_profiles_pool_into_their_mean_round() -> None:
     assert mean.steps == pytest.approx(sum(p.steps for p in profiles) / 3)
     assert sum(s for s, *_ in mean.segments) == pytest.approx(
         sum(s for p in profiles for s, *_ in p.segments) / 3)
+
+
+def test_a_round_hands_the_engine_its_new_rows_and_every_unfinished_carried_one() -> None:
+    """`StaticRollout.resume` takes one request per unfinished row the cache holds: the
+    batch's new rows, plus the carried rows still decoding; never the finished ones."""
+    tail = LengthModel(16, 128, "lognormal", 1.0)
+    profile = simulate(tail, 64, 8, 2.0, 2, "finish", 8, 8)
+    assert 64 * 8 < profile.submitted_rows < 128 * 8
+    fixed = simulate(LengthModel(32, 32, "lognormal", 1.0), 64, 8, 1.0, 1, "finish", 8, 8)
+    assert fixed.submitted_rows == 64 * 8  # every row finishes in its own round
