@@ -617,14 +617,18 @@ def cross_plan(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             spec = spec_of(row_graph(r), r["overrides"])
             window = tuple(r["window_rounds"]) if r.get("window_rounds") else None
             with logp_forward_priced(r["logp_ran"]), memory_measured_only():
-                calibration = carry(scale, spec, anchor_spec, window=window)
-                period = (first_steps_period(spec, window, calibration) if window else
-                          compile_plan(spec, calibration=calibration)["schedule"]["period_s"])
+                steady = compile_plan(spec, calibration=carry(scale, spec, anchor_spec))[
+                    "schedule"]["period_s"]
+                period = (first_steps_period(spec, window, carry(scale, spec, anchor_spec,
+                                                                 window=window))
+                          if window else steady)
             out.append({"machine": key, "gpus": r["gpus"], "calibrated_on": anchor["run"],
                         "run": r["run"], "measured_step_s": r["measured_step_s"],
                         "uncalibrated_ratio": r["ratio"],
                         "calibrated_step_s": round(period, 4),
                         "ratio": round(period / r["measured_step_s"], 3),
+                        "window_rounds": list(window) if window else None,
+                        "steady_ratio": round(steady / r["measured_step_s"], 3),
                         "within_target": abs(period / r["measured_step_s"] - 1)
                         <= CROSS_TARGET,
                         "no_steady_state": r["no_steady_state"],
@@ -686,6 +690,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             mark += " (no steady state)"
         if r.get("priced_at_trained_length"):
             mark += " (at its trained length)"
+        mark += first_rounds_mark(r)
         again = (f"{r['ratio_at_measured_length']:.2f} at {r['measured_length_mean']:.3g} "
                  f"({r['graph_length_mean']:g})" if "ratio_at_measured_length" in r else "–")
         graph = (f"{r['ratio_at_graph_length']:.2f}" if "ratio_at_graph_length" in r
@@ -693,6 +698,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out.append(f"| {r['run']} | {r['measured_step_s']:.3g} | {r['predicted_step_s']:.3g} | "
                    f"{r['ratio']:.2f} | {mark} | {again} | {graph} |")
     return "\n".join(out)
+
+
+def first_rounds_mark(row: dict[str, Any]) -> str:
+    """' (steps a-b from scratch; steady s)' for a row priced over its window's rounds."""
+    if not row.get("window_rounds"):
+        return ""
+    first, last = row["window_rounds"]
+    return f" (steps {first}-{last - 1} from scratch; steady {row['steady_ratio']:.2f})"
 
 
 def cross_markdown(rows: list[dict[str, Any]]) -> str:
@@ -705,7 +718,8 @@ def cross_markdown(rows: list[dict[str, Any]]) -> str:
         out.append(f"| {r['gpus']} | {r['machine']} | {plan} | {r['measured_step_s']:.3g} | "
                    f"{r['calibrated_step_s']:.3g} | {r['ratio']:.2f} | "
                    f"{'yes' if r['within_target'] else '**no**'}"
-                   f"{' (no steady state)' if r.get('no_steady_state') else ''} | "
+                   f"{' (no steady state)' if r.get('no_steady_state') else ''}"
+                   f"{first_rounds_mark(r)} | "
                    f"{r['uncalibrated_ratio']:.2f} |")
     return "\n".join(out)
 

@@ -125,6 +125,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.baseline is not None and args.baseline not in SYSTEMS:
         raise CLIError(f"--baseline: unknown system '{args.baseline}' "
                        f"({unknown_system_hint(args.baseline)})")
+    if args.first_steps is not None and args.first_steps < 2:
+        raise CLIError(f"--first-steps {args.first_steps}: give 2 or more (step 0 is the "
+                       f"warm-up)")
     spec = load_spec(args.graph, args.overrides)
     plan = compile_spec(spec, Path(args.calibrate) if args.calibrate else None, args.baseline)
     if args.json:
@@ -138,7 +141,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     picture = "" if args.png else " (add --png for timeline.png)"
     print_summary(plan, footer=f"wrote {out}/: {' '.join(p.name for p in paths)}{picture}")
+    if args.first_steps is not None:
+        print(first_steps_line(spec, plan, args.first_steps,
+                               Path(args.calibrate) if args.calibrate else None))
     return 0
+
+
+def first_steps_line(spec: Any, plan: Plan, steps: int, calibration: Path | None) -> str:
+    """What a run of `steps` steps measures after its warm-up step 0 (steps 1..steps - 1:
+    `compiler.first_steps_period`, its first rollout rounds from an empty cache), beside
+    the plan's steady period."""
+    period = _lazy("rlgraph.compiler", "first_steps_period", "compile")
+    carried = _lazy("rlgraph.compiler.calibrate", "carried_calibration", "compile")
+    window = (1, steps)
+    measured = carried(calibration, spec, window=window) if calibration is not None else None
+    try:
+        mean = period(spec, window, measured)
+    except SpecError as err:
+        err.source = err.source or spec.source
+        raise
+    steady = plan.schedule.period_s
+    return (f"first {steps} steps: {mean:.4g} s a step over steps 1-{steps - 1} (the rollout "
+            f"rounds a run decodes first, from an empty cache), {mean / steady:.2f}x the "
+            f"steady period {steady:.4g} s")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -224,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                    + ", ".join(SYSTEMS) + " (default: the graph's pricing.system)")
     p.add_argument("--png", action="store_true",
                    help="also draw timeline.png (matplotlib; about a second more)")
+    p.add_argument("--first-steps", metavar="N", type=int,
+                   help="also print the mean step a run of N steps measures after its "
+                   "warm-up step (its first rollout rounds, before they settle)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("schema", help="print the JSON Schema of graph.yaml")

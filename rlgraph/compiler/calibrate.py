@@ -210,12 +210,14 @@ def pass_ratios(scale: Mapping[str, float], spec: Any) -> dict[str, float]:
     return out
 
 
-def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
+def carried_calibration(path: str | Path, spec: Any, window: tuple[int, int] | None = None
+                        ) -> dict[str, float]:
     """The calibration `rlgraph compile --calibrate PATH` applies to `spec`: from a run
     directory holding plan.json, each node's measured / modelled ratio under the run's own
     plan, applied to this plan's modelled cost (so a run of one plan calibrates another of
     the same machine: cross-plan; a multi-turn generate prices both with the env latency the
-    run measured, `with_env_latency`); from a bare trace.json, the measured times themselves."""
+    run measured, `with_env_latency`); from a bare trace.json, the measured times themselves.
+    `window`: carried to the costs of those steps of a run from scratch (`carry`)."""
     from rlgraph.compiler.plan import Plan, PlanError
 
     measured = load_calibration(path)
@@ -227,4 +229,4 @@ def carried_calibration(path: str | Path, spec: Any) -> dict[str, float]:
     except (OSError, PlanError) as exc:
         raise CalibrationError(f"{plan_file}: cannot read the run's plan: {exc}") from None
     return carry(carried_scale(measured, with_env_latency(run.spec, path)),
-                 with_env_latency(spec, path), run.spec)
+                 with_env_latency(spec, path), run.spec, window=window)

@@ -168,15 +168,18 @@ def tp_allreduce_seconds(rows: float, node: Any, ctx: CostContext) -> float:
 
 
 def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
-                  model: lengths.LengthModel, paged_tokens: float = 0.0
-                  ) -> tuple[float, float]:
+                  model: lengths.LengthModel, paged_tokens: float = 0.0,
+                  batch: float = 0.0) -> tuple[float, float]:
     """(seconds, steps) of a synchronous batch of `rows` per replica when the KV cache holds
     `held` of them: continuous batching streams the surplus at `held` rows, then the last
-    `held` rows finish along the survival curve until the expected longest. A paged KV cache
-    of `paged_tokens` tokens (engine sglang: vLLM and SGLang allocate a row's blocks as it
-    grows) holds only paged_tokens / (prompt + t) rows of context t: where the live rows
-    outgrow it, the engine preempts the rest and decodes them later, so that stretch of the
-    tail runs at the rows the cache holds, for as many more steps."""
+    `held` rows finish along the survival curve until the expected longest of the call's
+    whole `batch` (all replicas' rows; at least this replica's `held`): the call returns
+    when its slowest replica does, and that replica decodes the batch's longest sample
+    (the longest of R replicas' longests is the longest of all their rows). A paged KV
+    cache of `paged_tokens` tokens (engine sglang: vLLM and SGLang allocate a row's blocks
+    as it grows) holds only paged_tokens / (prompt + t) rows of context t: where the live
+    rows outgrow it, the engine preempts the rest and decodes them later, so that stretch of
+    the tail runs at the rows the cache holds, for as many more steps."""
     mean, second = lengths.moments(model)
     prompt = ctx.spec.data.prompt_len
     seconds = steps = 0.0
@@ -184,7 +187,7 @@ def _batch_decode(rows: float, held: float, node: Any, ctx: CostContext,
     if held < rows:
         steps = (rows - held) * mean / held
         seconds = steps * decode_step_seconds(held, prompt + second / (2 * mean), node, ctx)
-    end = lengths.expected_max(model, max(1, round(live)))
+    end = lengths.expected_max(model, max(1, round(max(live, batch))))
     width = end / SEGMENTS
     stretched = 0.0
     for i in range(SEGMENTS):
@@ -344,7 +347,8 @@ def generate_cost(node: NodeSpec, ctx: CostContext) -> float:
 
     concurrent = held(per_replica)
     paged = free / kv_token if node.engine == "sglang" and not ctx.local and free > 0 else 0.0
-    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model, paged)
+    decode, steps = _batch_decode(per_replica, concurrent, node, ctx, model, paged,
+                                  batch=min(batch, per_replica * replicas))
     how = ("synchronous batch streamed through the KV cache, then its longest tail"
            if concurrent < per_replica else "synchronous batch: until its expected longest")
     prefill_tokens = batch * data.prompt_len

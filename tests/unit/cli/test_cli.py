@@ -399,3 +399,19 @@ def test_tuned_graph_anchors_relative_files_to_the_graphs_folder(tmp_path: Path,
     assert data["nodes"]["reward"]["fn"] == f"{tmp_path / 'score.py'}:f"
     assert data["nodes"]["gen"]["env"]["fn"] == "calculator"
     assert data["nodes"]["other"]["fn"] == "rlgraph.rl.rewards:exact_match"
+
+
+@needs_compiler
+def test_compile_first_steps_prints_a_short_runs_mean_step(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A partial-rollout plan's first steps decode its first rounds, from an empty cache:
+    not its steady period; a step count under 2 (nothing after the warm-up) is refused."""
+    graph = ROOT / "bench" / "graphs_gpu" / "longtail-1gpu.yaml"
+    status, out, _ = run_cli(capsys, "compile", str(graph), "schedule.partial_rollout=true",
+                             "schedule.max_lag=2", "data.response_len.sigma=1.5",
+                             "--first-steps", "4", "-o", str(tmp_path))
+    line = out.strip().splitlines()[-1]
+    assert status == 0 and line.startswith("first 4 steps: ")
+    mean, steady = (float(x) for x in re.findall(r"([\d.]+) s\b", line))
+    assert mean > steady * 1.02  # the long round that finishes the start-up's groups
+    assert main(["compile", str(graph), "--first-steps", "1", "-o", str(tmp_path)]) != 0

@@ -534,3 +534,24 @@ def test_a_streamed_version_pads_and_sorts_each_mini_batch_among_its_own_rows():
     for node in ("train", "logp"):
         assert streamed[node].seconds == pytest.approx(4 * quarter[node].seconds, rel=0.02)
         assert streamed[node].seconds > 1.2 * whole[node].seconds
+
+
+def test_a_synchronous_call_decodes_until_the_longest_sample_of_all_its_replicas() -> None:
+    """A synchronous generate returns when its slowest replica does, and the longest of the
+    replicas' longest samples is the longest of the whole batch: with 4 rollout GPUs of one
+    replica each, the call decodes E[max of all 256 lengths] steps, not E[max] of one
+    replica's 64; one replica of the same 64 rows decodes its own expected longest."""
+    tail = {"mean": 500, "max": 8192, "sigma": 1.0}
+    model = LengthModel(mean=500, max=8192, sigma=1.0)
+    nodes = {**NODES, "generate": {"kind": "generate", "engine": "sglang"}}
+
+    def steps(prompts: int, gpus: int) -> float:
+        spec = spec_of(data={"prompts_per_step": prompts, "samples_per_prompt": 4,
+                             "prompt_len": 64, "response_len": tail}, nodes=nodes,
+                       cluster={"nodes": 1, "gpus_per_node": gpus, "gpu": "H100"})
+        detail = costs_of(spec)["generate"].detail
+        return float(detail.split("decode ")[1].split(" steps")[0])
+
+    assert steps(64, 8) == pytest.approx(expected_max(model, 256), abs=1)
+    assert steps(16, 2) == pytest.approx(expected_max(model, 64), abs=1)
+    assert expected_max(model, 256) > expected_max(model, 64) + 100
