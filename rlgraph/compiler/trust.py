@@ -129,11 +129,14 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
     if gpu is not None and not spec.cluster.local and any(
             KINDS[spec.nodes[n].kind].sequence_passes for _, n in modelled):
         moe = shape_of(spec).moe_layers > 0
-        figure = pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s) * (
-            COSTS.moe_pass_factor if moe else 1.0)
+        own = system_of(spec).moe_pass_factor
+        factor = COSTS.moe_pass_factor if own is None else own
+        figure = pass_efficiency(gpu.bf16_flops, gpu.hbm_bytes_per_s) * (factor if moe else 1.0)
         lines.append(f"train / logp passes run at {figure:.0%} of {gpu.name} peak (roofline "
                      f"from Megatron's 52% on A100"
-                     + (f", x {COSTS.moe_pass_factor:g} for routed experts" if moe else "")
+                     + (f", x {factor:g} for routed experts"
+                        + (f" ({system_of(spec).label}'s measured MoE path)"
+                           if own is not None else "") if moe else "")
                      + "; not measured on this cluster: `rlgraph compile --calibrate RUN`)")
     if spec.cluster.local and modelled:
         lines.append("CPU costs are one quiet 2-core AMD EPYC (Zen 5) VM's, measured by "

@@ -187,7 +187,12 @@ SEED_WORDS: dict[str, str] = {
     "trigger_parameter_sync_step": "schedule.stream.mini_batches",
     "require_batches": "data.prompts_per_step / schedule.stream.mini_batches prompt groups per "
                        "mini-batch (with ppo_mini_batch_size)",
-    "in_flight_weight_updates": "inflight: true on the generate node",
+    "in_flight_weight_updates": "inflight: true on a generate node of engine native; with engine "
+                                "sglang, the one-step-off graph (max_lag) prices the same step",
+    "gpu_memory_utilization": "memory_fraction on the generate node",
+    "mem_fraction_static": "memory_fraction on the generate node",
+    "train_mb_tokens": "micro_tokens of the train node",
+    "logprob_mb_tokens": "micro_tokens of the logp / ref_logp nodes",
     # placement
     "sperated_node_tasks": "groups.<name>.tasks",
     "sperated_node_ratios": "groups.<name>.share",
@@ -271,7 +276,8 @@ SEED_WORDS: dict[str, str] = {
     "use_rollout_logprobs": "old_logp of the train node (no logp node)",
     # the system around them
     "use_remove_padding": "pricing.system (whether the system packs sequences)",
-    "sequence_packing": "pricing.system (whether the system packs sequences)",
+    "sequence_packing": "pricing.system (whether the system packs sequences); its micro-batch "
+                        "tokens: micro_tokens of train / logp / ref_logp",
     "packing_samples": "pricing.system (whether the system packs sequences)",
     "use_sample_packing": "pricing.system (whether the system packs sequences)",
     "use_sequence_packing": "pricing.system (whether the system packs sequences)",
