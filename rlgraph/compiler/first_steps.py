@@ -10,7 +10,7 @@ few steps measures those first rounds instead, and they differ in two ways:
 - the runtime skips the old-log-prob forward of an on-policy batch (`nodes.logp`), and batch
   0 is always one (every token is version 0's). Where train then waits on a batch from
   outside its group (a reward in its own actor), the group runs the next generate first, so
-  the second round samples with version 0's weights and the groups it begins come due a round early.
+  generate 1 samples with version 0's weights and the groups it begins come due a round early.
 
 `window_costs` prices such a window: the plan's schedule simulated from step 0 with step 0's
 old-log-prob forward free gives each early round's weight lag (`startup_lags`, read as
@@ -51,7 +51,7 @@ def startup_lags(spec: Any, graph: Any, costs: dict[str, NodeCost], placement: P
     weights lag rounds 0..rounds - 1 of a run from scratch, read off the plan's schedule
     simulated from step 0 with `skipped_at_start`'s nodes free at step 0 (a call holds the
     version of the train steps ended before it starts), and, where step 0 had such a node,
-    the second round's lag: that of any round after an on-policy batch, whose forward the runtime
+    generate 1's lag: that of any round after an on-policy batch, whose forward the runtime
     skips as it skips batch 0's (None where none is skipped). Empty for a streamed plan."""
     if int(graph.graph.get("mini_batches", 1)) > 1 or rounds < 1:
         return {}

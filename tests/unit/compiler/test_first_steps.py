@@ -29,7 +29,7 @@ def test_the_skipped_first_forward_lets_the_second_generate_run_before_train_0()
     """Batch 0 is on-policy, so the runtime skips its old-log-prob forward; train 0 then
     waits on the reward's actor and the group runs generate 1 first, on version 0's
     weights (bench/results/gpu-longtail-1gpu.json's events); from step 2 logp runs while
-    the reward lands, and generate follows train. The second round's lag is that of any round after
+    the reward lands, and generate follows train. Generate 1's lag is that of any round after
     an on-policy batch. Without a logp node there is no skip to follow."""
     assert lags_of(PARTIAL) == {"generate": ((0, 1, 0, 0, 0), 1)}
     no_logp = ['nodes={"generate": {"kind": "generate", "forced_lengths": true, '

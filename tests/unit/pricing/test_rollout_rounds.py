@@ -403,7 +403,7 @@ def test_driven_with_a_runs_forced_lengths_the_rounds_are_the_runs_rounds(
 
 def test_a_runs_first_rounds_from_an_empty_cache_are_the_runs_rounds() -> None:
     """A short run's window holds its first rounds, not the steady ones: from an empty cache,
-    fed the lengths the runs forced (`Forced`), the second round (after the on-policy batch
+    fed the lengths the runs forced (`Forced`), the round of batch 1 (after the on-policy batch
     0) at lag 1 (its old-log-prob forward skipped, the next generate ran before train 0), the
     simulation
     decodes the one-GPU `sdpa` runs' rounds exactly (bench/results/gpu-longtail-1gpu.json):
