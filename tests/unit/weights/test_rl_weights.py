@@ -146,7 +146,8 @@ def test_bucket_mb_is_mib_in_the_runtime_and_the_cost_model() -> None:
     assert (sender.produce_bytes, sender.consume_bytes) == (2 * 2**20, 2**20)
 
     node = ParamUpdateSpec(bucket_mb={"produce": 1, "consume": 1}, transport="nccl")
-    spec = SimpleNamespace(group_of=lambda task: {"train": "a", "generate": "b"}[task])
+    spec = SimpleNamespace(group_of=lambda task: {"train": "a", "generate": "b"}[task],
+                           cluster=SimpleNamespace(local=False))  # priced as rlgraph's runtime
     shape = SimpleNamespace(params=3 * 2**20 / 2)  # bf16: 3 MiB of weights
     ctx = CostContext(spec, "param_update", shape, GPU_PRESETS["H100"], 1)
     param_update_cost(node, ctx)
