@@ -139,32 +139,21 @@ def test_sharded_policy_refuses_to_share_a_group_with_generate() -> None:
     assert err.value.key == ("nodes", "train", "sharding")
 
 
-def test_megatron_pipeline_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
+@pytest.mark.parametrize("key, message", [("pp", "runs pp 1 only here"),
+                                          ("cp", "context parallelism")])
+def test_megatron_model_parallelism_this_runtime_lacks_is_refused_before_ray_starts(
+        tmp_path: Any, key: str, message: str) -> None:
     from rlgraph.compiler import compile_plan
     from rlgraph.config.load import validate_spec
     from rlgraph.errors import SourceMap
     from rlgraph.runtime.runner import Runner, RunOptions
 
-    data = make_spec(train={"backend": "megatron", "pp": 2}).to_yaml_dict()
+    data = make_spec(train={"backend": "megatron", key: 2}).to_yaml_dict()
     data["cluster"] = {"local": True, "cpus": 4}
-    plan = compile_plan(validate_spec(data, SourceMap()))  # the compiler prices pp 2
-    with pytest.raises(SpecError, match="runs pp 1 only here") as err:
+    plan = compile_plan(validate_spec(data, SourceMap()))  # the compiler prices it
+    with pytest.raises(SpecError, match=message) as err:
         Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
-    assert err.value.key == ("nodes", "train", "pp")
-
-
-def test_megatron_context_parallelism_is_refused_before_ray_starts(tmp_path: Any) -> None:
-    from rlgraph.compiler import compile_plan
-    from rlgraph.config.load import validate_spec
-    from rlgraph.errors import SourceMap
-    from rlgraph.runtime.runner import Runner, RunOptions
-
-    data = make_spec(train={"backend": "megatron", "cp": 2}).to_yaml_dict()
-    data["cluster"] = {"local": True, "cpus": 4}
-    plan = compile_plan(validate_spec(data, SourceMap()))  # the compiler prices cp 2
-    with pytest.raises(SpecError, match="context parallelism") as err:
-        Runner(plan, RunOptions(out_dir=tmp_path, steps=1))
-    assert err.value.key == ("nodes", "train", "cp")
+    assert err.value.key == ("nodes", "train", key)
 
 
 def test_checkpointed_layers_recompute_with_the_forwards_attention_kernel() -> None:
