@@ -311,10 +311,12 @@ def _system_messages(spec: Spec, period: float, baselines: dict[str, float], cho
     if period > 0 and len(baselines) > 1:
         differing = disagreeing_baselines(period, baselines, chosen)
         if differing:
-            shown = {chosen: baselines[chosen], **differing}
-            out.append("the verdict depends on the baseline: " + "; ".join(
-                f"{sync / period:.2f}x {'faster' if verdict(sync, period) > 0 else 'slower'} "
-                f"than sync on {name}" for name, sync in shown.items()))
+            own = baselines[chosen]
+            word = {1: "faster", -1: "slower", 0: "as fast"}
+            out.append(f"the verdict depends on the baseline: {own / period:.2f}x "
+                       f"({word[verdict(own, period)]}) against sync on {chosen}, "
+                       f"{word[verdict(next(iter(differing.values())), period)]} against "
+                       f"sync on {', '.join(differing)} (the vs lines above)")
     return out
 
 
