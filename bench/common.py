@@ -61,9 +61,9 @@ def spread(values: list[float], digits: int | None = None) -> dict[str, float]:
 
 def machine() -> dict:
     """Where the figures come from, and which revision of the static decode engine made them
-    (`rlgraph.pricing.system.CURRENT_ENGINE`: bench/own_runs.py prices a result as the
+    (`rlgraph.pricing.engine_revisions.CURRENT_ENGINE`: bench/own_runs.py prices a result as the
     revision it records)."""
-    from rlgraph.pricing.system import CURRENT_ENGINE
+    from rlgraph.pricing.engine_revisions import CURRENT_ENGINE
 
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),

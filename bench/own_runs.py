@@ -37,8 +37,8 @@ from rlgraph.config.load import apply_overrides, load_spec, validate_spec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.nodes import logp as logp_kind
+from rlgraph.pricing.engine_revisions import ENGINE_REVISIONS
 from rlgraph.pricing.rollout_rounds import WARMUP
-from rlgraph.pricing.system import ENGINE_REVISIONS
 
 TARGET = 0.25
 CROSS_TARGET = 0.10  # cross-plan calibrated: within +-10%

@@ -31,7 +31,7 @@ from rlgraph.config.schema import Spec
 from rlgraph.engines.sglang_engine import refuse_unrunnable
 from rlgraph.envs.load import check_envs
 from rlgraph.errors import RLGraphError, SpecError, shown
-from rlgraph.pricing.system import CURRENT_ENGINE
+from rlgraph.pricing.engine_revisions import CURRENT_ENGINE
 from rlgraph.runtime import run_dir
 from rlgraph.runtime.run_dir import RunDirError, default_run_dir
 from rlgraph.runtime.runner import CHECKPOINT_EVERY_S, Runner, RunOptions, RunResult

@@ -268,7 +268,7 @@ class PricingSpec(StrictModel):
         "time, refills for the round's complete groups; per_slot: before 2026-11-27, 0.66 "
         "ms; sdpa: before the varlen decode attention, 0.85 ms and SDPA's occupancy), to "
         "price a result measured on an older engine; none: today's "
-        "(`rlgraph.pricing.system.ENGINE_REVISIONS`)")
+        "(`rlgraph.pricing.engine_revisions.ENGINE_REVISIONS`)")
 
 
 class CheckpointSpec(StrictModel):

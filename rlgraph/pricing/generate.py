@@ -25,6 +25,7 @@ from rlgraph import lengths
 from rlgraph.pricing import rollout_rounds
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
+from rlgraph.pricing.engine_revisions import engine_of
 from rlgraph.pricing.passes import (
     bias_attention_seconds,
     compute_units,
@@ -35,7 +36,6 @@ from rlgraph.pricing.passes import (
     thread_handoff,
     thread_slowdown,
 )
-from rlgraph.pricing.system import engine_of
 
 if TYPE_CHECKING:
     from rlgraph.nodes.base import NodeSpec
@@ -108,7 +108,7 @@ def decode_step_seconds(rows: float, context: float, node: Any, ctx: CostContext
     holds (COSTS.decode_floor_attention_seconds_per_layer), is added; the host spends the engine
     revision's `host_seconds_per_step` between its steps (`inflight_host_seconds_per_step` with
     in-flight updates, whose looks overlap the launched steps;
-    `rlgraph.pricing.system.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
+    `rlgraph.pricing.engine_revisions.ENGINE_REVISIONS`). A local CPU cluster: max(compute at
     COSTS.forward_mfu, memory), slower in a process of several threads
     (`parallel.thread_slowdown`)."""
     shape, gpu, tp = ctx.shape, ctx.gpu, node.tp

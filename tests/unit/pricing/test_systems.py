@@ -15,13 +15,8 @@ from rlgraph.config.load import validate_spec
 from rlgraph.config.schema import PricingSpec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
-from rlgraph.pricing.system import (
-    CURRENT_ENGINE,
-    ENGINE_REVISIONS,
-    ENGINE_SOURCES,
-    SOURCES,
-    SYSTEMS,
-)
+from rlgraph.pricing.engine_revisions import CURRENT_ENGINE, ENGINE_REVISIONS, ENGINE_SOURCES
+from rlgraph.pricing.system import SOURCES, SYSTEMS
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
