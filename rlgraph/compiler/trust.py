@@ -166,6 +166,6 @@ def trust(spec: Spec, costs: dict[str, NodeCost], sync_costs: dict[str, NodeCost
                  else "no measurement cited: NVLink")
         lines.append(f"the {system.label} colocation switch is {switch / sync:.0%} of the "
                      f"colocated step ({path} refit at {rate / 1e9:.3g} GB/s, {cited}, "
-                     f"rlgraph/pricing/system.py SOURCES; pricing.refit states the path)")
+                     f"rlgraph/pricing/system_sources.py; pricing.refit states the path)")
     return {"calibrated": bool(calibrated), "calibrated_nodes": calibrated,
             "modelled_nodes": [n for _, n in reversed(modelled)], "assumptions": lines}

@@ -28,7 +28,8 @@ from rlgraph.compiler.trust import SPLIT_TRAINER_CAVEAT
 from rlgraph.lengths import LengthModel, expected_max, moments
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
-from rlgraph.pricing.constants import COST_SOURCES, COSTS, CostConstants, pass_efficiency
+from rlgraph.pricing.constant_sources import COST_SOURCES
+from rlgraph.pricing.constants import COSTS, CostConstants, pass_efficiency
 from rlgraph.pricing.param_update import switch_cost
 from rlgraph.pricing.system import SYSTEMS
 

@@ -16,7 +16,8 @@ from rlgraph.config.schema import PricingSpec
 from rlgraph.errors import SourceMap, SpecError
 from rlgraph.nodes import KINDS
 from rlgraph.pricing.engine_revisions import CURRENT_ENGINE, ENGINE_REVISIONS, ENGINE_SOURCES
-from rlgraph.pricing.system import SOURCES, SYSTEMS
+from rlgraph.pricing.system import SYSTEMS
+from rlgraph.pricing.system_sources import SOURCES
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 
