@@ -19,7 +19,7 @@ admits the same samples in the same order):
   it (the rule before, which filled the version's window to the brim);
 - `partial+inflight`: the unstreamed partial rollout with in-flight updates, likewise.
 
-Each look's `sync_every` decode steps cost `pricing.generate.decode_step_seconds` for that
+Each look's `sync_every` decode steps cost `pricing.decode_step.decode_step_seconds` for that
 look's live rows, their mean context and the longest row (H200). logp + train per step or
 mini-batch, the carried rows' re-encode and a call's time outside the engine are the medians
 of the one-GPU call (bench/results/gpu-inflight-1gpu.json). Each plan is rated in samples/s
@@ -184,7 +184,7 @@ def main() -> int:
         print(f"{name:30s} {json.dumps(table[name])}", flush=True)
     res = {"benchmark": "inflight_colocated", "machine": machine(), "command": " ".join(sys.argv),
            "times_from": CALL.name, "times_s": times, "decode_step": "physics: pricing."
-           "generate.decode_step_seconds per look (H200)", "batches": args.batches,
+           "decode_step.decode_step_seconds per look (H200)", "batches": args.batches,
            "prefix": prefix, "plans": table, "cpu_s": round(time.perf_counter() - began, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "inflight-colocated.json").write_text(json.dumps(res, indent=1) + "\n")

@@ -20,7 +20,7 @@ does not fit a device budget. The model runs the split plan of bench/gpu_infligh
   complete groups' places, `in_flight + taken` groups held, and must-finish only for the
   groups due now, as the GPU calls ran);
 - each look's steps cost what the cost model's physics gives for that look's live rows,
-  their mean context and the longest (`pricing.generate.decode_step_seconds`: weights and
+  their mean context and the longest (`pricing.decode_step.decode_step_seconds`: weights and
   KV at HBM speed, the static engine's split-KV attention bound by its longest row, the
   per-layer floor, the engine revision's host time; `--flat` prices every step at the GPU
   call's median instead);
@@ -86,13 +86,13 @@ def measured_times(call: dict[str, Any]) -> dict[str, float]:
 def step_pricer(spec: Any) -> Callable[[int, float, float], float]:
     """Seconds of one decode step of the generate replica over `rows` live rows of mean
     context `context` and longest `longest`: the cost model's physics
-    (`pricing.generate.decode_step_seconds`: weights and KV read at HBM speed, the static
+    (`pricing.decode_step.decode_step_seconds`: weights and KV read at HBM speed, the static
     engine's split-KV attention bound by its longest row, the per-layer floor and the engine
     revision's host time, each a cited measurement), on the graph's GPU."""
     from rlgraph.compiler.shapes import shape_of
     from rlgraph.presets.gpus import GPU_PRESETS
     from rlgraph.pricing.context import CostContext
-    from rlgraph.pricing.generate import decode_step_seconds
+    from rlgraph.pricing.decode_step import decode_step_seconds
 
     node = spec.nodes["generate"]
     ctx = CostContext(spec=spec, name="generate", shape=shape_of(spec),

@@ -67,7 +67,7 @@ def wave_seconds(rows: float, offset: float, node: Any, ctx: CostContext,
                  turn: lengths.LengthModel) -> tuple[float, float]:
     """(seconds, steps) of one wave: `rows` trajectories decode a turn each (context: prompt +
     `offset` tokens before it) until the expected longest turn of them ends."""
-    from rlgraph.pricing.generate import decode_step_seconds
+    from rlgraph.pricing.decode_step import decode_step_seconds
 
     if rows <= 0:
         return 0.0, 0.0
@@ -203,7 +203,7 @@ def _trajectory_seconds(tokens: Sequence[int], chunk: int, step_s: float,
 def engine_turns_cost(node: NodeSpec, ctx: CostContext, per_replica: int,
                       replicas: int) -> float:
     """Seconds of a multi-turn generate step on the turn engine (see the module)."""
-    from rlgraph.pricing.generate import decode_step_seconds
+    from rlgraph.pricing.decode_step import decode_step_seconds
 
     data, shape, gpu, env = ctx.spec.data, ctx.shape, ctx.gpu, node.env
     schedule = ctx.spec.schedule

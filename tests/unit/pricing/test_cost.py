@@ -475,7 +475,7 @@ def test_decode_attention_adds_to_compute_bound_gemms() -> None:
     # on H20 a large batch is compute-bound in its GEMMs; the KV reads of attention run
     # after them, so longer contexts still cost time (a max() would hide them)
     from rlgraph.pricing.context import CostContext
-    from rlgraph.pricing.generate import decode_step_seconds
+    from rlgraph.pricing.decode_step import decode_step_seconds
 
     spec = spec_of(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "H20"})
     node = spec.nodes["generate"]

@@ -14,7 +14,7 @@ from rlgraph.compiler.shapes import shape_of
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.pricing.constants import COSTS
 from rlgraph.pricing.context import CostContext
-from rlgraph.pricing.generate import decode_step_seconds, per_layer_floor
+from rlgraph.pricing.decode_step import decode_step_seconds, per_layer_floor
 
 pytestmark = pytest.mark.usefixtures("memory_unchecked")  # costs, not memory
 VERL = {"system": "verl"}  # priced as verl's hybrid engine
@@ -187,7 +187,7 @@ def test_verl_balances_a_one_mini_batch_pass_across_ranks() -> None:
 def test_varlen_attention_lasts_the_longest_rows_blocks_over_its_kv_splits() -> None:
     # flex decoding: splits = SMs // (width x KV heads) x 2 (at least 1), width the power of
     # two >= rows (16 at least); one block streams its share of the longest row's K/V
-    from rlgraph.pricing.generate import split_kv_seconds
+    from rlgraph.pricing.decode_step import split_kv_seconds
 
     spec = spec_of()
     ctx = context(spec)

@@ -15,7 +15,8 @@ from rlgraph.errors import SpecError
 from rlgraph.presets.gpus import GPU_PRESETS
 from rlgraph.presets.models import MODEL_PRESETS, model_shape
 from rlgraph.pricing.context import CostContext
-from rlgraph.pricing.generate import decode_step_seconds, generate_cost, tp_allreduce_seconds
+from rlgraph.pricing.decode_step import decode_step_seconds, tp_allreduce_seconds
+from rlgraph.pricing.generate import generate_cost
 from rlgraph.pricing.passes import micro_batches, pipeline_bubble
 from rlgraph.pricing.system import SYSTEMS, switch_terms
 
